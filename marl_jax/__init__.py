@@ -1,0 +1,1 @@
+"""marl_jax: multi-agent RL of transformer agents that learn to collaborate."""

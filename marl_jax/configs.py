@@ -1,0 +1,51 @@
+"""The config every experiment starts from, and the `:key=value,...` argument parser."""
+import ml_collections
+
+
+def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
+  """'size=cpu,credit=team' -> ConfigDict, checked against the allowed keys in `defaults`."""
+  out = dict(defaults)
+  for item in filter(None, (arg or "").split(",")):
+    key, _, value = item.partition("=")
+    if key not in defaults:
+      raise ValueError(f"config argument {key!r} is unknown; allowed: {sorted(defaults)}")
+    out[key] = value
+  return ml_collections.ConfigDict(out)
+
+
+def check_choice(name: str, value: str, allowed) -> str:
+  if value not in allowed:
+    raise ValueError(f"config argument {name}={value!r} is unknown; allowed: {list(allowed)}")
+  return value
+
+
+def base_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.num_seeds = 1  # independent runs vmapped in one program
+  c.total_steps = 200
+  c.steps_per_call = 10  # steps per compiled call (lax.scan)
+  c.log_every = 10
+  c.eval_every = 50
+  c.checkpoint_every = 100
+  c.init_from = ""  # a workdir whose latest checkpoint gives the starting parameters
+  c.num_devices = 0  # 0: every visible device
+  c.distributed = False  # call jax.distributed.initialize() first (multi-host)
+
+  c.model = ml_collections.ConfigDict(dict(
+      d_model=64, n_layers=2, n_heads=4, d_ff=256, max_len=32, dtype="auto"))
+  c.task = ml_collections.ConfigDict(dict(name="arithmetic", num_ops=2, max_operand=9, modulus=10,
+                                          demo_error_rate=0.6))
+  c.protocol = ml_collections.ConfigDict(dict(name="single"))
+  # sharing: 'isolated', 'shared' or one set per role ('0,0,1'); trainable: '' (all) or '1,0'.
+  c.roles = ml_collections.ConfigDict(dict(sharing="isolated", trainable=""))
+  c.rl = ml_collections.ConfigDict(dict(
+      algorithm="ppo", batch_size=256, group_size=8, baseline="dr_grpo", credit="team",
+      outcome_weight=1.0, credit_weight=1.0, counterfactual="resample", counterfactual_samples=2,
+      temperature=1.0, epochs=1, minibatches=2, clip_eps=0.2, kl_coef=0.0, entropy_coef=0.0))
+  c.optim = ml_collections.ConfigDict(dict(
+      name="adam", learning_rate=3e-4, schedule="constant", warmup_steps=0, max_grad_norm=1.0,
+      weight_decay=0.0, b1=0.9, b2=0.99))
+  c.sft = ml_collections.ConfigDict(dict(steps=600, batch_size=128, learning_rate=1e-3))
+  c.eval = ml_collections.ConfigDict(dict(size=512, seed=1234))
+  return c

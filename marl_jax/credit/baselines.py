@@ -1,0 +1,27 @@
+"""Group baselines over G samples of the same problem (rows b*G .. b*G+G-1 share a problem)."""
+import jax.numpy as jnp
+
+BASELINES = ("grpo", "dr_grpo", "rloo", "none")
+
+
+def group_advantage(r_xB, group_size: int, kind: str, eps: float = 1e-6):
+  """Advantage of each sample against its group.  Works on any leading axes.
+
+  grpo:    (r - mean) / (std + eps)     (Shao et al. 2024)
+  dr_grpo: r - mean                      (Liu et al. 2025: no std normalisation)
+  rloo:    r_i - mean_{j != i} r_j       (leave-one-out, Ahmadian et al. 2024)
+  none:    r
+  """
+  if kind == "none":
+    return r_xB
+  r_xNxG = r_xB.reshape(*r_xB.shape[:-1], -1, group_size)
+  mean = r_xNxG.mean(-1, keepdims=True)
+  if kind == "grpo":
+    adv = (r_xNxG - mean) / (r_xNxG.std(-1, keepdims=True) + eps)
+  elif kind == "dr_grpo":
+    adv = r_xNxG - mean
+  elif kind == "rloo":
+    adv = (r_xNxG - mean) * group_size / (group_size - 1)  # r_i - (sum - r_i)/(G-1)
+  else:
+    raise ValueError(f"config.rl.baseline={kind!r} is unknown; allowed: {list(BASELINES)}")
+  return adv.reshape(r_xB.shape)

@@ -1,0 +1,111 @@
+"""Decoder-only Linen transformer with an explicit KV cache, and stacked parameter sets.
+
+Sequences live on a fixed canvas of `max_len` positions shared by every row of a batch, so a decoding
+step writes the same cache slot for all rows (`lax.dynamic_update_slice`) and positions are canvas
+indices.  Which keys a query may read is given by `key_ok_BxT` (valid token AND visible to the viewing
+role) combined with causality, so one model serves every role's view of a transcript.
+"""
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from marl_jax import text
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  vocab_size: int = text.VOCAB_SIZE
+  d_model: int = 64
+  n_layers: int = 2
+  n_heads: int = 4
+  d_ff: int = 256
+  max_len: int = 64
+  dtype: Any = jnp.float32  # compute dtype; parameters stay float32
+
+
+def compute_dtype(name: str):
+  """'auto' is float32 on CPU (exact tests) and bfloat16 on accelerators (speed)."""
+  if name == "auto":
+    return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+  return {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[name]
+
+
+class Block(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BxLxD, start, mask_BxLxT, cache):
+    cfg = self.cfg
+    h = cfg.d_model // cfg.n_heads
+    dense = lambda feats, name: nn.DenseGeneral(feats, dtype=cfg.dtype, name=name)
+    y = nn.LayerNorm(dtype=cfg.dtype)(x_BxLxD)
+    q_BxLxHxK = dense((cfg.n_heads, h), "query")(y)
+    k_BxLxHxK = dense((cfg.n_heads, h), "key")(y)
+    v_BxLxHxK = dense((cfg.n_heads, h), "value")(y)
+    if cache is not None:
+      # Write this block's keys/values at canvas slot `start`, then attend over the whole canvas.
+      k_BxLxHxK = jax.lax.dynamic_update_slice(cache["k"], k_BxLxHxK.astype(cache["k"].dtype),
+                                               (0, start, 0, 0))
+      v_BxLxHxK = jax.lax.dynamic_update_slice(cache["v"], v_BxLxHxK.astype(cache["v"].dtype),
+                                               (0, start, 0, 0))
+      cache = {"k": k_BxLxHxK, "v": v_BxLxHxK}
+    att_BxHxLxT = jnp.einsum("blhk,bthk->bhlt", q_BxLxHxK, k_BxLxHxK) / jnp.sqrt(h).astype(cfg.dtype)
+    att_BxHxLxT = jnp.where(mask_BxLxT[:, None], att_BxHxLxT.astype(jnp.float32), -1e9)
+    att_BxHxLxT = jax.nn.softmax(att_BxHxLxT, axis=-1).astype(cfg.dtype)
+    o_BxLxHxK = jnp.einsum("bhlt,bthk->blhk", att_BxHxLxT, v_BxLxHxK)
+    x_BxLxD = x_BxLxD + nn.DenseGeneral(cfg.d_model, axis=(-2, -1), dtype=cfg.dtype, name="out")(o_BxLxHxK)
+    y = nn.LayerNorm(dtype=cfg.dtype)(x_BxLxD)
+    y = nn.gelu(nn.Dense(cfg.d_ff, dtype=cfg.dtype)(y))
+    return x_BxLxD + nn.Dense(cfg.d_model, dtype=cfg.dtype)(y), cache
+
+
+class Transformer(nn.Module):
+  """`tokens_BxL` at canvas positions start..start+L; returns float32 logits and the updated cache."""
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, tokens_BxL, start, key_ok_BxT, cache=None):
+    cfg = self.cfg
+    L = tokens_BxL.shape[1]
+    T = key_ok_BxT.shape[1]
+    positions_L = start + jnp.arange(L)
+    # Query at canvas position p reads key position t when t <= p and the key is valid and visible.
+    causal_LxT = jnp.arange(T)[None, :] <= positions_L[:, None]
+    mask_BxLxT = causal_LxT[None] & key_ok_BxT[:, None, :]
+    x = nn.Embed(cfg.vocab_size, cfg.d_model, name="embed")(tokens_BxL)
+    x = x + nn.Embed(cfg.max_len, cfg.d_model, name="pos_embed")(positions_L)[None]
+    x = x.astype(cfg.dtype)
+    new_cache = []
+    for i in range(cfg.n_layers):
+      x, c = Block(cfg, name=f"block{i}")(x, start, mask_BxLxT, None if cache is None else cache[i])
+      new_cache.append(c)
+    x = nn.LayerNorm(dtype=cfg.dtype)(x)
+    logits_BxLxV = nn.Dense(cfg.vocab_size, dtype=cfg.dtype, name="unembed")(x).astype(jnp.float32)
+    return logits_BxLxV, (None if cache is None else new_cache)
+
+
+def empty_cache(cfg: ModelConfig, batch: int, length: int):
+  shape = (batch, length, cfg.n_heads, cfg.d_model // cfg.n_heads)
+  return [{"k": jnp.zeros(shape, cfg.dtype), "v": jnp.zeros(shape, cfg.dtype)}
+          for _ in range(cfg.n_layers)]
+
+
+def init_stack(cfg: ModelConfig, key, n_sets: int):
+  """`n_sets` independent parameter sets stacked on a leading axis: params_R."""
+  model = Transformer(cfg)
+  tokens = jnp.zeros((1, 1), jnp.int32)
+  ok = jnp.ones((1, cfg.max_len), bool)
+  init = lambda k: model.init(k, tokens, 0, ok)["params"]
+  return jax.vmap(init)(jax.random.split(key, n_sets))
+
+
+def apply(cfg: ModelConfig, params, tokens_BxL, start, key_ok_BxT, cache=None):
+  """One parameter set (unstacked); vmap this over a stacked leading axis."""
+  return Transformer(cfg).apply({"params": params}, tokens_BxL, start, key_ok_BxT, cache)
+
+
+def count_params(params) -> int:
+  return sum(x.size for x in jax.tree.leaves(params))

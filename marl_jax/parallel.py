@@ -1,0 +1,27 @@
+"""Devices: the `data` mesh axis the batch is sharded over, and multi-host start-up."""
+import jax
+from jax.sharding import AxisType
+
+DATA = "data"
+
+
+def make_mesh(num_devices: int = 0) -> jax.sharding.Mesh:
+  """A 1-D `data` mesh over the first `num_devices` devices (0: all, across every process)."""
+  available = jax.device_count()
+  n = available if num_devices in (0, None) else num_devices
+  if n > available:
+    raise ValueError(f"config.num_devices={num_devices} but only {available} devices are visible")
+  return jax.make_mesh((n,), (DATA,), axis_types=(AxisType.Auto,), devices=jax.devices()[:n])
+
+
+def initialize_distributed() -> None:
+  """Joins the hosts of a TPU pod / GPU cluster (coordinates from the environment, or from
+  JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID for local multi-process runs)."""
+  import os
+  if "JAX_COORDINATOR_ADDRESS" in os.environ:
+    jax.distributed.initialize(
+        coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"],
+        num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
+        process_id=int(os.environ["JAX_PROCESS_ID"]))
+  else:
+    jax.distributed.initialize()

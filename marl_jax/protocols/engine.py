@@ -1,0 +1,161 @@
+"""Protocol engine: a workflow is a static schedule of turns laid out on one token canvas.
+
+Canvas = the task's prompt segments, then one segment per turn: [role marker, message...].  Every
+position has a static segment, author (a role, or -1 for the environment) and a flag for whether the
+environment writes it.  A static visibility table (segment x role) decides what each role reads.
+Authorship comes from this layout, never from tokens, and roles cannot write role markers, so no role
+can speak as another.
+
+Roles are mapped to parameter sets (`role_set_R`); roles with the same parameter set and the same
+visibility share one *view* (one forward pass, one KV cache), so a shared-parameter team with full
+visibility costs one model, not R.
+"""
+import dataclasses
+import functools
+
+import jax.numpy as jnp
+import numpy as np
+
+from marl_jax import text
+from marl_jax.tasks import Task
+
+ENV = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class Turn:
+  role: str
+  length: int  # most tokens the role may write, EOS included
+  ends_episode_on: tuple[int, ...] = ()  # a first token from this set closes the message and episode
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """Static description of a canvas (numpy arrays, closed over by jitted code)."""
+  roles: tuple[str, ...]
+  segment_names: tuple[str, ...]
+  segment_T: np.ndarray  # segment id of each position
+  author_T: np.ndarray  # role id, or ENV
+  env_T: np.ndarray  # the environment writes this position (prompt, role markers)
+  marker_T: np.ndarray  # role-marker token at marker positions, PAD elsewhere
+  turn_T: np.ndarray  # turn id of message/marker positions, -1 in the prompt
+  turn_start_T: np.ndarray  # position is a role marker (a message starts after it)
+  first_message_T: np.ndarray  # position is the first token of a message
+  ends_episode_TxV: np.ndarray  # tokens that end the episode when written at this position
+  turn_slices: tuple[tuple[int, int], ...]  # (start, stop) of each turn's message tokens
+  turn_roles: tuple[int, ...]
+  visible_SxR: np.ndarray
+  view_set_V: tuple[int, ...]  # parameter set of each view
+  view_role_V: tuple[int, ...]  # a role whose visibility row the view uses
+  role_view_R: tuple[int, ...]
+
+  @property
+  def length(self) -> int:
+    return len(self.segment_T)
+
+  @property
+  def prompt_len(self) -> int:
+    return int(np.argmax(self.turn_T >= 0))
+
+  @property
+  def visible_VxT(self) -> np.ndarray:
+    return self.visible_SxR[self.segment_T][:, list(self.view_role_V)].T
+
+  @property
+  def author_view_T(self) -> np.ndarray:
+    return np.where(self.author_T >= 0, np.asarray(self.role_view_R)[self.author_T], 0)
+
+  def role_turns(self, role: int) -> list[int]:
+    return [i for i, r in enumerate(self.turn_roles) if r == role]
+
+
+@dataclasses.dataclass(frozen=True)
+class Protocol:
+  """Base workflow: roles, a turn schedule and hidden segments; subclasses add final answer and rewards."""
+  roles: tuple[str, ...]
+  turns: tuple[Turn, ...]
+  hidden: tuple[tuple[str, str], ...] = ()  # (segment name, role): that role does not read it
+
+  def segment_names(self, task: Task) -> tuple[str, ...]:
+    names = [name for name, _ in task.prompt_segments]
+    counts: dict[str, int] = {}
+    for turn in self.turns:
+      names.append(f"{turn.role}{counts.get(turn.role, 0)}")
+      counts[turn.role] = counts.get(turn.role, 0) + 1
+    return tuple(names)
+
+  def layout(self, task: Task, role_set_R: tuple[int, ...]) -> Layout:
+    return _layout(self, task, tuple(role_set_R))
+
+
+@functools.lru_cache(maxsize=None)
+def _layout(protocol: Protocol, task: Task, role_set_R: tuple[int, ...]) -> Layout:
+  roles = protocol.roles
+  if len(role_set_R) != len(roles):
+    raise ValueError(f"the role map gives {len(role_set_R)} parameter sets for roles {roles}")
+  unknown = sorted({t.role for t in protocol.turns} - set(roles))
+  if unknown:
+    raise ValueError(f"turns name roles {unknown}; the protocol's roles are {list(roles)}")
+  names = protocol.segment_names(task)
+  seg, author, env, marker, turn, start, first, ends, slices = [], [], [], [], [], [], [], [], []
+  for s, (_, n) in enumerate(task.prompt_segments):
+    seg += [s] * n; author += [ENV] * n; env += [True] * n; marker += [text.PAD] * n
+    turn += [-1] * n; start += [False] * n; first += [False] * n; ends += [()] * n
+  for i, t in enumerate(protocol.turns):
+    if t.length < 1:
+      raise ValueError(f"turn {i} ({t.role}) has length {t.length}; it must be >= 1")
+    r = roles.index(t.role)
+    s = len(task.prompt_segments) + i
+    slices.append((len(seg) + 1, len(seg) + 1 + t.length))
+    seg += [s] * (1 + t.length); author += [ENV] + [r] * t.length
+    env += [True] + [False] * t.length; marker += [text.role_marker(r)] + [text.PAD] * t.length
+    turn += [i] * (1 + t.length); start += [True] + [False] * t.length
+    first += [False, True] + [False] * (t.length - 1)
+    ends += [()] + [t.ends_episode_on] + [()] * (t.length - 1)
+  ends_TxV = np.zeros((len(seg), text.VOCAB_SIZE), bool)
+  for p, toks in enumerate(ends):
+    ends_TxV[p, list(toks)] = True
+
+  visible = np.ones((len(names), len(roles)), bool)
+  for segment, role in protocol.hidden:
+    if segment not in names or role not in roles:
+      raise ValueError(f"hidden entry ({segment!r}, {role!r}): segments are {list(names)}, "
+                       f"roles are {list(roles)}")
+    visible[names.index(segment), roles.index(role)] = False
+  turn_roles = tuple(roles.index(t.role) for t in protocol.turns)
+  for i, r in enumerate(turn_roles):
+    visible[len(task.prompt_segments) + i, r] = True  # a role always reads its own messages
+  for s, (name, _) in enumerate(task.prompt_segments):
+    if not visible[s].any():
+      raise ValueError(f"the visibility table hides prompt segment {name!r} from every role {roles}")
+
+  # One view per distinct (parameter set, visibility row).
+  keys = [(role_set_R[r], visible[:, r].tobytes()) for r in range(len(roles))]
+  distinct = list(dict.fromkeys(keys))
+  return Layout(
+      roles=roles, segment_names=names, segment_T=np.array(seg), author_T=np.array(author),
+      env_T=np.array(env), marker_T=np.array(marker), turn_T=np.array(turn),
+      turn_start_T=np.array(start), first_message_T=np.array(first), ends_episode_TxV=ends_TxV,
+      turn_slices=tuple(slices), turn_roles=turn_roles, visible_SxR=visible,
+      view_set_V=tuple(k[0] for k in distinct),
+      view_role_V=tuple(keys.index(k) for k in distinct),
+      role_view_R=tuple(distinct.index(k) for k in keys))
+
+
+def message(layout: Layout, tokens_BxT, turn: int):
+  """The message slot of one turn: tokens_BxL (EOS-terminated, PAD after; all PAD if never played)."""
+  start, stop = layout.turn_slices[turn]
+  return tokens_BxT[:, start:stop]
+
+
+def assemble(layout: Layout, prompt_BxP, messages):
+  """A canvas from a prompt and one message per turn (each BxL_turn, or None to leave it blank).
+
+  Used for demonstrations and for forcing counterfactual overrides; role markers come from the layout.
+  """
+  B = prompt_BxP.shape[0]
+  pieces = [prompt_BxP]
+  for (start, stop), msg in zip(layout.turn_slices, messages):
+    marker = jnp.full((B, 1), layout.marker_T[start - 1])
+    pieces += [marker, jnp.full((B, stop - start), text.PAD) if msg is None else msg]
+  return jnp.concatenate(pieces, axis=1).astype(jnp.int32)

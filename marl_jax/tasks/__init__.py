@@ -1,0 +1,21 @@
+"""Task registry: `config.task.name` selects a task, the other `config.task` keys are its knobs."""
+import dataclasses
+
+from marl_jax.tasks.arithmetic import Arithmetic
+from marl_jax.tasks.base import Task, eval_problems
+
+REGISTRY: dict[str, type[Task]] = {
+    "arithmetic": Arithmetic,
+}
+
+
+def make(name: str, **kwargs) -> Task:
+  if name not in REGISTRY:
+    raise ValueError(f"config.task.name={name!r} is unknown; known tasks: {sorted(REGISTRY)}")
+  cls = REGISTRY[name]
+  fields = {f.name for f in dataclasses.fields(cls)}
+  unknown = sorted(set(kwargs) - fields)
+  if unknown:
+    raise ValueError(f"config.task has keys {unknown} that task {name!r} does not take; "
+                     f"allowed: {sorted(fields)}")
+  return cls(**kwargs)

@@ -1,0 +1,67 @@
+"""Multi-step arithmetic: `a op b op c ... =`, evaluated left to right modulo `modulus`."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from marl_jax import text
+from marl_jax.tasks import base
+
+OPS = (text.PLUS, text.MINUS, text.TIMES)
+
+
+@dataclasses.dataclass(frozen=True)
+class Arithmetic(base.Task):
+  num_ops: int = 2  # operations in the chain
+  max_operand: int = 9  # operands are drawn from 0..max_operand
+  modulus: int = 10  # every intermediate result is taken mod this
+  demo_error_rate: float = 0.6
+
+  def __post_init__(self):
+    if self.num_ops < 1 or self.max_operand < 1 or self.modulus < 2:
+      raise ValueError(f"arithmetic needs num_ops >= 1, max_operand >= 1, modulus >= 2; got {self}")
+
+  @property
+  def operand_width(self) -> int:
+    return len(str(self.max_operand))
+
+  @property
+  def prompt_len(self) -> int:
+    return 2 + (self.num_ops + 1) * self.operand_width + self.num_ops  # BOS ... '='
+
+  @property
+  def answer_len(self) -> int:
+    return len(str(self.modulus - 1)) + 1
+
+  def evaluate(self, operands_N, ops_M):
+    """Left-to-right value of the chain; also the value with the last operation dropped."""
+    def apply(acc, x):
+      b, op = x
+      acc = jnp.select([op == 0, op == 1], [acc + b, acc - b], acc * b) % self.modulus
+      return acc, acc
+    value, partials = jax.lax.scan(apply, operands_N[0] % self.modulus, (operands_N[1:], ops_M))
+    before_last = operands_N[0] % self.modulus if self.num_ops == 1 else partials[-2]
+    return value, before_last
+
+  def sample(self, key) -> dict:
+    k_operands, k_ops = jax.random.split(key)
+    operands_N = jax.random.randint(k_operands, (self.num_ops + 1,), 0, self.max_operand + 1)
+    ops_M = jax.random.randint(k_ops, (self.num_ops,), 0, len(OPS))
+    value, before_last = self.evaluate(operands_N, ops_M)
+    width = self.operand_width
+    numbers = [base.fixed_width_tokens(operands_N[i], width) for i in range(self.num_ops + 1)]
+    op_tokens = jnp.asarray(OPS)[ops_M]
+    pieces = [jnp.array([text.BOS]), numbers[0]]
+    for i in range(self.num_ops):
+      pieces += [op_tokens[i:i + 1], numbers[i + 1]]
+    pieces.append(jnp.array([text.EQUALS]))
+    answer_width = self.answer_len - 1
+    return {
+        "prompt": jnp.concatenate(pieces).astype(jnp.int32),
+        "answer": base.number_tokens(value, answer_width),
+        "mistake": base.number_tokens(before_last, answer_width),
+    }
+
+  def wrong_answer(self, problem, key):
+    del key  # the mistake is systematic: forgetting the last operation
+    return problem["mistake"]

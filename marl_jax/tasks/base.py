@@ -1,0 +1,78 @@
+"""What every task provides.  Tasks are frozen dataclasses (static, hashable: closed over by jit).
+
+A problem is a dict of arrays for ONE instance; callers vmap `sample`, `score` and `demonstrate`.
+Every problem holds at least `prompt` (int32[prompt_len], starting with BOS, PAD-padded) and
+`answer` (int32[answer_len], the target message: tokens, EOS, PAD...).
+"""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from marl_jax import text
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  # Fraction of warm-start demonstrations that carry a plausible wrong answer: the knob that keeps the
+  # base model weak, as a small pretrained model is, so RL has room to show gains.
+  demo_error_rate: float = 0.0
+
+  @property
+  def prompt_len(self) -> int:
+    raise NotImplementedError
+
+  @property
+  def answer_len(self) -> int:
+    raise NotImplementedError
+
+  @property
+  def prompt_segments(self) -> tuple[tuple[str, int], ...]:
+    """Named prompt parts, in canvas order; a protocol's visibility table can hide some from roles."""
+    return (("problem", self.prompt_len),)
+
+  def sample(self, key) -> dict:
+    raise NotImplementedError
+
+  def score(self, problem: dict, message_A) -> jax.Array:
+    """Reward in [0, 1] for a final-answer message; default: exact match of the answer tokens."""
+    return jnp.all(canonical(message_A) == problem["answer"]).astype(jnp.float32)
+
+  def wrong_answer(self, problem: dict, key) -> jax.Array:
+    """A plausible mistake for demonstrations (a systematic one, so greedy decoding can pick it)."""
+    raise NotImplementedError
+
+  def demonstrate(self, problem: dict, key) -> jax.Array:
+    k_err, k_wrong = jax.random.split(key)
+    wrong = jax.random.bernoulli(k_err, self.demo_error_rate)
+    return jnp.where(wrong, self.wrong_answer(problem, k_wrong), problem["answer"])
+
+  def render(self, problem: dict) -> str:
+    return f"{text.decode(problem['prompt'])} {text.decode(problem['answer'])}"
+
+
+def canonical(message_A):
+  """Everything after the first EOS becomes PAD, so messages compare token by token."""
+  is_eos = message_A == text.EOS
+  after_eos = jnp.cumsum(is_eos) - is_eos > 0
+  return jnp.where(after_eos, text.PAD, message_A)
+
+
+def number_tokens(x, width: int):
+  """Decimal digits of non-negative int `x` (no leading zeros), EOS, then PAD: int32[width + 1]."""
+  n_digits = 1 + sum((x >= 10**i).astype(jnp.int32) for i in range(1, width))
+  j = jnp.arange(width + 1)
+  power = 10 ** jnp.clip(n_digits - 1 - j, 0, width - 1)
+  digit = text.DIGIT0 + (x // power) % 10
+  return jnp.where(j < n_digits, digit, jnp.where(j == n_digits, text.EOS, text.PAD)).astype(jnp.int32)
+
+
+def fixed_width_tokens(x, width: int):
+  """Zero-padded decimal digits of `x`, exactly `width` tokens (prompts keep a fixed layout)."""
+  power = 10 ** (width - 1 - jnp.arange(width))
+  return (text.DIGIT0 + (x // power) % 10).astype(jnp.int32)
+
+
+def eval_problems(task: Task, seed: int, n: int) -> dict:
+  """The fixed evaluation set: the same `n` problems for a given task, seed and difficulty."""
+  return jax.jit(jax.vmap(task.sample))(jax.random.split(jax.random.PRNGKey(seed), n))

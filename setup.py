@@ -1,0 +1,27 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="marl_jax",
+    version="0.1.0",
+    description="Multi-agent RL of transformer agents that learn to collaborate, in JAX.",
+    packages=find_packages(include=["marl_jax", "marl_jax.*"]),
+    python_requires=">=3.11",
+    install_requires=[
+        "jax>=0.10",
+        "flax>=0.10",
+        "optax",
+        "orbax-checkpoint",
+        "chex",
+        "ml-collections",
+        "absl-py",
+        "numpy",
+        "tqdm",
+        "tensorboardX",
+        "tensorflow-datasets",
+        "array-record",
+        "grain",
+    ],
+    extras_require={
+        "dev": ["pytest", "pytest-xdist", "nbmake", "ipykernel", "matplotlib"],
+    },
+)
