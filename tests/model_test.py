@@ -1,0 +1,128 @@
+"""Transformer: KV-cached decoding equals the full pass, causality, key masking, stacked sets."""
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from marl_jax import model as model_lib
+
+CFG = model_lib.ModelConfig(d_model=16, n_layers=2, n_heads=2, d_ff=32, max_len=12)
+B, T = 2, 10
+
+
+@functools.cache
+def _params():
+  """Three parameter sets, built once (eager init dispatches op by op, and compiling takes seconds)."""
+  return jax.jit(model_lib.init_stack, static_argnums=(0, 2))(CFG, jax.random.PRNGKey(0), 3)
+
+
+def _first(params_R):
+  return jax.tree.map(lambda p: p[0], params_R)
+
+
+def _tokens(seed=1):
+  return jax.random.randint(jax.random.PRNGKey(seed), (B, T), 3, CFG.vocab_size)
+
+
+def test_init_stack_shapes_and_float32():
+  params_R = _params()
+  chex.assert_shape(params_R["embed"]["embedding"], (3, CFG.vocab_size, CFG.d_model))
+  chex.assert_shape(params_R["pos_embed"]["embedding"], (3, CFG.max_len, CFG.d_model))
+  chex.assert_tree_all_finite(params_R)
+  assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(params_R))
+  # Sets are initialised independently, not copies of one another.
+  assert not np.allclose(params_R["embed"]["embedding"][0], params_R["embed"]["embedding"][1])
+
+
+def test_compute_dtype_is_float32_on_cpu():
+  assert jax.default_backend() == "cpu"
+  assert model_lib.compute_dtype("auto") == jnp.float32
+  logits_BxTxV, cache = model_lib.apply(CFG, _first(_params()), _tokens(), 0, jnp.ones((B, T), bool))
+  chex.assert_shape(logits_BxTxV, (B, T, CFG.vocab_size))
+  assert logits_BxTxV.dtype == jnp.float32
+  assert cache is None  # no cache in, no cache out
+
+
+def test_cached_decoding_matches_full_forward():
+  params = _first(_params())
+  tokens_BxT = _tokens()
+  # Some keys invalid (as PAD or hidden ones are), to check the mask is applied in both paths.
+  key_ok_BxT = jnp.ones((B, T), bool).at[0, 2].set(False).at[1, 6].set(False)
+  full_BxTxV, _ = model_lib.apply(CFG, params, tokens_BxT, 0, key_ok_BxT)
+
+  prefill = 4
+  cache = model_lib.empty_cache(CFG, B, T)
+  chex.assert_shape(cache[0]["k"], (B, T, CFG.n_heads, CFG.d_model // CFG.n_heads))
+  step = jax.jit(model_lib.apply, static_argnums=0)
+  logits, cache = step(CFG, params, tokens_BxT[:, :prefill], 0, key_ok_BxT, cache)
+  pieces = [logits]
+  for t in range(prefill, T):  # one token at a time through the cache
+    logits, cache = step(CFG, params, tokens_BxT[:, t:t + 1], t, key_ok_BxT, cache)
+    pieces.append(logits)
+  cached_BxTxV = jnp.concatenate(pieces, axis=1)
+  chex.assert_trees_all_close(cached_BxTxV, full_BxTxV, atol=1e-5, rtol=1e-5)
+
+
+def test_causality_through_gradients():
+  """d logits[t] / d input embedding at t' is zero for t' > t and non-zero for t' <= t.
+
+  Row p of the position table is added to the input at position p only, so the Jacobian with respect
+  to that table is the Jacobian with respect to each position's input embedding.
+  """
+  params = _first(_params())
+  tokens_1xT = _tokens()[:1]
+  w_V = jax.random.normal(jax.random.PRNGKey(2), (CFG.vocab_size,))
+
+  def out_T(pos_table):
+    p = {**params, "pos_embed": {"embedding": pos_table}}
+    logits_1xTxV, _ = model_lib.apply(CFG, p, tokens_1xT, 0, jnp.ones((1, T), bool))
+    return logits_1xTxV[0] @ w_V
+
+  jac_TxLxD = jax.jit(jax.jacobian(out_T))(params["pos_embed"]["embedding"])
+  chex.assert_shape(jac_TxLxD, (T, CFG.max_len, CFG.d_model))
+  influence_TxT = np.abs(np.asarray(jac_TxLxD)).sum(-1)[:, :T]
+  future = np.triu(np.ones((T, T), bool), k=1)
+  assert np.all(influence_TxT[future] == 0.0)
+  assert np.all(influence_TxT[~future] > 0.0)
+  assert np.all(np.asarray(jac_TxLxD)[:, T:] == 0.0)  # canvas slots past the input are unused
+
+
+def test_masked_key_changes_nothing():
+  params = _first(_params())
+  tokens_BxT = _tokens()
+  other_BxT = tokens_BxT.at[:, 3].set((tokens_BxT[:, 3] + 7) % CFG.vocab_size)
+  masked_BxT = jnp.ones((B, T), bool).at[:, 3].set(False)
+  run = jax.jit(lambda toks, ok: model_lib.apply(CFG, params, toks, 0, ok)[0])
+  a, b = run(tokens_BxT, masked_BxT), run(other_BxT, masked_BxT)
+  # Every other query ignores key 3 (position 3's own output still sees its own token embedding).
+  keep = np.arange(T) != 3
+  chex.assert_trees_all_close(a[:, keep], b[:, keep], atol=1e-6)
+  # Control: with key 3 readable, the same change reaches every later position.
+  ok = jnp.ones((B, T), bool)
+  diff_BxT = jnp.abs(run(tokens_BxT, ok) - run(other_BxT, ok)).max(-1)
+  assert np.all(diff_BxT[:, :3] == 0.0) and np.all(diff_BxT[:, 3:] > 1e-6)
+
+
+def test_stacked_apply_vmap_equals_per_set_apply():
+  params_R = _params()
+  tokens_BxT = _tokens()
+  ok_BxT = jnp.ones((B, T), bool)
+  stacked_RxBxTxV, _ = jax.jit(jax.vmap(lambda p: model_lib.apply(CFG, p, tokens_BxT, 0, ok_BxT)))(params_R)
+  chex.assert_shape(stacked_RxBxTxV, (3, B, T, CFG.vocab_size))
+  for r in range(3):
+    one = jax.tree.map(lambda p: p[r], params_R)
+    expected_BxTxV, _ = model_lib.apply(CFG, one, tokens_BxT, 0, ok_BxT)
+    chex.assert_trees_all_close(stacked_RxBxTxV[r], expected_BxTxV, atol=1e-5)
+  # Different sets give different outputs (the vmap is over parameters, not a broadcast of one set).
+  assert not np.allclose(stacked_RxBxTxV[0], stacked_RxBxTxV[1])
+
+
+def test_count_params():
+  params_R = _params()
+  one = model_lib.count_params(_first(params_R))
+  assert model_lib.count_params(params_R) == 3 * one
+  D, V, L, F = CFG.d_model, CFG.vocab_size, CFG.max_len, CFG.d_ff
+  block = 2 * 2 * D + 4 * (D * D + D) + (D * F + F) + (F * D + D)  # 2 LayerNorms, q/k/v/out, MLP
+  assert one == V * D + L * D + CFG.n_layers * block + 2 * D + (D * V + V)
