@@ -3,9 +3,19 @@ import dataclasses
 
 from marl_jax.tasks.arithmetic import Arithmetic
 from marl_jax.tasks.base import Task, eval_problems
+from marl_jax.tasks.hidden_sum import HiddenSum
+from marl_jax.tasks.matrix_game import MatrixGame
+from marl_jax.tasks.multi_chain import MultiChain
+from marl_jax.tasks.stack_program import StackProgram
+from marl_jax.tasks.subset_sum import SubsetSum
 
 REGISTRY: dict[str, type[Task]] = {
     "arithmetic": Arithmetic,
+    "hidden_sum": HiddenSum,
+    "matrix_game": MatrixGame,
+    "multi_chain": MultiChain,
+    "stack_program": StackProgram,
+    "subset_sum": SubsetSum,
 }
 
 

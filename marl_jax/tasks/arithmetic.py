@@ -43,7 +43,8 @@ class Arithmetic(base.Task):
     before_last = operands_N[0] % self.modulus if self.num_ops == 1 else partials[-2]
     return value, before_last
 
-  def sample(self, key) -> dict:
+  def chain(self, key):
+    """One chain without BOS and '=': its tokens, value, and value with the last operation dropped."""
     k_operands, k_ops = jax.random.split(key)
     operands_N = jax.random.randint(k_operands, (self.num_ops + 1,), 0, self.max_operand + 1)
     ops_M = jax.random.randint(k_ops, (self.num_ops,), 0, len(OPS))
@@ -51,13 +52,17 @@ class Arithmetic(base.Task):
     width = self.operand_width
     numbers = [base.fixed_width_tokens(operands_N[i], width) for i in range(self.num_ops + 1)]
     op_tokens = jnp.asarray(OPS)[ops_M]
-    pieces = [jnp.array([text.BOS]), numbers[0]]
+    pieces = [numbers[0]]
     for i in range(self.num_ops):
       pieces += [op_tokens[i:i + 1], numbers[i + 1]]
-    pieces.append(jnp.array([text.EQUALS]))
+    return jnp.concatenate(pieces).astype(jnp.int32), value, before_last
+
+  def sample(self, key) -> dict:
+    tokens_L, value, before_last = self.chain(key)
     answer_width = self.answer_len - 1
     return {
-        "prompt": jnp.concatenate(pieces).astype(jnp.int32),
+        "prompt": jnp.concatenate([jnp.array([text.BOS]), tokens_L, jnp.array([text.EQUALS])]
+                                  ).astype(jnp.int32),
         "answer": base.number_tokens(value, answer_width),
         "mistake": base.number_tokens(before_last, answer_width),
     }

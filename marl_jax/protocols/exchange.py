@@ -1,0 +1,52 @@
+"""Exchange: a sender who reads one part of the problem writes a message; a receiver who reads the other
+part and the message answers.  For tasks with prompt segments `part_a` and `part_b` (hidden_sum): by
+default `part_b` is hidden from the sender and `part_a` from the receiver, so information must flow
+through the message.  Both roles get the team reward: no per-role signal is verifiable without fixing
+the code the two agree on.
+"""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from marl_jax import text
+from marl_jax.protocols import engine
+
+SENDER, RECEIVER = 0, 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Exchange(engine.Protocol):
+  message_len: int = 0  # tokens the sender may write, EOS included; 0: len(part_a) + 1 (a full copy)
+
+  @classmethod
+  def build(cls, task, message_len: int = 0, **kwargs):
+    segments = dict(task.prompt_segments)
+    if "part_a" not in segments or "part_b" not in segments:
+      raise ValueError(f"protocol 'exchange' needs a task with prompt segments 'part_a' and 'part_b'; "
+                       f"this task has {list(segments)}")
+    if message_len < 0:
+      raise ValueError(f"config.protocol.message_len={message_len}; it must be >= 1 (or 0: a full copy)")
+    message_len = message_len or segments["part_a"] + 1
+    kwargs.setdefault("hidden", (("part_b", "sender"), ("part_a", "receiver")))
+    turns = (engine.Turn("sender", message_len), engine.Turn("receiver", task.answer_len))
+    return cls(roles=("sender", "receiver"), turns=turns, message_len=message_len, **kwargs)
+
+  def final_answer(self, layout, tokens_BxT):
+    return engine.message(layout, tokens_BxT, RECEIVER)
+
+  def rewards(self, task, layout, problems, tokens_BxT):
+    team_B = jax.vmap(task.score)(problems, self.final_answer(layout, tokens_BxT))
+    return {"team_B": team_B, "role_RxB": jnp.stack([team_B, team_B]),
+            "metrics": {"accuracy": team_B.mean()}}
+
+  def demonstrate(self, task, layout, problems, key_B):
+    """The sender copies its part (cut to the message length); the receiver gives a (noisy) answer."""
+    names = [name for name, _ in task.prompt_segments]
+    start = sum(n for _, n in task.prompt_segments[:names.index("part_a")])
+    part_BxN = problems["prompt"][:, start:start + dict(task.prompt_segments)["part_a"]]
+    B = part_BxN.shape[0]
+    copy_BxM = jnp.concatenate([part_BxN, jnp.full((B, 1), text.EOS),
+                                jnp.full((B, self.message_len), text.PAD)], 1)[:, :self.message_len]
+    answers_BxA = jax.vmap(task.demonstrate)(problems, key_B)
+    return engine.assemble(layout, problems["prompt"], [copy_BxM, answers_BxA])

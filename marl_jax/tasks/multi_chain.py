@@ -1,0 +1,61 @@
+"""Several independent arithmetic chains, `c0,c1,c2=`; the answer is the sum of their values mod `modulus`.
+
+Decomposable: each chain (its own prompt segment) is a sub-problem a worker can solve in parallel, while
+one agent must carry every chain in its head within a single short answer.
+"""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from marl_jax import text
+from marl_jax.tasks import base
+from marl_jax.tasks.arithmetic import Arithmetic
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiChain(base.Task):
+  num_chains: int = 3
+  num_ops: int = 2  # operations in each chain
+  max_operand: int = 9
+  modulus: int = 10
+  demo_error_rate: float = 0.3
+
+  def __post_init__(self):
+    if self.num_chains < 1:
+      raise ValueError(f"multi_chain needs num_chains >= 1; got {self}")
+    _ = self.chain  # Arithmetic checks the chain knobs
+
+  @property
+  def chain(self) -> Arithmetic:
+    return Arithmetic(num_ops=self.num_ops, max_operand=self.max_operand, modulus=self.modulus)
+
+  @property
+  def prompt_segments(self) -> tuple[tuple[str, int], ...]:
+    chain_len = self.chain.prompt_len - 1  # a chain and its ',' (or the final '=')
+    return (("header", 1),) + tuple((f"chain{i}", chain_len) for i in range(self.num_chains))
+
+  @property
+  def prompt_len(self) -> int:
+    return sum(n for _, n in self.prompt_segments)
+
+  @property
+  def answer_len(self) -> int:
+    return self.chain.answer_len
+
+  def sample(self, key) -> dict:
+    tokens_CxL, values_C, _ = jax.vmap(self.chain.chain)(jax.random.split(key, self.num_chains))
+    separators_C = jnp.full((self.num_chains, 1), text.TOKEN_ID[","]).at[-1].set(text.EQUALS)
+    prompt = jnp.concatenate([jnp.array([text.BOS]), jnp.concatenate([tokens_CxL, separators_C], 1).ravel()])
+    width = self.answer_len - 1
+    return {
+        "prompt": prompt.astype(jnp.int32),
+        "answer": base.number_tokens(values_C.sum() % self.modulus, width),
+        # The systematic mistake: the last chain's result lost, as when a worker's report is dropped.
+        "mistake": base.number_tokens(values_C[:-1].sum() % self.modulus, width),
+        "values": values_C.astype(jnp.int32),
+    }
+
+  def wrong_answer(self, problem: dict, key) -> jax.Array:
+    del key
+    return problem["mistake"]
