@@ -1,0 +1,228 @@
+"""Sampling a transcript: log-probs, forced tokens, EOS and episode ends, forbidden tokens, visibility."""
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from marl_jax import model as model_lib
+from marl_jax import protocols, sampling, text
+from marl_jax.protocols import engine
+from marl_jax.tasks import Arithmetic
+
+TASK = Arithmetic(num_ops=1)  # prompt '<bos>a+b=' (5 tokens), answer 'd<eos>' (2 tokens)
+CFG = model_lib.ModelConfig(d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=24)
+B = 8
+SOLVER, VERIFIER = 0, 1
+TEMP = 1.3  # not 1, so that generate and token_log_probs must agree on the temperature too
+ENV_ONLY = [text.PAD, text.BOS] + [text.role_marker(i) for i in range(8)]
+
+
+@functools.cache
+def _params(n_sets):
+  """`n_sets` stacked parameter sets: the first sets of one compiled two-set initialisation."""
+  # unsafe_rbg: the same initialisers with a generator that compiles in a fraction of threefry's time.
+  key = jax.random.key(0, impl="unsafe_rbg")
+  params_2 = jax.jit(model_lib.init_stack, static_argnums=(0, 2))(CFG, key, 2)
+  return jax.tree.map(lambda p: p[:n_sets], params_2)
+
+
+def _biased(params_R, tokens, bias=100.0):
+  """Parameters whose unembedding strongly prefers `tokens`."""
+  b = params_R["unembed"]["bias"].at[:, jnp.asarray(tokens)].add(bias)
+  return {**params_R, "unembed": {**params_R["unembed"], "bias": b}}
+
+
+def _layout(name, role_set_R, **kwargs):
+  return protocols.make(name, TASK, **kwargs).layout(TASK, role_set_R)
+
+
+def _prompts(seed=0):
+  return jax.vmap(TASK.sample)(jax.random.split(jax.random.PRNGKey(seed), B))["prompt"]
+
+
+def _generate(layout, params_R, canvas_BxT=None, force_BxT=None, seed=0, temperature=TEMP,
+              greedy=False):
+  if canvas_BxT is None:
+    canvas_BxT = engine.assemble(layout, _prompts(), [None] * len(layout.turn_slices))
+  if force_BxT is None:
+    force_BxT = jnp.zeros(canvas_BxT.shape, bool)
+  keys_B = jax.random.split(jax.random.PRNGKey(seed), B)
+  return _compiled("generate", layout, temperature, greedy)(params_R, canvas_BxT, force_BxT, keys_B)
+
+
+def _token_log_probs(layout, params_R, tokens_BxT, temperature=TEMP):
+  return _compiled("token_log_probs", layout, temperature)(params_R, tokens_BxT)
+
+
+_JITTED = {}
+
+
+def _compiled(name, layout, temperature, greedy=False):
+  """One jitted function per layout (layouts are cached by the engine, so `id` identifies them)."""
+  key = (name, id(layout), temperature, greedy)
+  if key not in _JITTED:
+    if name == "generate":
+      fn = lambda p, c, f, k: sampling.generate(CFG, layout, p, c, f, k, temperature, greedy)
+    else:
+      fn = lambda p, t: sampling.token_log_probs(CFG, layout, p, t, temperature)
+    _JITTED[key] = (layout, jax.jit(fn))  # holding the layout keeps its id unique
+  return _JITTED[key][1]
+
+
+def test_policy_log_probs_excludes_env_tokens_and_scales_by_temperature():
+  logits_2xV = jax.random.normal(jax.random.PRNGKey(0), (2, text.VOCAB_SIZE))
+  logp_2xV = sampling.policy_log_probs(logits_2xV, 2.0)
+  allowed = np.ones(text.VOCAB_SIZE, bool)
+  allowed[ENV_ONLY] = False
+  assert np.all(np.asarray(logp_2xV)[:, ~allowed] < -1e8)
+  # On the allowed tokens it is log_softmax(logits / T) renormalised over them.
+  expected = jax.nn.log_softmax(logits_2xV[:, allowed] / 2.0, axis=-1)
+  chex.assert_trees_all_close(logp_2xV[:, allowed], expected, atol=1e-5)
+
+
+def test_generate_log_probs_equal_teacher_forced():
+  for name, role_set, kwargs in (("single", (0,), {}), ("solver_verifier", (0, 1), {"rounds": 2})):
+    layout = _layout(name, role_set, **kwargs)
+    params_R = _params(len(role_set))
+    tokens_BxT, logp_BxT, sampled_BxT = _generate(layout, params_R)
+    chex.assert_shape([tokens_BxT, logp_BxT, sampled_BxT], (B, layout.length))
+    forced_logp_BxT, entropy_BxT = _token_log_probs(layout, params_R, tokens_BxT)
+    sampled = np.asarray(sampled_BxT)
+    assert np.all(sampled.sum(1) >= 2)  # each row sampled at least its first two messages' tokens
+    assert not sampled[:, :layout.prompt_len].any() and not sampled[:, layout.env_T].any()
+    np.testing.assert_allclose(np.asarray(forced_logp_BxT)[sampled], np.asarray(logp_BxT)[sampled],
+                               atol=1e-4)
+    assert np.all(np.asarray(logp_BxT)[~sampled] == 0.0)
+    assert np.all(np.asarray(entropy_BxT)[sampled] > 0.0)
+
+
+def test_prompt_and_role_markers_are_written_by_the_environment():
+  layout = _layout("solver_verifier", (0, 1), rounds=2)
+  tokens_BxT, _, _ = _generate(layout, _params(2))
+  np.testing.assert_array_equal(tokens_BxT[:, :layout.prompt_len], _prompts())
+  for (start, _), role in zip(layout.turn_slices[:2], layout.turn_roles):  # round 1 always plays
+    assert np.all(tokens_BxT[:, start - 1] == text.role_marker(role))
+
+
+def test_forced_tokens_are_kept_and_not_sampled():
+  layout = _layout("solver_verifier", (0, 1), rounds=2)
+  start, _ = layout.turn_slices[0]
+  canvas_BxT = engine.assemble(layout, _prompts(), [None] * 4)
+  canvas_BxT = canvas_BxT.at[:, start].set(text.DIGIT0 + 7)
+  force_BxT = jnp.zeros(canvas_BxT.shape, bool).at[:, start].set(True)
+  # Biased towards PAD-free digit '3' so the free position is sampled, and differs from the forced one.
+  params_R = _biased(_params(2), [text.DIGIT0 + 3])
+  tokens_BxT, logp_BxT, sampled_BxT = _generate(layout, params_R, canvas_BxT, force_BxT)
+  assert np.all(tokens_BxT[:, start] == text.DIGIT0 + 7)
+  assert not np.any(sampled_BxT[:, start]) and np.all(logp_BxT[:, start] == 0.0)
+  assert np.all(tokens_BxT[:, start + 1] == text.DIGIT0 + 3) and np.all(sampled_BxT[:, start + 1])
+
+
+def test_eos_closes_a_message():
+  layout = _layout("solver_verifier", (0, 1), rounds=2)
+  solver, verifier = layout.turn_slices[:2]
+  # A forced EOS as the solver's first token: the rest of the solver slot is PAD, not sampled.
+  canvas_BxT = engine.assemble(layout, _prompts(), [None] * 4).at[:, solver[0]].set(text.EOS)
+  force_BxT = jnp.zeros(canvas_BxT.shape, bool).at[:, solver[0]].set(True)
+  tokens_BxT, _, sampled_BxT = _generate(layout, _params(2), canvas_BxT, force_BxT)
+  assert np.all(tokens_BxT[:, solver[0] + 1:solver[1]] == text.PAD)
+  assert not np.any(sampled_BxT[:, solver[0]:solver[1]])
+  # ...and the verifier still plays its turn.
+  assert np.all(tokens_BxT[:, verifier[0] - 1] == text.role_marker(VERIFIER))
+  assert np.all(sampled_BxT[:, verifier[0]])
+  # A sampled EOS does the same: with EOS preferred every message is 'EOS PAD...'.
+  tokens_BxT, logp_BxT, sampled_BxT = _generate(layout, _biased(_params(2), [text.EOS]))
+  for start, stop in layout.turn_slices:
+    assert np.all(tokens_BxT[:, start] == text.EOS) and np.all(sampled_BxT[:, start])
+    assert np.all(tokens_BxT[:, start + 1:stop] == text.PAD) and not np.any(sampled_BxT[:, start + 1:stop])
+  assert np.all(np.asarray(logp_BxT)[np.asarray(sampled_BxT)] > -1e-3)
+
+
+def test_roles_cannot_emit_pad_bos_or_role_markers():
+  layout = _layout("solver_verifier", (0, 1), rounds=2)
+  params_R = _biased(_params(2), ENV_ONLY)  # the raw logits prefer exactly the forbidden tokens
+  params_R = _biased(params_R, [text.EOS, text.ACCEPT], -100.0)  # and nothing ends a message early
+  for greedy in (False, True):
+    tokens_BxT, logp_BxT, sampled_BxT = _generate(layout, params_R, greedy=greedy)
+    sampled = np.asarray(sampled_BxT)
+    # Nothing is blanked, so every message token is sampled.
+    assert np.all(sampled[:, ~layout.env_T])
+    assert not np.isin(np.asarray(tokens_BxT)[sampled], ENV_ONLY).any()
+    assert np.all(np.asarray(logp_BxT)[sampled] > -100.0)
+
+
+def test_greedy_is_deterministic():
+  layout = _layout("solver_verifier", (0, 1), rounds=2)
+  a = _generate(layout, _params(2), seed=1, greedy=True)
+  b = _generate(layout, _params(2), seed=2, greedy=True)
+  chex.assert_trees_all_equal(a, b)
+  # Control: sampling with those two keys gives different transcripts.
+  assert not np.array_equal(_generate(layout, _params(2), seed=1)[0],
+                            _generate(layout, _params(2), seed=2)[0])
+  # Each greedy token is the mode: its log-prob is the largest in its policy distribution.
+  tokens_BxT, logp_BxT, sampled_BxT = a
+  forced_logp_BxT, _ = _token_log_probs(layout, _params(2), tokens_BxT)
+  np.testing.assert_allclose(np.asarray(forced_logp_BxT)[np.asarray(sampled_BxT)],
+                             np.asarray(logp_BxT)[np.asarray(sampled_BxT)], atol=1e-4)
+
+
+def test_accept_ends_the_episode():
+  layout = _layout("solver_verifier", (0, 1), rounds=2)
+  s0, v0, s1, v1 = layout.turn_slices
+  prompts = _prompts()
+  canvas_BxT = engine.assemble(layout, prompts, [None] * 4)
+  # Rows 0..3: the verifier's first token is ACCEPT; rows 4..7: REJECT.
+  verdict_B = jnp.where(jnp.arange(B) < 4, text.ACCEPT, text.REJECT)
+  canvas_BxT = canvas_BxT.at[:, v0[0]].set(verdict_B)
+  force_BxT = jnp.zeros(canvas_BxT.shape, bool).at[:, v0[0]].set(True)
+  tokens_BxT, logp_BxT, sampled_BxT = _generate(layout, _params(2), canvas_BxT, force_BxT)
+  accepted, rejected = slice(0, 4), slice(4, 8)
+  assert np.all(tokens_BxT[accepted, v0[0] + 1:] == text.PAD)  # markers of round 2 too
+  assert not np.any(sampled_BxT[accepted, v0[0]:]) and np.all(logp_BxT[accepted, v0[0]:] == 0.0)
+  assert np.all(tokens_BxT[rejected, s1[0] - 1] == text.role_marker(SOLVER))
+  assert np.all(tokens_BxT[rejected, v1[0] - 1] == text.role_marker(VERIFIER))
+  assert np.all(sampled_BxT[rejected, s1[0]]) and np.all(sampled_BxT[rejected, v0[0] + 1])
+
+  # ACCEPT ends the episode only as the verifier's first token: a solver writing it plays on.
+  tokens_BxT, _, sampled_BxT = _generate(layout, _biased(_params(2), [text.ACCEPT]))
+  assert np.all(tokens_BxT[:, s0[0]:s0[1]] == text.ACCEPT)
+  assert np.all(tokens_BxT[:, v0[0]] == text.ACCEPT) and np.all(sampled_BxT[:, v0[0]])
+  assert np.all(tokens_BxT[:, v0[0] + 1:] == text.PAD) and not np.any(sampled_BxT[:, v0[0] + 1:])
+
+
+def test_hidden_segment_does_not_affect_a_role():
+  """With the problem hidden from the verifier, changing the problem changes nothing it computes."""
+  prompts_a = _prompts(seed=0)
+  # Same layout of tokens, different operands: '<bos>a op b=' with every digit replaced.
+  digit = (prompts_a >= text.DIGIT0) & (prompts_a < text.DIGIT0 + 10)
+  prompts_b = jnp.where(digit, text.DIGIT0 + (prompts_a - text.DIGIT0 + 3) % 10, prompts_a)
+  assert not np.array_equal(prompts_a, prompts_b)
+
+  def logp_verifier_and_solver(hidden):
+    layout = _layout("solver_verifier", (0, 0), rounds=1, hidden=hidden)  # shared parameters
+    messages = [jnp.full((B, 2), text.DIGIT0 + 4), jnp.full((B, 3), text.DIGIT0 + 5)]
+    out = []
+    for prompts in (prompts_a, prompts_b):
+      logp_BxT, ent_BxT = _token_log_probs(layout, _params(1), engine.assemble(layout, prompts, messages))
+      out.append(np.stack([logp_BxT, ent_BxT]))
+    is_verifier_T = (layout.author_T == VERIFIER) & ~layout.env_T
+    is_solver_T = (layout.author_T == SOLVER) & ~layout.env_T
+    same = lambda mask_T: np.allclose(out[0][..., mask_T], out[1][..., mask_T], atol=1e-6)
+    return layout, same(is_verifier_T), same(is_solver_T)
+
+  layout, verifier_same, solver_same = logp_verifier_and_solver(hidden=(("problem", "verifier"),))
+  assert len(layout.view_set_V) == 2  # shared parameters, two visibilities: two views
+  assert verifier_same and not solver_same
+  layout, verifier_same, _ = logp_verifier_and_solver(hidden=())
+  assert len(layout.view_set_V) == 1 and not verifier_same  # control: a visible problem matters
+
+  # Sampling too: with the solver's answer forced, the verifier's messages do not depend on the problem.
+  layout = _layout("solver_verifier", (0, 0), rounds=1, hidden=(("problem", "verifier"),))
+  solver, verifier = layout.turn_slices
+  force_BxT = jnp.zeros((B, layout.length), bool).at[:, solver[0]:solver[1]].set(True)
+  answer = [jnp.full((B, 2), text.DIGIT0 + 4), None]
+  runs = [_generate(layout, _params(1), engine.assemble(layout, p, answer), force_BxT)
+          for p in (prompts_a, prompts_b)]
+  chex.assert_trees_all_close(*[jax.tree.map(lambda x: x[:, verifier[0]:], r) for r in runs], atol=1e-6)
