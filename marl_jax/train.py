@@ -233,7 +233,7 @@ def role_losses(exp: Experiment, params_R, batch, devices: int):
   return total(per_token_BxT), aux
 
 
-def update_params(exp: Experiment, state: TrainState, batch, key, devices: int):
+def update_params(exp: Experiment, state: TrainState, batch, devices: int):
   """Epochs of minibatch updates over this device's rows; returns the new state and diagnostics."""
   rl = exp.config.rl
   B = batch["tokens"].shape[0]
@@ -264,17 +264,21 @@ def update_params(exp: Experiment, state: TrainState, batch, key, devices: int):
     aux["grad_norm"] = role_norm_R
     return (params, opt_state), aux
 
-  def epoch(carry, k):
-    order = jax.random.permutation(k, B).reshape(rl.minibatches, B // rl.minibatches)
-    return jax.lax.scan(minibatch_update, carry, order)
+  # Minibatch m holds the rows i with i % M == m.  Rows are i.i.d. episodes, so no shuffle is needed,
+  # and because every device holds a whole number of minibatch strides the split of the global batch
+  # is the same on any device count (so sharded and single-device runs agree).
+  minibatch_rows = np.arange(B).reshape(B // rl.minibatches, rl.minibatches).T
 
-  (params, opt_state), aux = jax.lax.scan(epoch, (state.params, state.opt_state),
-                                          jax.random.split(key, rl.epochs))
+  def epoch(carry, _):
+    return jax.lax.scan(minibatch_update, carry, minibatch_rows)
+
+  (params, opt_state), aux = jax.lax.scan(epoch, (state.params, state.opt_state), None,
+                                          length=rl.epochs)
   aux = jax.tree.map(lambda x: x[-1, -1], aux)  # diagnostics of the last minibatch
   return state.replace(params=params, opt_state=opt_state), aux
 
 
-def local_step(exp: Experiment, state: TrainState, problem_key_B, sample_key_B, cf_key_B, update_key):
+def local_step(exp: Experiment, state: TrainState, problem_key_B, sample_key_B, cf_key_B):
   """One seed, this device's rows: rollout, rewards, credit, update."""
   rl, layout = exp.config.rl, exp.layout
   devices = jax.lax.psum(1, parallel.DATA)
@@ -294,7 +298,7 @@ def local_step(exp: Experiment, state: TrainState, problem_key_B, sample_key_B, 
   if rl.kl_coef > 0:
     batch["ref_logp"], _ = sampling.token_log_probs(exp.model, layout, state.ref_params, tokens_BxT,
                                                     rl.temperature)
-  state, aux = update_params(exp, state, batch, update_key, devices)
+  state, aux = update_params(exp, state, batch, devices)
   metrics = dict(rewards["metrics"])
   metrics["reward"] = rewards["team_B"].mean()
   metrics["tokens"] = sampled_BxT.sum().astype(jnp.float32)
@@ -326,14 +330,14 @@ def make_train_call(exp: Experiment):
 
   def row_keys(state):
     # Keys are per row of the global batch, so a row's episode does not depend on the device count.
-    k_problem, k_sample, k_cf, k_update = jax.random.split(jax.random.fold_in(state.key, state.step), 4)
+    k_problem, k_sample, k_cf = jax.random.split(jax.random.fold_in(state.key, state.step), 3)
     return (fold_rows(k_problem, rows // rl.group_size), fold_rows(k_sample, rows),
-            fold_rows(k_cf, rows), k_update)
+            fold_rows(k_cf, rows))
 
   rows_spec = P(None, parallel.DATA)
   sharded_step = jax.shard_map(
       jax.vmap(functools.partial(local_step, exp)), mesh=exp.mesh,
-      in_specs=(P(), rows_spec, rows_spec, rows_spec, P()), out_specs=(P(), P()), check_vma=False)
+      in_specs=(P(), rows_spec, rows_spec, rows_spec), out_specs=(P(), P()), check_vma=False)
 
   def one_step(state_S, _):
     return sharded_step(state_S, *jax.vmap(row_keys)(state_S))
@@ -368,7 +372,10 @@ def to_host(tree):
 
 
 def replicate(exp: Experiment, tree):
-  return jax.device_put(tree, NamedSharding(exp.mesh, P()))
+  """Host-identical values to arrays replicated over the (possibly multi-process) mesh."""
+  sharding = NamedSharding(exp.mesh, P())
+  to_global = lambda x: jax.make_array_from_callback(x.shape, sharding, lambda i: np.asarray(x)[i])
+  return jax.tree.map(to_global, tree)
 
 
 def initial_state(exp: Experiment):
@@ -385,8 +392,16 @@ def initial_state(exp: Experiment):
                    jax.jit(jax.vmap(lambda k: init_state(exp, k)))(keys_S))
 
 
-def load_params(exp: Experiment, workdir: str):
-  """params_S from the latest checkpoint of another run (e.g. a warm start), one set per seed."""
+def abstract_state(exp: Experiment):
+  """Shapes, dtypes and (replicated) shardings of the state of all seeds, for restoring."""
+  shapes = jax.eval_shape(jax.vmap(functools.partial(init_state, exp)),
+                          jax.random.split(jax.random.PRNGKey(0), exp.config.num_seeds))
+  sharding = NamedSharding(exp.mesh, P())
+  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), shapes)
+
+
+def load_params(exp: Experiment, workdir: str, step: int | None = None):
+  """params_S from a checkpoint (the latest by default) of another run (e.g. a warm start)."""
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path) or checkpoint.latest_step(workdir) is None:
     raise FileNotFoundError(f"config.init_from={workdir!r} holds no config.json and checkpoint")
@@ -394,9 +409,7 @@ def load_params(exp: Experiment, workdir: str):
     other_config = ml_collections.ConfigDict(json.load(f))
   other_config.num_devices = 1
   other = build(other_config)
-  abstract = jax.eval_shape(jax.vmap(functools.partial(init_state, other)),
-                            jax.random.split(jax.random.PRNGKey(0), other_config.num_seeds))
-  params_S = checkpoint.restore(workdir, abstract).params
+  params_S = checkpoint.restore(workdir, abstract_state(other), step).params
   expected = jax.eval_shape(lambda: model_lib.init_stack(exp.model, jax.random.PRNGKey(0), exp.num_sets))
   if jax.tree.map(lambda p: p.shape, expected) != jax.tree.map(lambda p: p.shape[1:], params_S):
     raise ValueError(f"config.init_from={workdir!r} holds a model whose shapes or parameter sets "
@@ -431,11 +444,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   if start is None:
     state_S = initial_state(exp)
   else:
-    abstract = jax.eval_shape(jax.vmap(functools.partial(init_state, exp)),
-                              jax.random.split(jax.random.PRNGKey(0), config.num_seeds))
-    sharding = NamedSharding(exp.mesh, P())
-    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), abstract)
-    state_S = checkpoint.restore(workdir, abstract)
+    state_S = checkpoint.restore(workdir, abstract_state(exp))
   if lead:
     with open(os.path.join(workdir, "config.json"), "w") as f:
       f.write(config.to_json(indent=2))

@@ -1,0 +1,79 @@
+"""Sharding over devices and processes changes nothing but float rounding.
+
+Runs go through the real CLI in subprocesses: the emulated device count must be set before JAX starts.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from marl_jax import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Entropy keeps gradients non-zero even when every reward of the untrained team ties.
+TINY = ["--config.sft.steps=0", "--config.rl.entropy_coef=0.01", "--config.rl.batch_size=64",
+        "--config.rl.minibatches=2"]
+
+
+def launch(args, devices: int, **env):
+  env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+         "JAX_PLATFORMS": "cpu", **env}
+  return subprocess.Popen([sys.executable, "-m", "marl_jax.main", *args], cwd=ROOT, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(proc):
+  out, _ = proc.communicate(timeout=900)
+  assert proc.returncode == 0, out[-3000:]
+
+
+def params(workdir, step=None):
+  """params_S of a run's checkpoint, restored onto this process's one device."""
+  with open(os.path.join(workdir, "config.json")) as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  config.num_devices, config.distributed = 1, False
+  return train.to_host(train.load_params(train.build(config), workdir, step))
+
+
+def max_diff(a, b) -> float:
+  return max(jax.tree.leaves(jax.tree.map(lambda x, y: float(np.abs(x - y).max()), a, b)))
+
+
+def assert_same_training(dir_a, dir_b):
+  a, b = params(dir_a), params(dir_b)
+  assert max_diff(a, params(dir_a, step=0)) > 1e-3, "nothing trained: the comparison is vacuous"
+  assert max_diff(a, b) < 2e-4
+
+
+@pytest.mark.parametrize("sharing", ["shared", "isolated"])
+def test_eight_devices_match_one(tmp_path, sharing):
+  config = f"--config=experiments/solver_verifier.py:size=tiny,credit=difference,sharing={sharing}"
+  dirs = [str(tmp_path / f"devices{n}") for n in (1, 8)]
+  for n, workdir in zip((1, 8), dirs):
+    finish(launch([config, f"--workdir={workdir}", f"--config.num_devices={n}", *TINY], devices=8))
+  assert_same_training(*dirs)
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def test_two_processes_match_one_process_of_two_devices(tmp_path):
+  config = "--config=experiments/single_agent.py:size=tiny"
+  one, two = str(tmp_path / "one_process"), str(tmp_path / "two_processes")
+  finish(launch([config, f"--workdir={one}", *TINY], devices=2))
+  port = free_port()
+  workers = [launch([config, f"--workdir={two}", "--config.distributed=True", *TINY], devices=1,
+                    JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
+                    JAX_PROCESS_ID=str(i)) for i in range(2)]
+  for worker in workers:
+    finish(worker)
+  assert_same_training(one, two)
