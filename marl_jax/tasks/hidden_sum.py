@@ -13,7 +13,7 @@ from marl_jax import text
 from marl_jax.tasks import base
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)  # by name only: the base's demo_error_rate comes first
 class HiddenSum(base.Task):
   max_number: int = 99  # a and b are drawn from 0..max_number
   modulus: int = 100

@@ -18,7 +18,7 @@ from marl_jax.tasks import base
 GAMES = ("climbing", "penalty", "nonmonotonic")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)  # by name only: the base's demo_error_rate comes first
 class MatrixGame(base.Task):
   game: str = "climbing"
   k: float = -100.0  # the penalty game's miscoordination payoff

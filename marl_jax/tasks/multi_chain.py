@@ -13,7 +13,7 @@ from marl_jax.tasks import base
 from marl_jax.tasks.arithmetic import Arithmetic
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)  # by name only: the base's demo_error_rate comes first
 class MultiChain(base.Task):
   num_chains: int = 3
   num_ops: int = 2  # operations in each chain

@@ -20,7 +20,7 @@ INPUT, DUP, SWAP = (text.TOKEN_ID[c] for c in "xds")
 OPS = (text.PLUS, text.MINUS, text.TIMES)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)  # by name only: the base's demo_error_rate comes first
 class StackProgram(base.Task):
   num_ops: int = 2  # binary operations in the generated program (its length is 2 * num_ops + 1)
   num_examples: int = 4  # input->output pairs shown in the prompt

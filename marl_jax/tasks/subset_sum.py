@@ -14,7 +14,7 @@ from marl_jax.tasks import base
 ONE, ZERO = text.TOKEN_ID["1"], text.TOKEN_ID["0"]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)  # by name only: the base's demo_error_rate comes first
 class SubsetSum(base.Task):
   num_numbers: int = 5
   max_number: int = 9  # numbers are drawn from 1..max_number
