@@ -1,4 +1,7 @@
 """The config every experiment starts from, and the `:key=value,...` argument parser."""
+import importlib.util
+import os
+
 import ml_collections
 
 
@@ -11,6 +14,15 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
       raise ValueError(f"config argument {key!r} is unknown; allowed: {sorted(defaults)}")
     out[key] = value
   return ml_collections.ConfigDict(out)
+
+
+def sibling(config_file: str, name: str):
+  """Another experiment file in the same folder, so one config can build on another."""
+  path = os.path.join(os.path.dirname(os.path.abspath(config_file)), f"{name}.py")
+  spec = importlib.util.spec_from_file_location(f"experiments.{name}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
 
 def check_choice(name: str, value: str, allowed) -> str:

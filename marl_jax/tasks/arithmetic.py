@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from marl_jax import text
 from marl_jax.tasks import base
 
-OPS = (text.PLUS, text.MINUS, text.TIMES)
+OPS = "+-*"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -15,11 +15,14 @@ class Arithmetic(base.Task):
   num_ops: int = 2  # operations in the chain
   max_operand: int = 9  # operands are drawn from 0..max_operand
   modulus: int = 10  # every intermediate result is taken mod this
+  ops: str = OPS  # the operations drawn from, a subset of "+-*"
   demo_error_rate: float = 0.6
 
   def __post_init__(self):
     if self.num_ops < 1 or self.max_operand < 1 or self.modulus < 2:
       raise ValueError(f"arithmetic needs num_ops >= 1, max_operand >= 1, modulus >= 2; got {self}")
+    if not self.ops or set(self.ops) - set(OPS):
+      raise ValueError(f"config.task.ops={self.ops!r}; allowed: a non-empty subset of {OPS!r}")
 
   @property
   def operand_width(self) -> int:
@@ -37,7 +40,7 @@ class Arithmetic(base.Task):
     """Left-to-right value of the chain; also the value with the last operation dropped."""
     def apply(acc, x):
       b, op = x
-      acc = jnp.select([op == 0, op == 1], [acc + b, acc - b], acc * b) % self.modulus
+      acc = jnp.select([op == 0, op == 1], [acc + b, acc - b], acc * b) % self.modulus  # op: index in OPS
       return acc, acc
     value, partials = jax.lax.scan(apply, operands_N[0] % self.modulus, (operands_N[1:], ops_M))
     before_last = operands_N[0] % self.modulus if self.num_ops == 1 else partials[-2]
@@ -47,11 +50,12 @@ class Arithmetic(base.Task):
     """One chain without BOS and '=': its tokens, value, and value with the last operation dropped."""
     k_operands, k_ops = jax.random.split(key)
     operands_N = jax.random.randint(k_operands, (self.num_ops + 1,), 0, self.max_operand + 1)
-    ops_M = jax.random.randint(k_ops, (self.num_ops,), 0, len(OPS))
+    allowed = jnp.asarray([OPS.index(o) for o in self.ops])
+    ops_M = allowed[jax.random.randint(k_ops, (self.num_ops,), 0, len(self.ops))]
     value, before_last = self.evaluate(operands_N, ops_M)
     width = self.operand_width
     numbers = [base.fixed_width_tokens(operands_N[i], width) for i in range(self.num_ops + 1)]
-    op_tokens = jnp.asarray(OPS)[ops_M]
+    op_tokens = jnp.asarray([text.TOKEN_ID[o] for o in OPS])[ops_M]
     pieces = [numbers[0]]
     for i in range(self.num_ops):
       pieces += [op_tokens[i:i + 1], numbers[i + 1]]
