@@ -105,7 +105,9 @@ def task_knobs(task: tasks.Task) -> dict:
 
 
 def eval_set_config(task: tasks.Task, seed: int, size: int) -> str:
-  knobs = "-".join(f"{k}{v}" for k, v in sorted(task_knobs(task).items()))
+  """`TASK-KNOBVALUE-...-seedS-nN`; characters TFDS does not take in a name are written `_hex_`."""
+  escape = lambda v: re.sub(r"[^\w+\-.]", lambda m: f"_{ord(m.group()):x}_", str(v))
+  knobs = "-".join(f"{k}{escape(v)}" for k, v in sorted(task_knobs(task).items()))
   return f"{task_name(task)}-{knobs}-seed{seed}-n{size}"
 
 
