@@ -50,3 +50,18 @@ def digits_to_int(ids) -> int | None:
   """Reads a decimal number from tokens up to EOS; None when anything else is there."""
   text = decode([i for i in ids if i != EOS])
   return int(text) if text.isdigit() else None
+
+
+def render_transcript(tokens_T, segment_T, names) -> str:
+  """One line per segment, `name: tokens`, without role markers and padding.
+
+  `segment_T` and `names` come from the protocol layout (segment names carry the author role, e.g.
+  `verifier0`); segments the episode never reached (all padding) are left out.
+  """
+  tokens_T, segment_T = np.asarray(tokens_T), np.asarray(segment_T)
+  lines = []
+  for s, name in enumerate(names):
+    ids = [int(t) for t in tokens_T[segment_T == s] if t != PAD and not TOKENS[t].startswith("<role")]
+    if ids:
+      lines.append(f"{name:>12}: {decode(ids)}")
+  return "\n".join(lines)

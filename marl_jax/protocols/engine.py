@@ -65,6 +65,9 @@ class Layout:
   def author_view_T(self) -> np.ndarray:
     return np.where(self.author_T >= 0, np.asarray(self.role_view_R)[self.author_T], 0)
 
+  def render(self, tokens_T) -> str:
+    return text.render_transcript(tokens_T, self.segment_T, self.segment_names)
+
   def role_turns(self, role: int) -> list[int]:
     return [i for i, r in enumerate(self.turn_roles) if r == role]
 
