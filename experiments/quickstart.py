@@ -3,13 +3,14 @@ counterfactual (difference) credit, in about 5 minutes on 2 CPU cores.
 
   python -m marl_jax.main --config=experiments/quickstart.py --workdir=workdirs/quickstart
 
-`:size=tiny` is the seconds-long variant the tests run; any solver_verifier.py argument works here.
+`:size=tiny` is the seconds-long variant the tests run; experiments/solver_verifier.py has the rest.
 """
 from marl_jax import configs
 
 
 def get_config(arg=None):
-  c = configs.sibling(__file__, "solver_verifier").get_config(arg)
-  if "size=" not in (arg or ""):
+  args = configs.parse_arg(arg, size="cpu")
+  c = configs.sibling(__file__, "solver_verifier").get_config(f"size={args.size}")
+  if args.size == "cpu":
     c.total_steps, c.eval_every, c.checkpoint_every = 300, 50, 100
   return c

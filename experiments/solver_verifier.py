@@ -8,8 +8,6 @@ Arguments: sharing=shared|isolated, credit=team|per_role|difference, size=tiny|c
 """
 from marl_jax import configs
 
-SIZES = ("tiny", "cpu", "gpu")
-
 
 def get_config(arg=None):
   args = configs.parse_arg(arg, sharing="isolated", credit="difference", size="cpu")
@@ -17,19 +15,9 @@ def get_config(arg=None):
   c.protocol.update(name="solver_verifier", rounds=1, verifier_demo_error_rate=0.3)
   c.roles.sharing = configs.check_choice("sharing", args.sharing, ("shared", "isolated"))
   c.rl.credit = configs.check_choice("credit", args.credit, ("team", "per_role", "difference"))
-  configs.check_choice("size", args.size, SIZES)
   c.total_steps, c.eval_every = 600, 100
+  configs.apply_size(c, args.size)
   if args.size == "gpu":
-    c.model.update(d_model=256, n_layers=4, n_heads=8, d_ff=1024)
-    c.task.update(num_ops=4)
+    c.task.num_ops = 4
     c.protocol.rounds = 2
-    c.rl.update(batch_size=2048, minibatches=4)
-    c.sft.update(steps=3000, batch_size=512)
-    c.total_steps, c.checkpoint_every = 2000, 500
-  elif args.size == "tiny":  # for tests: seconds, not minutes
-    c.model.update(d_model=32, n_layers=1, n_heads=2, d_ff=64)
-    c.rl.update(batch_size=32, group_size=4, minibatches=1)
-    c.sft.update(steps=20, batch_size=32)
-    c.eval.size = 64
-    c.total_steps, c.steps_per_call, c.log_every, c.eval_every, c.checkpoint_every = 4, 2, 2, 2, 2
   return c

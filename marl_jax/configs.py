@@ -61,3 +61,24 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft = ml_collections.ConfigDict(dict(steps=600, batch_size=128, learning_rate=1e-3))
   c.eval = ml_collections.ConfigDict(dict(size=512, seed=1234))
   return c
+
+
+SIZES = ("tiny", "cpu", "gpu")
+
+
+def apply_size(c: ml_collections.ConfigDict, size: str) -> ml_collections.ConfigDict:
+  """`cpu` keeps the base config; `tiny` shrinks everything to seconds (the tests' variant); `gpu`
+  grows the model and batch for an accelerator."""
+  check_choice("size", size, SIZES)
+  if size == "gpu":
+    c.model.update(d_model=256, n_layers=4, n_heads=8, d_ff=1024)
+    c.rl.update(batch_size=2048, minibatches=4)
+    c.sft.update(steps=3000, batch_size=512)
+    c.total_steps, c.eval_every, c.checkpoint_every = 2000, 100, 500
+  elif size == "tiny":
+    c.model.update(d_model=32, n_layers=1, n_heads=2, d_ff=64)
+    c.rl.update(batch_size=32, group_size=4, minibatches=1)
+    c.sft.update(steps=20, batch_size=32)
+    c.eval.size = 64
+    c.total_steps, c.steps_per_call, c.log_every, c.eval_every, c.checkpoint_every = 4, 2, 2, 2, 2
+  return c
