@@ -1,0 +1,100 @@
+"""The command line end to end: `python -m marl_jax.main --config=experiments/single_agent.py:size=tiny`
+writes metrics, config and checkpoints, resumes, and rejects bad input before compiling anything."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from marl_jax import checkpoint
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+CONFIG = f"--config={REPO / 'experiments' / 'single_agent.py'}:size=tiny"
+
+
+def _main(workdir, *flags, timeout=900):
+  """Runs the CLI with jax logging every compilation (so a test can tell whether anything compiled)."""
+  env = dict(os.environ, JAX_LOG_COMPILES="1", JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)  # one CPU device, whatever another test set in this process
+  return subprocess.run([sys.executable, "-m", "marl_jax.main", CONFIG, f"--workdir={workdir}", *flags],
+                        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _snapshot(workdir):
+  """Every file under `workdir` with its bytes."""
+  return {str(p.relative_to(workdir)): p.read_bytes() for p in sorted(pathlib.Path(workdir).rglob("*"))
+          if p.is_file()}
+
+
+def _steps(workdir):
+  """The `step` of every line of metrics.jsonl, in file order (repeats included)."""
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line)["step"] for line in f]
+
+
+BAD_INPUT = [
+    # (flag, what the message must name: the key, the bad value and the allowed values)
+    ("--config.task.name=nope", ["config.task.name='nope'", "'arithmetic'"]),
+    ("--config.rl.algorithm=nope", ["config.rl.algorithm='nope'", "'ppo'", "'reinforce'"]),
+    ("--config.optim.name=nope", ["config.optim.name='nope'", "'adam'", "'sgd'"]),
+    # '<bos>a+b*c=' (7) + marker (1) + 'dd' answer slot (2) = 10 tokens on the canvas.
+    ("--config.model.max_len=8", ["config.model.max_len=8", "10 tokens"]),
+    ("--config.rl.batch_size=30", ["config.rl.batch_size=30", "config.rl.group_size=4"]),
+]
+
+
+def _check_rejected(result, expected):
+  assert result.returncode != 0
+  for piece in expected:
+    assert piece in result.stderr, (piece, result.stderr[-2000:])
+  assert "Compiling" not in result.stderr  # failed while building the config, before any compile
+  assert "warm start" not in result.stdout
+
+
+@pytest.mark.slow
+def test_train_resume_and_refuse_bad_input(tmp_path):
+  workdir = tmp_path / "run"
+  first = _main(workdir)
+  assert first.returncode == 0, first.stderr[-3000:]
+  assert "Compiling jit(train_call)" in first.stderr  # the compile log works (see _check_rejected)
+  assert "warm start" in first.stdout
+
+  # One metrics row per logged step, each with `step` and `accuracy`; the resolved config; checkpoints.
+  with open(workdir / "metrics.jsonl") as f:
+    rows = [json.loads(line) for line in f]
+  assert [r["step"] for r in rows] == [0, 2, 4]
+  assert all(isinstance(r["accuracy"], float) and 0.0 <= r["accuracy"] <= 1.0 for r in rows)
+  assert all("eval_accuracy" in r for r in rows)
+  config = json.loads((workdir / "config.json").read_text())
+  assert config["total_steps"] == 4 and config["task"]["name"] == "arithmetic"
+  assert checkpoint.latest_step(str(workdir)) == 4
+  assert (workdir / "checkpoints" / "4").is_dir()
+  assert list((workdir / "tensorboard").iterdir())
+
+  # The same workdir with more steps resumes at step 4: no warm start, no second step-0 row.
+  second = _main(workdir, "--config.total_steps=8")
+  assert second.returncode == 0, second.stderr[-3000:]
+  assert "warm start" not in second.stdout
+  assert _steps(workdir) == [0, 2, 4, 6, 8]
+  assert checkpoint.latest_step(str(workdir)) == 8
+  assert json.loads((workdir / "config.json").read_text())["total_steps"] == 8
+
+  # Bad input against this real workdir: refused, and not one byte of it changes.
+  before = _snapshot(workdir)
+  flag, expected = BAD_INPUT[2]
+  _check_rejected(_main(workdir, flag, "--config.total_steps=10", timeout=300), expected)
+  assert _snapshot(workdir) == before
+
+
+@pytest.mark.parametrize("flag, expected", BAD_INPUT, ids=[f.split("=")[0][9:] for f, _ in BAD_INPUT])
+def test_bad_input_is_refused_before_compiling(tmp_path, flag, expected):
+  # A workdir that a previous run left behind (files are stand-ins: nothing may read or write them).
+  (tmp_path / "checkpoints" / "4").mkdir(parents=True)
+  (tmp_path / "checkpoints" / "4" / "state").write_bytes(b"\x00checkpoint bytes")
+  (tmp_path / "metrics.jsonl").write_text('{"step": 0, "accuracy": 0.5}\n')
+  (tmp_path / "config.json").write_text('{"total_steps": 4}')
+  before = _snapshot(tmp_path)
+  _check_rejected(_main(tmp_path, flag, timeout=300), expected)
+  assert _snapshot(tmp_path) == before
