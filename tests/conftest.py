@@ -1,8 +1,7 @@
 """Shared test setup: JAX on CPU with its default (single) device; `slow` marks end-to-end tests.
 
 Tests that need several CPU devices set XLA_FLAGS themselves (see parallel_test.py), so nothing here
-touches XLA_FLAGS.  `pytest -m "not slow"` skips the end-to-end runs; under pytest-xdist the slow tests
-are collected first so that the two workers start them early and finish together.
+touches XLA_FLAGS.  `pytest -m "not slow"` skips the end-to-end runs.
 """
 import os
 
@@ -14,4 +13,21 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(session, config, items):
-  items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: slow tests first
+  """Spreads the slow tests evenly over the first 80% of the run, fast tests filling the gaps.
+
+  pytest-xdist (`-n 2`) hands each worker runs of consecutive tests; slow tests bunched together (as
+  collection order puts them, or a slow-first sort) would land on one worker while the other idles.
+  Evenly spread, every run of tests carries its share, and the last tests to start are fast ones.
+  """
+  slow = [item for item in items if item.get_closest_marker("slow")]
+  fast = [item for item in items if not item.get_closest_marker("slow")]
+  if not slow:
+    return
+  stride = 0.8 * len(items) / len(slow)
+  ordered, fast_iter = [], iter(fast)
+  for j, item in enumerate(slow):
+    while len(ordered) < round(j * stride):
+      ordered.append(next(fast_iter))
+    ordered.append(item)
+  ordered.extend(fast_iter)
+  items[:] = ordered
