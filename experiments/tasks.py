@@ -1,11 +1,12 @@
-"""The task suite, each task on its natural workflow (or `protocol=NAME`): warm start, then PPO.
+r"""The task suite, each task on its natural workflow (or `protocol=NAME`): warm start, then PPO.
 
   python -m marl_jax.main --config=experiments/tasks.py:task=subset_sum,size=cpu --workdir=/tmp/subset_sum
-  python -m marl_jax.main --config=experiments/tasks.py:task=subset_sum,protocol=solver_verifier --workdir=/tmp/ss_sv
+  python -m marl_jax.main --config=experiments/tasks.py:task=subset_sum,protocol=solver_verifier \
+      --workdir=/tmp/subset_sum_sv
   python -m marl_jax.main --config=experiments/tasks.py:task=hidden_sum --workdir=/tmp/hidden_sum
   python -m marl_jax.main --config=experiments/tasks.py:task=multi_chain --workdir=/tmp/multi_chain
   python -m marl_jax.main --config=experiments/tasks.py:task=stack_program --workdir=/tmp/stack_program
-  python -m marl_jax.main --config=experiments/tasks.py:task=matrix_game --workdir=/tmp/climbing \
+  python -m marl_jax.main --config=experiments/tasks.py:task=matrix_game --workdir=/tmp/penalty \
       --config.task.game=penalty --config.task.k=-50
 Task knobs are under `config.task` (every field of the task, so each can be set from the command line).
 """
@@ -20,7 +21,7 @@ TASKS = {
     "arithmetic": ("single", dict(num_ops=4)),
     "subset_sum": ("single", dict(num_numbers=8, max_number=19)),
     "hidden_sum": ("exchange", dict(max_number=999, modulus=1000)),
-    "multi_chain": ("single", dict(num_chains=4, num_ops=3)),
+    "multi_chain": ("single", dict(num_chains=4, num_ops=2)),
     "stack_program": ("single", dict(num_ops=3, num_examples=5)),
     "matrix_game": ("matrix_game", {}),
 }

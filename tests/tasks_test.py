@@ -160,9 +160,10 @@ def test_stack_program_generation():
 
 
 def test_matrix_game_payoffs_and_scores():
-  np.testing.assert_array_equal(MatrixGame(game="climbing").payoffs(), [[11, -30, 0], [-30, 7, 6], [0, 0, 5]])
-  np.testing.assert_array_equal(MatrixGame(game="penalty", k=-50).payoffs(), [[10, 0, -50], [0, 2, 0], [-50, 0, 10]])
-  np.testing.assert_array_equal(MatrixGame(game="nonmonotonic").payoffs(), [[8, -12, -12], [-12, 0, 0], [-12, 0, 0]])
+  payoffs = lambda **kwargs: MatrixGame(**kwargs).payoffs().tolist()
+  assert payoffs(game="climbing") == [[11, -30, 0], [-30, 7, 6], [0, 0, 5]]
+  assert payoffs(game="penalty", k=-50) == [[10, 0, -50], [0, 2, 0], [-50, 0, 10]]
+  assert payoffs(game="nonmonotonic") == [[8, -12, -12], [-12, 0, 0], [-12, 0, 0]]
   climbing, penalty = MatrixGame(game="climbing"), MatrixGame(game="penalty", k=-100)
   p = row(problems(climbing, 4), 0)
   score = lambda task, s: float(task.score(p, tokens(s)))

@@ -17,7 +17,7 @@ from marl_jax.tasks import base
 class HiddenSum(base.Task):
   max_number: int = 99  # a and b are drawn from 0..max_number
   modulus: int = 100
-  demo_error_rate: float = 0.3
+  demo_error_rate: float = 0.4
 
   def __post_init__(self):
     if self.max_number < 1 or self.modulus < 2:

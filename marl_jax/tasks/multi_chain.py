@@ -16,7 +16,7 @@ from marl_jax.tasks.arithmetic import Arithmetic
 @dataclasses.dataclass(frozen=True, kw_only=True)  # by name only: the base's demo_error_rate comes first
 class MultiChain(base.Task):
   num_chains: int = 3
-  num_ops: int = 2  # operations in each chain
+  num_ops: int = 1  # operations in each chain
   max_operand: int = 9
   modulus: int = 10
   demo_error_rate: float = 0.3

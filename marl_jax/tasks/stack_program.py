@@ -25,7 +25,7 @@ class StackProgram(base.Task):
   num_ops: int = 2  # binary operations in the generated program (its length is 2 * num_ops + 1)
   num_examples: int = 4  # input->output pairs shown in the prompt
   modulus: int = 10  # inputs are 0..modulus-1; every value is taken mod modulus
-  demo_error_rate: float = 0.3
+  demo_error_rate: float = 0.4
 
   def __post_init__(self):
     if self.num_ops < 1 or self.modulus < 2 or not 1 <= self.num_examples <= self.modulus:
