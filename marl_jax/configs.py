@@ -59,7 +59,8 @@ def base_config() -> ml_collections.ConfigDict:
       name="adam", learning_rate=3e-4, schedule="constant", warmup_steps=0, max_grad_norm=1.0,
       weight_decay=0.0, b1=0.9, b2=0.99))
   c.sft = ml_collections.ConfigDict(dict(steps=600, batch_size=128, learning_rate=1e-3))
-  c.eval = ml_collections.ConfigDict(dict(size=512, seed=1234))
+  # data_dir: read the fixed evaluation set as a versioned TFDS dataset there (built if missing).
+  c.eval = ml_collections.ConfigDict(dict(size=512, seed=1234, data_dir=""))
   return c
 
 

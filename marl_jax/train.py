@@ -353,7 +353,11 @@ def make_train_call(exp: Experiment):
 def make_evaluate(exp: Experiment, greedy: bool = True):
   """`evaluate(params_S) -> metrics_S` on the fixed evaluation set (greedy, or sampled)."""
   cfg = exp.config.eval
-  problems = tasks.eval_problems(exp.task, cfg.seed, cfg.size)
+  if cfg.data_dir:  # the versioned TFDS evaluation set: read when it exists, built when it does not
+    from marl_jax import data  # data builds on train, so it is imported here, not at the top
+    problems = data.load_eval_set(exp.task, cfg.seed, cfg.size, cfg.data_dir)
+  else:
+    problems = tasks.eval_problems(exp.task, cfg.seed, cfg.size)
   keys = jax.random.split(jax.random.PRNGKey(cfg.seed + 1), cfg.size)
 
   @jax.jit
