@@ -4,7 +4,7 @@ import jax.numpy as jnp
 ALGORITHMS = ("ppo", "reinforce")
 
 
-def policy_loss_RxB(algorithm: str, logp_BxT, old_logp_BxT, adv_BxT, clip_eps: float):
+def policy_loss_BxT(algorithm: str, logp_BxT, old_logp_BxT, adv_BxT, clip_eps: float):
   """Per-token surrogate (to minimise).  PPO-clip: -min(ratio A, clip(ratio) A);
   REINFORCE: -logp A (its gradient is the plain score-function estimator)."""
   if algorithm == "reinforce":

@@ -26,7 +26,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from marl_jax import checkpoint, credit, losses, metrics as metrics_lib, sampling, sft
 from marl_jax import model as model_lib
-from marl_jax import parallel, protocols, tasks
+from marl_jax import parallel, protocols, tasks, text
 from marl_jax.protocols import engine
 
 
@@ -185,18 +185,18 @@ def counterfactual_team(exp: Experiment, params_R, problems, tokens_BxT, key_B):
   layout, rl = exp.layout, exp.config.rl
   R, K = len(layout.roles), rl.counterfactual_samples
   B, T = tokens_BxT.shape
-  absent = rl.counterfactual == "absent"
-  force_RxT = np.zeros((R, T), bool)
-  override_RxT = np.zeros((R, T), np.int32)
+  prefix_RxT = np.zeros((R, T), bool)  # everything before role r's first marker stays as sampled
+  absent_RxT = np.zeros((R, T), bool)  # role r's message slots, when they are made absent
+  absent_msg_RxT = np.zeros((R, T), np.int32)
   for r in range(R):
     turns = layout.role_turns(r)
-    force_RxT[r, :layout.turn_slices[turns[0]][0] - 1] = True  # everything before r's first marker
-    for i in turns if absent else ():
+    prefix_RxT[r, :layout.turn_slices[turns[0]][0] - 1] = True
+    for i in turns if rl.counterfactual == "absent" else ():
       start, stop = layout.turn_slices[i]
-      force_RxT[r, start:stop] = True
-      override_RxT[r, start:start + 2] = (sampling.text.ABSENT, sampling.text.EOS)
-  canvas_RxBxT = jnp.where(force_RxT[:, None] & ~(override_RxT[:, None] > 0), tokens_BxT[None],
-                           override_RxT[:, None])
+      absent_RxT[r, start:stop] = True
+      absent_msg_RxT[r, start:stop] = ([text.ABSENT, text.EOS] + [text.PAD] * stop)[:stop - start]
+  force_RxT = prefix_RxT | absent_RxT
+  canvas_RxBxT = jnp.where(absent_RxT[:, None], absent_msg_RxT[:, None], tokens_BxT[None])
   rows = lambda x: jnp.broadcast_to(x[:, None], (R, K) + x.shape[1:]).reshape((R * K,) + x.shape[1:])
   canvas = rows(canvas_RxBxT).reshape(R * K * B, T)
   force = jnp.broadcast_to(jnp.asarray(force_RxT)[:, None, None], (R, K, B, T)).reshape(R * K * B, T)
@@ -217,7 +217,7 @@ def role_losses(exp: Experiment, params_R, batch, devices: int):
   rl = exp.config.rl
   logp_BxT, entropy_BxT = sampling.token_log_probs(exp.model, exp.layout, params_R, batch["tokens"],
                                                    rl.temperature)
-  per_token_BxT = losses.policy_loss_RxB(rl.algorithm, logp_BxT, batch["old_logp"], batch["adv"],
+  per_token_BxT = losses.policy_loss_BxT(rl.algorithm, logp_BxT, batch["old_logp"], batch["adv"],
                                          rl.clip_eps) - rl.entropy_coef * entropy_BxT
   kl_BxT = jnp.zeros_like(logp_BxT)
   if rl.kl_coef > 0:
@@ -249,11 +249,11 @@ def update_params(exp: Experiment, state: TrainState, batch, devices: int):
     loss_R, vjp_fn, aux = jax.vjp(loss_fn, params, has_aux=True)
     if isolated:  # each set's gradient is its role's gradient
       grads = vjp_fn(jnp.ones(R))[0]
-      set_norm = jax.vmap(optax.global_norm)(jax.lax.pmean(grads, parallel.DATA))
+      set_norm = jax.vmap(optax.tree_utils.tree_norm)(jax.lax.pmean(grads, parallel.DATA))
       role_norm_R = set_norm[set_of_role]
     else:  # shared sets: one backward per role's loss, vmapped, to split the gradient by role
       grads_R = jax.vmap(vjp_fn)(jnp.eye(R))[0]
-      role_norm_R = jax.vmap(optax.global_norm)(jax.lax.pmean(grads_R, parallel.DATA))
+      role_norm_R = jax.vmap(optax.tree_utils.tree_norm)(jax.lax.pmean(grads_R, parallel.DATA))
       grads = jax.tree.map(lambda g: g.sum(0), grads_R)
     grads = jax.lax.pmean(grads, parallel.DATA)
     updates, opt_state = jax.vmap(exp.optimizer.update)(grads, opt_state, params)

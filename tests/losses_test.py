@@ -22,10 +22,10 @@ def test_ppo_clip_by_hand():
   ratio_1xN, adv_1xN, loss_1xN, grad_1xN = (jnp.array([c]) for c in zip(*PPO_CASES))
   old_logp = jnp.full_like(ratio_1xN, -1.3)
   logp = old_logp + jnp.log(ratio_1xN)
-  loss = losses.policy_loss_RxB("ppo", logp, old_logp, adv_1xN, CLIP)
+  loss = losses.policy_loss_BxT("ppo", logp, old_logp, adv_1xN, CLIP)
   chex.assert_shape(loss, (1, len(PPO_CASES)))
   chex.assert_trees_all_close(loss, loss_1xN, atol=1e-5)
-  grad = jax.grad(lambda lp: losses.policy_loss_RxB("ppo", lp, old_logp, adv_1xN, CLIP).sum())(logp)
+  grad = jax.grad(lambda lp: losses.policy_loss_BxT("ppo", lp, old_logp, adv_1xN, CLIP).sum())(logp)
   chex.assert_trees_all_close(grad, grad_1xN, atol=1e-5)
 
 
@@ -33,15 +33,15 @@ def test_ppo_on_policy_equals_reinforce_gradient():
   # At ratio 1 (the first minibatch of an epoch) PPO's gradient is REINFORCE's: -A.
   logp = jnp.array([-0.5, -2.0, -1.0])
   adv = jnp.array([2.0, -1.0, 0.5])
-  g_ppo = jax.grad(lambda lp: losses.policy_loss_RxB("ppo", lp, logp, adv, CLIP).sum())(logp)
-  g_pg = jax.grad(lambda lp: losses.policy_loss_RxB("reinforce", lp, logp, adv, CLIP).sum())(logp)
+  g_ppo = jax.grad(lambda lp: losses.policy_loss_BxT("ppo", lp, logp, adv, CLIP).sum())(logp)
+  g_pg = jax.grad(lambda lp: losses.policy_loss_BxT("reinforce", lp, logp, adv, CLIP).sum())(logp)
   chex.assert_trees_all_close(g_ppo, -adv)
   chex.assert_trees_all_close(g_pg, -adv)
 
 
 def test_reinforce_by_hand():
   # -logp A: -(-0.5)(2) = 1;  -(-2)(-1) = -2;  -(-1)(0.5) = 0.5
-  loss = losses.policy_loss_RxB("reinforce", jnp.array([-0.5, -2.0, -1.0]), jnp.zeros(3),
+  loss = losses.policy_loss_BxT("reinforce", jnp.array([-0.5, -2.0, -1.0]), jnp.zeros(3),
                                 jnp.array([2.0, -1.0, 0.5]), CLIP)
   chex.assert_trees_all_close(loss, jnp.array([1.0, -2.0, 0.5]))
 

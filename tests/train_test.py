@@ -93,6 +93,28 @@ def test_solver_verifier_final_answer_over_two_rounds():
   np.testing.assert_array_equal(out["role_RxB"][1], [1, 1, 1, 1])
 
 
+def test_absent_verifier_counterfactual_lets_the_answer_stand():
+  # Absent counterfactuals of the verifier re-sample nothing (its turn is the last), so its
+  # difference credit is exact: D_verifier = team - score(solver's answer).
+  #                   team  solver right  D_verifier
+  messages = [[D(3), ACCEPT],  # 1     1             0
+              [D(5), ACCEPT],  # 0     0             0
+              [D(3), REJECT(4)],  # 0  1            -1  (the verifier broke a right answer)
+              [D(5), REJECT(3)]]  # 1  0            +1  (the verifier fixed a wrong one)
+  _, _, problems, tokens_BxT = _sv_transcript(1, [3] * 4, messages)
+  config = tiny_config(**{"protocol.name": "solver_verifier", "protocol.rounds": 1,
+                          "task.num_ops": 1, "rl.credit": "difference",
+                          "rl.counterfactual": "absent", "rl.counterfactual_samples": 1})
+  exp = train.build(config)
+  params_R = train.init_state(exp, jax.random.PRNGKey(0)).params
+  keys_B = jax.random.split(jax.random.PRNGKey(1), 4)
+  cf_team_RxKxB = train.counterfactual_team(exp, params_R, problems, tokens_BxT, keys_B)
+  team_B = exp.protocol.rewards(exp.task, exp.layout, problems, tokens_BxT)["team_B"]
+  np.testing.assert_array_equal(cf_team_RxKxB[1, 0], [1, 0, 1, 0])
+  np.testing.assert_array_equal(
+      train.credit.difference_credit(team_B, cf_team_RxKxB)[1], [0, 0, -1, 1])
+
+
 # ---------------------------------------------------------------------------------------------
 # The compiled step.
 

@@ -1,7 +1,8 @@
 """Solver-verifier (Eval-Opt): the solver answers; the verifier reads problem and answer and writes
 ACCEPT (the episode ends, the answer stands) or REJECT followed by a revised answer.  Up to `rounds`
 rounds; in a later round the solver sees the rejection and answers again.  Final answer: the first
-accepted solver answer, else the last verifier revision.
+accepted solver answer, else the last verifier revision.  An `<absent>` verdict (the counterfactual
+"no verifier") lets the answer stand.
 """
 import dataclasses
 
@@ -39,7 +40,9 @@ class SolverVerifier(engine.Protocol):
     answers, verdicts = self._rounds(layout, tokens_BxT)
     final_BxA = verdicts[-1][:, 1:]
     for answer_BxA, verdict_BxL in reversed(list(zip(answers, verdicts))):
-      final_BxA = jnp.where((verdict_BxL[:, :1] == text.ACCEPT), answer_BxA, final_BxA)
+      # An absent verifier (a counterfactual) checks nothing: the answer stands, as if accepted.
+      stands_Bx1 = (verdict_BxL[:, :1] == text.ACCEPT) | (verdict_BxL[:, :1] == text.ABSENT)
+      final_BxA = jnp.where(stands_Bx1, answer_BxA, final_BxA)
     return final_BxA
 
   def rewards(self, task, layout, problems, tokens_BxT):
