@@ -30,7 +30,7 @@ TASKS = {
 def get_config(arg=None):
   args = configs.parse_arg(arg, task="subset_sum", size="cpu", protocol="")
   configs.check_choice("task", args.task, TASKS)
-  configs.check_choice("size", args.size, ("tiny", "cpu", "gpu"))
+  configs.check_choice("size", args.size, configs.SIZES)
   natural, gpu_knobs = TASKS[args.task]
   c = configs.base_config()
   knobs = {f.name: f.default for f in dataclasses.fields(tasks.REGISTRY[args.task])}
@@ -38,17 +38,7 @@ def get_config(arg=None):
     knobs.update(gpu_knobs)
   c.task = ml_collections.ConfigDict(dict(name=args.task, **knobs))
   c.protocol = ml_collections.ConfigDict(dict(name=args.protocol or natural))
-  if args.size == "gpu":
-    c.model.update(d_model=256, n_layers=4, n_heads=8, d_ff=1024)
-    c.rl.update(batch_size=2048, minibatches=4)
-    c.sft.update(steps=3000, batch_size=512)
-    c.total_steps, c.eval_every, c.checkpoint_every = 2000, 100, 500
-  elif args.size == "tiny":  # for tests: seconds, not minutes
-    c.model.update(d_model=32, n_layers=1, n_heads=2, d_ff=64)
-    c.rl.update(batch_size=32, group_size=4, minibatches=1)
-    c.sft.update(steps=20, batch_size=32)
-    c.eval.size = 64
-    c.total_steps, c.steps_per_call, c.log_every, c.eval_every, c.checkpoint_every = 4, 2, 2, 2, 2
+  configs.apply_size(c, args.size)
   # The canvas (prompt and every turn) must fit the model's positions.
   task = tasks.make(args.task, **knobs)
   protocol = protocols.make(c.protocol.name, task)
