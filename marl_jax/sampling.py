@@ -15,9 +15,10 @@ from marl_jax import model as model_lib
 from marl_jax import text
 from marl_jax.protocols.engine import Layout
 
-# Tokens only the environment writes: a policy can never emit padding, BOS or another role's marker.
-_ENV_ONLY_V = np.zeros(text.VOCAB_SIZE, bool)
-_ENV_ONLY_V[[text.PAD, text.BOS] + [text.role_marker(i) for i in range(8)]] = True
+# Tokens a policy never writes: padding, BOS and role markers (the environment's), the counterfactual
+# <absent> message, and the reserved tail of the vocabulary.
+_ENV_ONLY_V = np.array([t.startswith(("<role", "<unused")) for t in text.TOKENS])
+_ENV_ONLY_V[[text.PAD, text.BOS, text.ABSENT]] = True
 
 
 def policy_log_probs(logits_xV, temperature: float):

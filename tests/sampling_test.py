@@ -16,7 +16,9 @@ CFG = model_lib.ModelConfig(d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=
 B = 8
 SOLVER, VERIFIER = 0, 1
 TEMP = 1.3  # not 1, so that generate and token_log_probs must agree on the temperature too
-ENV_ONLY = [text.PAD, text.BOS] + [text.role_marker(i) for i in range(8)]
+# Never written by a policy: the environment's tokens, the counterfactual <absent>, the reserved tail.
+ENV_ONLY = ([text.PAD, text.BOS, text.ABSENT] + [text.role_marker(i) for i in range(8)]
+            + [i for i, t in enumerate(text.TOKENS) if t.startswith("<unused")])
 
 
 @functools.cache
@@ -140,7 +142,7 @@ def test_eos_closes_a_message():
   assert np.all(np.asarray(logp_BxT)[np.asarray(sampled_BxT)] > -1e-3)
 
 
-def test_roles_cannot_emit_pad_bos_or_role_markers():
+def test_roles_cannot_emit_environment_or_reserved_tokens():
   layout = _layout("solver_verifier", (0, 1), rounds=2)
   params_R = _biased(_params(2), ENV_ONLY)  # the raw logits prefer exactly the forbidden tokens
   params_R = _biased(params_R, [text.EOS, text.ACCEPT], -100.0)  # and nothing ends a message early
