@@ -70,9 +70,9 @@ def main(argv):
         rows.append(row)
         print(f"{roles:>5} {seeds:>5} {credit:>10} {row['completions_per_s']:>14.0f} "
               f"{row['tokens_per_s']:>10.0f} {row['compile_s']:>9.1f}", flush=True)
-  if _JSON.value:
-    with open(_JSON.value, "w") as f:
-      json.dump(rows, f, indent=1)
+        if _JSON.value:  # rewritten after every row, so an interrupted run keeps what it measured
+          with open(_JSON.value, "w") as f:
+            json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":
