@@ -391,9 +391,7 @@ def initial_state(exp: Experiment):
     params_S = load_params(exp, config.init_from)
   elif config.sft.steps > 0:
     params_S = sft.warm_start(exp, keys_S)
-  init = jax.jit(jax.vmap(functools.partial(init_state, exp)))
-  return replicate(exp, init(keys_S, params_S) if params_S is not None else
-                   jax.jit(jax.vmap(lambda k: init_state(exp, k)))(keys_S))
+  return replicate(exp, jax.jit(jax.vmap(functools.partial(init_state, exp)))(keys_S, params_S))
 
 
 def abstract_state(exp: Experiment):
