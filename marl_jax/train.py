@@ -382,14 +382,11 @@ def replicate(exp: Experiment, tree):
   return jax.tree.map(to_global, tree)
 
 
-def initial_state(exp: Experiment):
-  """State for all seeds: params from `init_from`, else an inline warm start, else random."""
+def initial_state(exp: Experiment, params_S=None):
+  """State for all seeds: `params_S` (e.g. from `init_from`), else an inline warm start, else random."""
   config = exp.config
   keys_S = jax.random.split(jax.random.PRNGKey(config.seed), config.num_seeds)
-  params_S = None
-  if config.init_from:
-    params_S = load_params(exp, config.init_from)
-  elif config.sft.steps > 0:
+  if params_S is None and config.sft.steps > 0:
     params_S = sft.warm_start(exp, keys_S)
   return replicate(exp, jax.jit(jax.vmap(functools.partial(init_state, exp)))(keys_S, params_S))
 
@@ -436,15 +433,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   if config.distributed:
     parallel.initialize_distributed()
   exp = build(config)  # every config error surfaces here, before the workdir is touched
-  if config.init_from:
-    load_params(exp, config.init_from)  # fail early on a bad warm-start directory
+  # A bad warm-start directory fails here too, before anything is written.
+  init_params_S = load_params(exp, config.init_from) if config.init_from else None
   lead = jax.process_index() == 0
   if lead:
     os.makedirs(workdir, exist_ok=True)
   mngr = checkpoint.manager(workdir)
   start = mngr.latest_step()
   if start is None:
-    state_S = initial_state(exp)
+    state_S = initial_state(exp, init_params_S)
   else:
     state_S = checkpoint.restore(workdir, abstract_state(exp))
   if lead:
