@@ -21,7 +21,7 @@ TASKS = {
     "arithmetic": ("single", dict(num_ops=4)),
     "subset_sum": ("single", dict(num_numbers=8, max_number=19)),
     "hidden_sum": ("exchange", dict(max_number=999, modulus=1000)),
-    "multi_chain": ("single", dict(num_chains=4, num_ops=2)),
+    "multi_chain": ("orchestrator", dict(num_chains=4, num_ops=2)),
     "stack_program": ("single", dict(num_ops=3, num_examples=5)),
     "matrix_game": ("matrix_game", {}),
 }

@@ -176,26 +176,27 @@ def rollout(exp: Experiment, params_R, problems, key_B, greedy: bool = False):
                            jnp.zeros(canvas_BxT.shape, bool), key_B, exp.config.rl.temperature, greedy)
 
 
-def counterfactual_team(exp: Experiment, params_R, problems, tokens_BxT, key_B):
-  """Team outcome when each role's messages are re-drawn, K times: team_RxKxB.
+def counterfactual_tokens(exp: Experiment, params_R, problems, tokens_BxT, key_B):
+  """Transcripts with each role's messages re-drawn, K times: tokens_RxKxBxT.
 
-  For role r the canvas before r's first turn is frozen; r's messages are resampled from its policy
-  (or replaced by the absent message) and every later turn is re-sampled.
+  For role r its messages are resampled from its policy (or replaced by the absent message) and the
+  later turns that can react to them (`Layout.resampled_turns`) are re-sampled; everything else (the
+  prompt, earlier turns, turns that never read r's messages) stays as sampled.
   """
   layout, rl = exp.layout, exp.config.rl
   R, K = len(layout.roles), rl.counterfactual_samples
   B, T = tokens_BxT.shape
-  prefix_RxT = np.zeros((R, T), bool)  # everything before role r's first marker stays as sampled
+  free_RxT = np.zeros((R, T), bool)  # positions re-drawn in role r's counterfactual
   absent_RxT = np.zeros((R, T), bool)  # role r's message slots, when they are made absent
   absent_msg_RxT = np.zeros((R, T), np.int32)
   for r in range(R):
-    turns = layout.role_turns(r)
-    prefix_RxT[r, :layout.turn_slices[turns[0]][0] - 1] = True
-    for i in turns if rl.counterfactual == "absent" else ():
+    for i in layout.resampled_turns(r):
+      free_RxT[r, slice(*layout.turn_slices[i])] = True
+    for i in layout.role_turns(r) if rl.counterfactual == "absent" else ():
       start, stop = layout.turn_slices[i]
       absent_RxT[r, start:stop] = True
       absent_msg_RxT[r, start:stop] = ([text.ABSENT, text.EOS] + [text.PAD] * stop)[:stop - start]
-  force_RxT = prefix_RxT | absent_RxT
+  force_RxT = ~free_RxT | absent_RxT
   canvas_RxBxT = jnp.where(absent_RxT[:, None], absent_msg_RxT[:, None], tokens_BxT[None])
   rows = lambda x: jnp.broadcast_to(x[:, None], (R, K) + x.shape[1:]).reshape((R * K,) + x.shape[1:])
   canvas = rows(canvas_RxBxT).reshape(R * K * B, T)
@@ -203,8 +204,16 @@ def counterfactual_team(exp: Experiment, params_R, problems, tokens_BxT, key_B):
   keys = jax.vmap(lambda k: jax.random.split(k, R * K))(key_B)  # B x RK
   keys = jnp.swapaxes(keys, 0, 1).reshape((R * K * B,) + key_B.shape[1:])
   cf_tokens, _, _ = sampling.generate(exp.model, layout, params_R, canvas, force, keys, rl.temperature)
+  return cf_tokens.reshape(R, K, B, T)
+
+
+def counterfactual_team(exp: Experiment, params_R, problems, tokens_BxT, key_B):
+  """Team outcome of each role's counterfactual transcripts (`counterfactual_tokens`): team_RxKxB."""
+  cf_tokens_RxKxBxT = counterfactual_tokens(exp, params_R, problems, tokens_BxT, key_B)
+  R, K, B, T = cf_tokens_RxKxBxT.shape
   cf_problems = jax.tree.map(lambda x: jnp.tile(x, (R * K,) + (1,) * (x.ndim - 1)), problems)
-  team = exp.protocol.rewards(exp.task, layout, cf_problems, cf_tokens)["team_B"]
+  team = exp.protocol.rewards(exp.task, exp.layout, cf_problems,
+                              cf_tokens_RxKxBxT.reshape(R * K * B, T))["team_B"]
   return team.reshape(R, K, B)
 
 

@@ -3,7 +3,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from marl_jax import protocols, text
+from marl_jax import protocols, tasks, text
 from marl_jax.protocols import engine
 from marl_jax.tasks import Arithmetic
 
@@ -79,6 +79,24 @@ def test_hidden_segment_visibility():
   # A role always reads its own messages, even when told otherwise.
   layout = protocols.make("solver_verifier", TASK, hidden=(("verifier0", "verifier"),)).layout(TASK, (0, 1))
   assert layout.visible_SxR[2, VERIFIER]
+
+
+@pytest.mark.parametrize("protocol_name, task, kwargs, expected", [
+    ("single", TASK, {}, {0: [0]}),
+    # solver: everything after it reads its answer; verifier: its ACCEPT can end the episode.
+    ("solver_verifier", TASK, dict(rounds=2), {SOLVER: [0, 1, 2, 3], VERIFIER: [1, 2, 3]}),
+    # Simultaneous play: each player's counterfactual keeps the other's action.
+    ("matrix_game", tasks.make("matrix_game"), {}, {0: [0], 1: [1]}),
+    # Parallel workers (turns 0..2) do not read each other; the orchestrator (turn 3) reads them all.
+    ("orchestrator", tasks.make("multi_chain", num_chains=3), {}, {0: [3], 1: [0, 3], 2: [1, 3], 3: [2, 3]}),
+    # With nothing hidden, the second worker reads the first one's report.
+    ("orchestrator", tasks.make("multi_chain", num_chains=2), dict(hidden=()), {1: [0, 1, 2], 2: [1, 2]}),
+])
+def test_resampled_turns(protocol_name, task, kwargs, expected):
+  protocol = protocols.make(protocol_name, task, **kwargs)
+  layout = protocol.layout(task, tuple(range(len(protocol.roles))))
+  for role, turns in expected.items():
+    assert layout.resampled_turns(role) == turns, protocol.roles[role]
 
 
 def test_assemble_and_message_round_trip():

@@ -17,13 +17,14 @@ import pytest
 from marl_jax import model as model_lib
 from marl_jax import protocols, sampling, tasks, text, train
 from marl_jax.protocols import engine
+from marl_jax.tasks import base
 from marl_jax.tasks import HiddenSum, MatrixGame, MultiChain, StackProgram, SubsetSum
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NEW_TASKS = ("subset_sum", "hidden_sum", "multi_chain", "stack_program", "matrix_game")
 # Every task on each protocol that makes sense for it.
 PAIRS = [("subset_sum", "single"), ("subset_sum", "solver_verifier"), ("hidden_sum", "single"),
-         ("hidden_sum", "exchange"), ("multi_chain", "single"), ("stack_program", "single"),
+         ("hidden_sum", "exchange"), ("multi_chain", "single"), ("multi_chain", "orchestrator"), ("stack_program", "single"),
          ("matrix_game", "single"), ("matrix_game", "matrix_game")]
 
 
@@ -118,7 +119,9 @@ def test_multi_chain():
   for i in range(50):
     chains = text.decode(batch["prompt"][i])[5:-1].split(",")
     values = [chain_value(c, 10) for c in chains]
-    assert batch["values"][i].tolist() == values
+    assert batch["part_values"][i].tolist() == values
+    # A worker's mistake: its chain's last operation (an operator and a one-digit operand) dropped.
+    assert batch["part_mistakes"][i].tolist() == [chain_value(c[:-2], 10) for c in chains]
     assert text.decode(batch["answer"][i]) == f"{sum(values) % 10}<eos>"
     assert text.decode(batch["mistake"][i]) == f"{sum(values[:-1]) % 10}<eos>"  # last chain lost
   assert dict(task.prompt_segments)["chain2"] == 6
@@ -285,6 +288,49 @@ def test_no_role_of_the_exchange_can_answer_alone():
                                    jax.random.split(jax.random.PRNGKey(0), 16))
   assert [text.decode(m) for m in engine.message(layout, demos_BxT, 0)[:2]] == [
       f"{text.decode(p[1:2])}<eos>" for p in batch["prompt"][:2]]
+
+
+def test_parse_number():
+  parse = lambda s: tuple(int(v) for v in base.parse_number(tokens(s)))
+  assert parse("12<eos><pad>") == (12, 1) and parse("0<eos>") == (0, 1) and parse("7<eos>3") == (7, 1)
+  assert parse("<eos>1")[1] == 0 and parse("1+<eos>")[1] == 0 and parse("12")[1] == 0
+
+
+def test_orchestrator_layout_workers_read_only_their_part():
+  task, protocol, layout = setup("multi_chain", "orchestrator", num_chains=3)
+  assert protocol.roles == ("orchestrator", "worker0", "worker1", "worker2")
+  visible = dict(zip(layout.segment_names, layout.visible_SxR.tolist()))
+  #                       orchestrator worker0 worker1 worker2
+  assert visible["header"] == [True, True, True, True]
+  assert visible["chain1"] == [True, False, True, False]
+  assert visible["worker10"] == [True, False, True, False]  # worker1's report
+  assert layout.turn_roles == (1, 2, 3, 0)  # workers first, the orchestrator last
+  with pytest.raises(ValueError, match="decomposable task .*SubsetSum has none"):
+    protocols.make("orchestrator", SubsetSum())
+  with pytest.raises(ValueError, match="8 role markers"):
+    protocols.make("orchestrator", MultiChain(num_chains=8))
+
+
+def test_orchestrator_rewards_by_hand():
+  task, protocol, layout = setup("multi_chain", "orchestrator")  # two chains, mod 10
+  prompts = ["<bos>3*4,2+5=", "<bos>3*4,2+5=", "<bos>3*4,2+5=", "<bos>9-2,8+8="]
+  # values 2, 7 -> 9          7, 6 -> 3
+  batch = {"prompt": jnp.stack([tokens(p) for p in prompts]),
+           "answer": jnp.stack([tokens("9<eos>")] * 3 + [tokens("3<eos>")]),
+           "part_values": jnp.array([[2, 7]] * 3 + [[7, 6]])}
+  #           worker0       worker1        orchestrator    team  workers  orchestrator's own signal
+  messages = [("2<eos>", "7<eos>", "9<eos>"),  # 1     1 1      1 (the reports combined)
+              ("2<eos>", "6<eos>", "8<eos>"),  # 0     1 0      1 (faithful to a wrong report)
+              ("2<eos>", "6<eos>", "9<eos>"),  # 1     1 0      0 (right, but not what it was told)
+              ("7<eos>", "+<eos>", "3<eos>")]  # 1     1 0      1 (a report unreadable: the answer)
+  canvas_BxT = jnp.stack([engine.assemble(layout, batch["prompt"][i:i + 1],
+                                          [tokens(m)[None] for m in ms])[0] for i, ms in enumerate(messages)])
+  rewards = protocol.rewards(task, layout, batch, canvas_BxT)
+  np.testing.assert_array_equal(rewards["team_B"], [1, 0, 1, 1])
+  np.testing.assert_array_equal(rewards["role_RxB"], [[1, 1, 0, 1], [1, 1, 1, 1], [1, 0, 0, 0]])
+  assert float(rewards["metrics"]["worker_accuracy"]) == 5 / 8
+  assert float(rewards["metrics"]["aggregation_accuracy"]) == 3 / 4
+  assert float(rewards["metrics"]["critical_tokens"]) == 4  # a 2-token report, then a 2-token answer
 
 
 def test_matrix_game_protocol_plays_simultaneously():

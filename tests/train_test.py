@@ -115,6 +115,33 @@ def test_absent_verifier_counterfactual_lets_the_answer_stand():
       train.credit.difference_credit(team_B, cf_team_RxKxB)[1], [0, 0, -1, 1])
 
 
+def test_counterfactual_keeps_the_turns_that_cannot_react():
+  # Orchestrator-workers on two chains: worker0's counterfactual re-draws worker0 and the orchestrator
+  # (who reads worker0's report) but keeps worker1's report, which never reads worker0.
+  spec = importlib.util.spec_from_file_location("tasks_config", EXPERIMENTS / "tasks.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config("task=multi_chain,size=tiny")
+  config.num_devices, config.rl.credit, config.rl.counterfactual_samples = 1, "difference", 2
+  exp = train.build(config)
+  B = 32
+  params_R = train.init_state(exp, jax.random.PRNGKey(0)).params  # random: messages vary a lot
+  problems = jax.vmap(exp.task.sample)(jax.random.split(jax.random.PRNGKey(1), B))
+  tokens_BxT, _, _ = train.rollout(exp, params_R, problems, jax.random.split(jax.random.PRNGKey(2), B))
+  cf_RxKxBxT = train.counterfactual_tokens(exp, params_R, problems, tokens_BxT,
+                                           jax.random.split(jax.random.PRNGKey(3), B))
+  layout = exp.layout
+  ORCHESTRATOR, WORKER0, WORKER1 = 0, 1, 2
+  turn = lambda tokens, i: tokens[..., slice(*layout.turn_slices[i])]
+  for role, kept, redrawn in [(WORKER0, [1], [0, 2]), (WORKER1, [0], [1, 2]), (ORCHESTRATOR, [0, 1], [2])]:
+    for i in kept:
+      np.testing.assert_array_equal(turn(cf_RxKxBxT[role], i), np.broadcast_to(turn(tokens_BxT, i), (2, B, 2)))
+    for i in redrawn:
+      assert np.any(turn(cf_RxKxBxT[role], i) != turn(tokens_BxT, i)), (role, i)
+  P = layout.prompt_len
+  np.testing.assert_array_equal(cf_RxKxBxT[..., :P], np.broadcast_to(tokens_BxT[:, :P], (3, 2, B, P)))
+
+
 # ---------------------------------------------------------------------------------------------
 # The compiled step.
 

@@ -4,6 +4,7 @@ import inspect
 from marl_jax.protocols.engine import Layout, Protocol, Turn
 from marl_jax.protocols.exchange import Exchange
 from marl_jax.protocols.matrix_game import MatrixGame
+from marl_jax.protocols.orchestrator import Orchestrator
 from marl_jax.protocols.relay import Relay
 from marl_jax.protocols.single import Single
 from marl_jax.protocols.solver_verifier import SolverVerifier
@@ -11,6 +12,7 @@ from marl_jax.protocols.solver_verifier import SolverVerifier
 REGISTRY: dict[str, type[Protocol]] = {
     "exchange": Exchange,
     "matrix_game": MatrixGame,
+    "orchestrator": Orchestrator,
     "relay": Relay,
     "single": Single,
     "solver_verifier": SolverVerifier,

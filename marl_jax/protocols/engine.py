@@ -71,6 +71,21 @@ class Layout:
   def role_turns(self, role: int) -> list[int]:
     return [i for i, r in enumerate(self.turn_roles) if r == role]
 
+  def resampled_turns(self, role: int) -> list[int]:
+    """Turns whose messages can change when `role`'s messages change: its own, and every later turn
+    whose author reads (directly or through another changed turn) a changed message.  A turn that
+    can end the episode changes whether every later turn is played, so all of them follow it.  The
+    rest (e.g. a parallel worker, the other player of a simultaneous game) keep their sampled tokens
+    in a counterfactual re-run, so D_r is measured with the other roles' actions held fixed."""
+    prompt_segments = len(self.segment_names) - len(self.turn_roles)
+    changed: list[int] = []
+    for i, r in enumerate(self.turn_roles):
+      reads_changed = any(self.visible_SxR[prompt_segments + j, r] for j in changed)
+      ends_episode = any(self.ends_episode_TxV[slice(*self.turn_slices[j])].any() for j in changed)
+      if r == role or reads_changed or ends_episode:
+        changed.append(i)
+    return changed
+
 
 @dataclasses.dataclass(frozen=True)
 class Protocol:

@@ -47,6 +47,16 @@ class Task:
     wrong = jax.random.bernoulli(k_err, self.demo_error_rate)
     return jnp.where(wrong, self.wrong_answer(problem, k_wrong), problem["answer"])
 
+  @property
+  def parts(self) -> tuple[str, ...]:
+    """A decomposable task's independent sub-problems, as prompt segment names; () otherwise.
+
+    A decomposable task also has `part_answer_len`, `combine(values_C)` (the answer's value from the
+    parts' values) and problems with `part_values` and `part_mistakes` (int[C]); part answers and the
+    answer are written as decimal numbers (`number_tokens`).
+    """
+    return ()
+
   def render(self, problem: dict) -> str:
     return f"{text.decode(problem['prompt'])} {text.decode(problem['answer'])}"
 
@@ -65,6 +75,17 @@ def number_tokens(x, width: int):
   power = 10 ** jnp.clip(n_digits - 1 - j, 0, width - 1)
   digit = text.DIGIT0 + (x // power) % 10
   return jnp.where(j < n_digits, digit, jnp.where(j == n_digits, text.EOS, text.PAD)).astype(jnp.int32)
+
+
+def parse_number(message_A):
+  """The decimal number a message writes (digits, then EOS): (value, ok); ok is False otherwise."""
+  j = jnp.arange(message_A.shape[-1])
+  is_eos = message_A == text.EOS
+  n = jnp.argmax(is_eos)  # the first EOS
+  digit = message_A - text.DIGIT0
+  ok = is_eos.any() & (n >= 1) & jnp.all(((digit >= 0) & (digit <= 9)) | (j >= n))
+  value = jnp.sum(jnp.where(j < n, digit * 10 ** jnp.clip(n - 1 - j, 0), 0))
+  return value, ok
 
 
 def fixed_width_tokens(x, width: int):
