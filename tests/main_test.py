@@ -73,6 +73,17 @@ def test_train_resume_and_refuse_bad_input(tmp_path):
   assert (workdir / "checkpoints" / "4").is_dir()
   assert list((workdir / "tensorboard").iterdir())
 
+  # A new run starting from this one's latest parameters (config.init_from): no warm start, and its
+  # step-0 greedy evaluation is exactly that of the parameters it loaded (step 4 here).
+  warm = _main(tmp_path / "from_run", f"--config.init_from={workdir}", "--config.total_steps=2")
+  assert warm.returncode == 0, warm.stderr[-3000:]
+  assert "warm start" not in warm.stdout
+  with open(tmp_path / "from_run" / "metrics.jsonl") as f:
+    assert json.loads(f.readline())["eval_accuracy"] == rows[-1]["eval_accuracy"]
+  missing = _main(tmp_path / "never", f"--config.init_from={tmp_path / 'nothing'}", timeout=300)
+  assert missing.returncode != 0 and "config.init_from=" in missing.stderr
+  assert not (tmp_path / "never").exists()
+
   # The same workdir with more steps resumes at step 4: no warm start, no second step-0 row.
   second = _main(workdir, "--config.total_steps=8")
   assert second.returncode == 0, second.stderr[-3000:]
