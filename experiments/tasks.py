@@ -4,7 +4,8 @@ r"""The task suite, each task on its natural workflow (or `protocol=NAME`): warm
   python -m marl_jax.main --config=experiments/tasks.py:task=subset_sum,protocol=solver_verifier \
       --workdir=/tmp/subset_sum_sv
   python -m marl_jax.main --config=experiments/tasks.py:task=hidden_sum --workdir=/tmp/hidden_sum
-  python -m marl_jax.main --config=experiments/tasks.py:task=multi_chain --workdir=/tmp/multi_chain
+  python -m marl_jax.main --config=experiments/tasks.py:task=multi_chain --workdir=/tmp/multi_chain \
+      --config.rl.credit=per_role    # orchestrator + parallel workers; protocol=single for one agent
   python -m marl_jax.main --config=experiments/tasks.py:task=stack_program --workdir=/tmp/stack_program
   python -m marl_jax.main --config=experiments/tasks.py:task=matrix_game --workdir=/tmp/penalty \
       --config.task.game=penalty --config.task.k=-50
