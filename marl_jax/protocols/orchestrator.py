@@ -40,14 +40,11 @@ class Orchestrator(engine.Protocol):
     turns += (engine.Turn("orchestrator", task.answer_len),)
     return cls(roles=("orchestrator",) + workers, turns=turns, **kwargs)
 
-  def _reports(self, layout, tokens_BxT):
-    return [engine.message(layout, tokens_BxT, i) for i in range(len(self.roles) - 1)]
-
   def final_answer(self, layout, tokens_BxT):
     return engine.message(layout, tokens_BxT, len(self.roles) - 1)
 
   def rewards(self, task, layout, problems, tokens_BxT):
-    reports = self._reports(layout, tokens_BxT)
+    reports = [engine.message(layout, tokens_BxT, i) for i in range(len(self.roles) - 1)]
     final_BxA = self.final_answer(layout, tokens_BxT)
     team_B = jax.vmap(task.score)(problems, final_BxA)
     number = jax.vmap(base.number_tokens, in_axes=(0, None))
