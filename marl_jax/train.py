@@ -308,7 +308,11 @@ def local_step(exp: Experiment, state: TrainState, problem_key_B, sample_key_B, 
     batch["ref_logp"], _ = sampling.token_log_probs(exp.model, layout, state.ref_params, tokens_BxT,
                                                     rl.temperature)
   state, aux = update_params(exp, state, batch, devices)
-  metrics = dict(rewards["metrics"])
+  # The protocol's metrics are rates over the global batch (e.g. false_accept: accepted among wrong
+  # answers), so they are computed on every device's rows, not averaged over per-device rates.
+  gather = lambda x: jax.lax.all_gather(x, parallel.DATA, tiled=True)
+  metrics = dict(exp.protocol.rewards(exp.task, layout, jax.tree.map(gather, problems),
+                                      gather(tokens_BxT))["metrics"])
   metrics["reward"] = rewards["team_B"].mean()
   metrics["tokens"] = sampled_BxT.sum().astype(jnp.float32)
   for r, role in enumerate(layout.roles):
