@@ -16,8 +16,6 @@ from marl_jax import text
 from marl_jax.protocols import engine
 from marl_jax.tasks import base
 
-ORCHESTRATOR = 0  # role 0, so that e.g. sharing '0,1,1,1' gives the workers one shared set
-
 
 @dataclasses.dataclass(frozen=True)
 class Orchestrator(engine.Protocol):
@@ -38,6 +36,7 @@ class Orchestrator(engine.Protocol):
         for j in range(len(parts)) if j != i for segment in (parts[j], f"{workers[j]}0")))
     turns = tuple(engine.Turn(w, task.part_answer_len) for w in workers)
     turns += (engine.Turn("orchestrator", task.answer_len),)
+    # The orchestrator is role 0, so that e.g. sharing '0,1,1' gives the workers one shared set.
     return cls(roles=("orchestrator",) + workers, turns=turns, **kwargs)
 
   def final_answer(self, layout, tokens_BxT):
