@@ -9,7 +9,8 @@ r"""The task suite, each task on its natural workflow (or `protocol=NAME`): warm
   python -m marl_jax.main --config=experiments/tasks.py:task=stack_program --workdir=/tmp/stack_program
   python -m marl_jax.main --config=experiments/tasks.py:task=matrix_game --workdir=/tmp/penalty \
       --config.task.game=penalty --config.task.k=-50
-Task knobs are under `config.task` (every field of the task, so each can be set from the command line).
+Task knobs are under `config.task` and protocol knobs under `config.protocol` (every field, so each can
+be set from the command line, e.g. `--config.protocol.rounds=2`).
 """
 import dataclasses
 
@@ -34,14 +35,20 @@ def get_config(arg=None):
   configs.check_choice("size", args.size, configs.SIZES)
   natural, gpu_knobs = TASKS[args.task]
   c = configs.base_config()
-  knobs = {f.name: f.default for f in dataclasses.fields(tasks.REGISTRY[args.task])}
+  task_knobs = {f.name: f.default for f in dataclasses.fields(tasks.REGISTRY[args.task])}
   if args.size == "gpu":
-    knobs.update(gpu_knobs)
-  c.task = ml_collections.ConfigDict(dict(name=args.task, **knobs))
-  c.protocol = ml_collections.ConfigDict(dict(name=args.protocol or natural))
+    task_knobs.update(gpu_knobs)
+  c.task = ml_collections.ConfigDict(dict(name=args.task, **task_knobs))
+  name = args.protocol or natural
+  configs.check_choice("protocol", name, protocols.REGISTRY)
+  # Every knob of the protocol (e.g. `rounds`), so each can be set from the command line.
+  protocol_knobs = {f.name: f.default for f in dataclasses.fields(protocols.REGISTRY[name])
+                    if f.name not in ("roles", "turns", "hidden")}
+  c.protocol = ml_collections.ConfigDict(dict(name=name, **protocol_knobs))
   configs.apply_size(c, args.size)
-  # The canvas (prompt and every turn) must fit the model's positions.
-  task = tasks.make(args.task, **knobs)
-  protocol = protocols.make(c.protocol.name, task)
+  # The canvas (prompt and every turn) must fit the model's positions (a longer protocol set from
+  # the command line, e.g. more rounds, also needs --config.model.max_len: the run says how many).
+  task = tasks.make(args.task, **task_knobs)
+  protocol = protocols.make(name, task, **protocol_knobs)
   c.model.max_len = max(c.model.max_len, protocol.layout(task, (0,) * len(protocol.roles)).length)
   return c

@@ -371,8 +371,18 @@ def test_config_builds_for_every_size(task_name):
     assert exp.layout.length <= config.model.max_len
   with pytest.raises(ValueError, match="allowed: .*'stack_program'"):
     load_config("task=tetris")
-  with pytest.raises(ValueError, match="known protocols"):
+  with pytest.raises(ValueError, match="protocol='auction' is unknown; allowed: .*'solver_verifier'"):
     load_config(f"task={task_name},protocol=auction")
+
+
+def test_config_exposes_the_protocol_knobs():
+  config = load_config("task=subset_sum,protocol=solver_verifier,size=tiny")
+  assert (config.protocol.rounds, config.protocol.verifier_demo_error_rate) == (1, 0.2)
+  config.protocol.rounds, config.model.max_len, config.num_devices = 2, 48, 1
+  assert len(train.build(config).layout.turn_slices) == 4
+  config.model.max_len = 32  # two rounds do not fit: the error says how many tokens they need
+  with pytest.raises(ValueError, match="take 43 tokens but config.model.max_len=32"):
+    train.build(config)
 
 
 @pytest.mark.slow
