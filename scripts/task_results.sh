@@ -13,6 +13,8 @@ run() {  # run NAME TASK PROTOCOL [FLAGS...]
 run subset_sum_single subset_sum single
 run subset_sum_sv subset_sum solver_verifier --config.roles.sharing=shared
 run subset_sum_sv_difference subset_sum solver_verifier --config.roles.sharing=shared --config.rl.credit=difference
+run subset_sum_sv_two_rounds subset_sum solver_verifier --config.roles.sharing=shared --config.protocol.rounds=2 \
+  --config.model.max_len=48
 run hidden_sum_single hidden_sum single
 run hidden_sum_exchange hidden_sum exchange
 run multi_chain_single multi_chain single
