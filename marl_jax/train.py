@@ -293,7 +293,15 @@ def local_step(exp: Experiment, state: TrainState, problem_key_B, sample_key_B, 
   devices = jax.lax.psum(1, parallel.DATA)
   problems = jax.vmap(exp.task.sample)(problem_key_B)
   tokens_BxT, logp_BxT, sampled_BxT = rollout(exp, state.params, problems, sample_key_B)
-  rewards = exp.protocol.rewards(exp.task, layout, problems, tokens_BxT)
+  # Scored once on the global batch, so the protocol's metrics are rates over every row (e.g.
+  # false_accept: accepted among wrong answers), not means of per-device rates; credit takes this
+  # device's rows (block `axis_index` of the batch, as the rows are sharded).
+  gather = lambda x: jax.lax.all_gather(x, parallel.DATA, tiled=True)
+  scored = exp.protocol.rewards(exp.task, layout, jax.tree.map(gather, problems), gather(tokens_BxT))
+  B = tokens_BxT.shape[0]
+  first_row = jax.lax.axis_index(parallel.DATA) * B
+  own_rows = lambda x_xB: jax.lax.dynamic_slice_in_dim(x_xB, first_row, B, axis=-1)
+  rewards = {"team_B": own_rows(scored["team_B"]), "role_RxB": own_rows(scored["role_RxB"])}
   cf_team_RxKxB = None
   if rl.credit == "difference":
     cf_team_RxKxB = counterfactual_team(exp, state.params, problems, tokens_BxT, cf_key_B)
@@ -308,11 +316,7 @@ def local_step(exp: Experiment, state: TrainState, problem_key_B, sample_key_B, 
     batch["ref_logp"], _ = sampling.token_log_probs(exp.model, layout, state.ref_params, tokens_BxT,
                                                     rl.temperature)
   state, aux = update_params(exp, state, batch, devices)
-  # The protocol's metrics are rates over the global batch (e.g. false_accept: accepted among wrong
-  # answers), so they are computed on every device's rows, not averaged over per-device rates.
-  gather = lambda x: jax.lax.all_gather(x, parallel.DATA, tiled=True)
-  metrics = dict(exp.protocol.rewards(exp.task, layout, jax.tree.map(gather, problems),
-                                      gather(tokens_BxT))["metrics"])
+  metrics = dict(scored["metrics"])
   metrics["reward"] = rewards["team_B"].mean()
   metrics["tokens"] = sampled_BxT.sum().astype(jnp.float32)
   for r, role in enumerate(layout.roles):

@@ -5,7 +5,7 @@ Each returns adv_RxB, one advantage per role per episode:
   per_role:   each role gets the group-baseline advantage of its own verifiable signal.
   difference: outcome_weight x team advantage + credit_weight x D_r, where the counterfactual
               (difference) credit D_r = R - mean_k R(role r's messages resampled / made absent, the
-              context before its first turn frozen, later turns re-sampled).
+              later turns that read them re-sampled, everything else frozen).
 """
 from marl_jax.credit.baselines import BASELINES, group_advantage
 
