@@ -42,8 +42,7 @@ def get_config(arg=None):
   name = args.protocol or natural
   configs.check_choice("protocol", name, protocols.REGISTRY)
   # Every knob of the protocol (e.g. `rounds`), so each can be set from the command line.
-  protocol_knobs = {f.name: f.default for f in dataclasses.fields(protocols.REGISTRY[name])
-                    if f.name not in ("roles", "turns", "hidden")}
+  protocol_knobs = protocols.knobs(name)
   c.protocol = ml_collections.ConfigDict(dict(name=name, **protocol_knobs))
   configs.apply_size(c, args.size)
   # The canvas (prompt and every turn) must fit the model's positions (a longer protocol set from

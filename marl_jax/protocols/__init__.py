@@ -1,4 +1,5 @@
 """Workflow registry: `config.protocol.name` selects one, the other `config.protocol` keys are its knobs."""
+import dataclasses
 import inspect
 
 from marl_jax.protocols.engine import Layout, Protocol, Turn
@@ -19,12 +20,22 @@ REGISTRY: dict[str, type[Protocol]] = {
 }
 
 
-def make(name: str, task, **kwargs) -> Protocol:
+def _check_name(name: str) -> type[Protocol]:
   if name not in REGISTRY:
     raise ValueError(f"config.protocol.name={name!r} is unknown; known protocols: {sorted(REGISTRY)}")
-  cls = REGISTRY[name]
+  return REGISTRY[name]
+
+
+def knobs(name: str) -> dict:
+  """A protocol's settable fields and their defaults (the schedule and visibility come from `build`)."""
+  return {f.name: f.default for f in dataclasses.fields(_check_name(name))
+          if f.name not in ("roles", "turns", "hidden")}
+
+
+def make(name: str, task, **kwargs) -> Protocol:
+  cls = _check_name(name)
   allowed = {p for p in inspect.signature(cls.build).parameters if p not in ("task", "kwargs")}
-  allowed |= {"hidden"} | {f for f in cls.__dataclass_fields__ if f not in ("roles", "turns")}
+  allowed |= {"hidden"} | set(knobs(name))
   unknown = sorted(set(kwargs) - allowed)
   if unknown:
     raise ValueError(f"config.protocol has keys {unknown} that protocol {name!r} does not take; "
