@@ -16,6 +16,9 @@ from marl_jax import text
 from marl_jax.protocols import engine
 from marl_jax.tasks import base
 
+# number_B(values_B, width): each row's value as decimal tokens, EOS, then PAD.
+number_B = jax.vmap(base.number_tokens, in_axes=(0, None))
+
 
 @dataclasses.dataclass(frozen=True)
 class Orchestrator(engine.Protocol):
@@ -46,14 +49,13 @@ class Orchestrator(engine.Protocol):
     reports = [engine.message(layout, tokens_BxT, i) for i in range(len(self.roles) - 1)]
     final_BxA = self.final_answer(layout, tokens_BxT)
     team_B = jax.vmap(task.score)(problems, final_BxA)
-    number = jax.vmap(base.number_tokens, in_axes=(0, None))
     canonical = jax.vmap(base.canonical)
     worker_right_CxB = jnp.stack([
-        jnp.all(canonical(r) == number(problems["part_values"][:, i], task.part_answer_len - 1), -1)
+        jnp.all(canonical(r) == number_B(problems["part_values"][:, i], task.part_answer_len - 1), -1)
         for i, r in enumerate(reports)]).astype(jnp.float32)
     value_CxB, ok_CxB = jax.vmap(jax.vmap(base.parse_number))(jnp.stack(reports))
     readable_B = ok_CxB.all(0)
-    combined_BxA = number(jax.vmap(task.combine)(value_CxB.T), task.answer_len - 1)
+    combined_BxA = number_B(jax.vmap(task.combine)(value_CxB.T), task.answer_len - 1)
     faithful_B = jnp.all(canonical(final_BxA) == combined_BxA, -1).astype(jnp.float32)
     orchestrator_B = jnp.where(readable_B, faithful_B, team_B)
     written = lambda msg_BxL: (msg_BxL != text.PAD).sum(-1)
@@ -72,7 +74,6 @@ class Orchestrator(engine.Protocol):
     C = len(self.roles) - 1
     wrong_BxC = jax.vmap(lambda k: jax.random.bernoulli(k, task.demo_error_rate, (C,)))(key_B)
     value_BxC = jnp.where(wrong_BxC, problems["part_mistakes"], problems["part_values"])
-    number = jax.vmap(base.number_tokens, in_axes=(0, None))
-    reports = [number(value_BxC[:, i], task.part_answer_len - 1) for i in range(C)]
-    final_BxA = number(jax.vmap(task.combine)(value_BxC), task.answer_len - 1)
+    reports = [number_B(value_BxC[:, i], task.part_answer_len - 1) for i in range(C)]
+    final_BxA = number_B(jax.vmap(task.combine)(value_BxC), task.answer_len - 1)
     return engine.assemble(layout, problems["prompt"], reports + [final_BxA])
