@@ -4,9 +4,10 @@ rejects it with a revision; how the team outcome is credited decides what the ve
   python -m marl_jax.main --config=experiments/solver_verifier.py:sharing=isolated,credit=difference,size=cpu --workdir=/tmp/sv
   python -m marl_jax.main --config=experiments/solver_verifier.py:size=gpu --workdir=/tmp/sv_gpu
 
-Arguments: sharing=shared|isolated, credit=team|per_role|difference, size=tiny|cpu|gpu.
+Arguments: sharing=shared|isolated, credit=ESTIMATOR (team, per_role, difference, ...: every name in
+marl_jax.credit.REGISTRY; its settings are then `--config.credit.KEY=VALUE`), size=tiny|cpu|gpu.
 """
-from marl_jax import configs
+from marl_jax import configs, credit
 
 
 def get_config(arg=None):
@@ -14,7 +15,7 @@ def get_config(arg=None):
   c = configs.base_config()
   c.protocol.update(name="solver_verifier", rounds=1, verifier_demo_error_rate=0.3)
   c.roles.sharing = configs.check_choice("sharing", args.sharing, ("shared", "isolated"))
-  c.rl.credit = configs.check_choice("credit", args.credit, ("team", "per_role", "difference"))
+  c.credit = configs.credit_config(configs.check_choice("credit", args.credit, credit.REGISTRY))
   c.total_steps, c.eval_every = 600, 100
   configs.apply_size(c, args.size)
   if args.size == "gpu":

@@ -4,19 +4,20 @@ r"""The task suite, each task on its natural workflow (or `protocol=NAME`): warm
   python -m marl_jax.main --config=experiments/tasks.py:task=subset_sum,protocol=solver_verifier \
       --workdir=/tmp/subset_sum_sv
   python -m marl_jax.main --config=experiments/tasks.py:task=hidden_sum --workdir=/tmp/hidden_sum
-  python -m marl_jax.main --config=experiments/tasks.py:task=multi_chain --workdir=/tmp/multi_chain \
-      --config.rl.credit=per_role    # orchestrator + parallel workers; protocol=single for one agent
+  python -m marl_jax.main --config=experiments/tasks.py:task=multi_chain,credit=per_role \
+      --workdir=/tmp/multi_chain    # orchestrator + parallel workers; protocol=single for one agent
   python -m marl_jax.main --config=experiments/tasks.py:task=stack_program --workdir=/tmp/stack_program
   python -m marl_jax.main --config=experiments/tasks.py:task=matrix_game --workdir=/tmp/penalty \
       --config.task.game=penalty --config.task.k=-50
-Task knobs are under `config.task` and protocol knobs under `config.protocol` (every field, so each can
-be set from the command line, e.g. `--config.protocol.rounds=2`).
+Task knobs are under `config.task`, protocol knobs under `config.protocol` and the credit estimator's
+(`credit=NAME`, default team) under `config.credit` (every field, so each can be set from the command
+line, e.g. `--config.protocol.rounds=2`, `--config.credit.samples=4`).
 """
 import dataclasses
 
 import ml_collections
 
-from marl_jax import configs, protocols, tasks
+from marl_jax import configs, credit, protocols, tasks
 
 # task -> (natural protocol, task knobs that differ from the task's defaults at size=gpu)
 TASKS = {
@@ -30,7 +31,7 @@ TASKS = {
 
 
 def get_config(arg=None):
-  args = configs.parse_arg(arg, task="subset_sum", size="cpu", protocol="")
+  args = configs.parse_arg(arg, task="subset_sum", size="cpu", protocol="", credit="team")
   configs.check_choice("task", args.task, TASKS)
   configs.check_choice("size", args.size, configs.SIZES)
   natural, gpu_knobs = TASKS[args.task]
@@ -44,6 +45,7 @@ def get_config(arg=None):
   # Every knob of the protocol (e.g. `rounds`), so each can be set from the command line.
   protocol_knobs = protocols.knobs(name)
   c.protocol = ml_collections.ConfigDict(dict(name=name, **protocol_knobs))
+  c.credit = configs.credit_config(configs.check_choice("credit", args.credit, credit.REGISTRY))
   configs.apply_size(c, args.size)
   # The canvas (prompt and every turn) must fit the model's positions (a longer protocol set from
   # the command line, e.g. more rounds, also needs --config.model.max_len: the run says how many).

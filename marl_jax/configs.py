@@ -4,6 +4,8 @@ import os
 
 import ml_collections
 
+from marl_jax import credit
+
 
 def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
   """'size=cpu,credit=team' -> ConfigDict, checked against the allowed keys in `defaults`."""
@@ -31,6 +33,12 @@ def check_choice(name: str, value: str, allowed) -> str:
   return value
 
 
+def credit_config(name: str) -> ml_collections.ConfigDict:
+  """`config.credit` for an estimator: its name and every setting at its default, so each can be set
+  from the command line (`--config.credit.samples=4`)."""
+  return ml_collections.ConfigDict(dict(name=name, **credit.knobs(name)))
+
+
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
@@ -51,14 +59,19 @@ def base_config() -> ml_collections.ConfigDict:
   c.protocol = ml_collections.ConfigDict(dict(name="single"))
   # sharing: 'isolated', 'shared' or one set per role ('0,0,1'); trainable: '' (all) or '1,0'.
   c.roles = ml_collections.ConfigDict(dict(sharing="isolated", trainable=""))
+  # algorithm: a registered loss (marl_jax/losses.py); G = group_size samples of each problem.
   c.rl = ml_collections.ConfigDict(dict(
-      algorithm="ppo", batch_size=256, group_size=8, baseline="dr_grpo", credit="team",
-      outcome_weight=1.0, credit_weight=1.0, counterfactual="resample", counterfactual_samples=2,
-      temperature=1.0, epochs=1, minibatches=2, clip_eps=0.2, kl_coef=0.0, entropy_coef=0.0))
+      algorithm="ppo", batch_size=256, group_size=8, temperature=1.0, epochs=1, minibatches=2,
+      clip_eps=0.2, kl_coef=0.0, entropy_coef=0.0))
+  # name: a registered estimator (marl_jax/credit/); the other keys are its settings.
+  c.credit = credit_config("team")
   c.optim = ml_collections.ConfigDict(dict(
       name="adam", learning_rate=3e-4, schedule="constant", warmup_steps=0, max_grad_norm=1.0,
       weight_decay=0.0, b1=0.9, b2=0.99))
-  c.sft = ml_collections.ConfigDict(dict(steps=600, batch_size=128, learning_rate=1e-3))
+  # The warm start's optimiser is config.optim with these keys replacing its own (warmup_steps 0: a
+  # tenth of the steps, at most 100).
+  c.sft = ml_collections.ConfigDict(dict(steps=600, batch_size=128, learning_rate=1e-3,
+                                         schedule="cosine", warmup_steps=0, b2=0.999))
   # data_dir: read the fixed evaluation set as a versioned TFDS dataset there (built if missing).
   c.eval = ml_collections.ConfigDict(dict(size=512, seed=1234, data_dir=""))
   return c

@@ -1,26 +1,58 @@
-"""Token-level policy-gradient losses over sampled tokens, one loss per role."""
+"""Token-level policy losses, registered by name (`config.rl.algorithm`), over one typed input.
+
+A loss maps a `LossInput` and the static `config.rl` to a per-token surrogate to minimise, loss_BxT;
+the update averages it over each role's sampled tokens.  A new loss is a function here with
+`@register("name")`; it may read any field of `LossInput` and its own `config.rl` keys.
+"""
+from collections.abc import Callable
+
+import flax
+import jax
 import jax.numpy as jnp
 
-ALGORITHMS = ("ppo", "reinforce")
+
+@flax.struct.dataclass
+class LossInput:
+  logp_BxT: jax.Array  # log-probs of the sampled tokens under the parameters being trained
+  old_logp_BxT: jax.Array  # ... under the parameters that sampled them
+  ref_logp_BxT: jax.Array | None  # ... under the warm-started base model (when a KL term is on)
+  adv_BxT: jax.Array  # each token's advantage (its role's or its turn's credit)
+  role_mask_RxBxT: jax.Array  # token t of row b was sampled by role r
+  group_B: jax.Array  # the problem each row samples (rows of a group share it)
 
 
-def policy_loss_BxT(algorithm: str, logp_BxT, old_logp_BxT, adv_BxT, clip_eps: float):
-  """Per-token surrogate (to minimise).  PPO-clip: -min(ratio A, clip(ratio) A);
-  REINFORCE: -logp A (its gradient is the plain score-function estimator)."""
-  if algorithm == "reinforce":
-    return -logp_BxT * adv_BxT
-  ratio = jnp.exp(logp_BxT - old_logp_BxT)
-  clipped = jnp.clip(ratio, 1 - clip_eps, 1 + clip_eps)
-  return -jnp.minimum(ratio * adv_BxT, clipped * adv_BxT)
+REGISTRY: dict[str, Callable[[LossInput, object], jax.Array]] = {}
+
+
+def register(name: str):
+  def add(fn):
+    REGISTRY[name] = fn
+    return fn
+  return add
+
+
+def get(name: str):
+  if name not in REGISTRY:
+    raise ValueError(f"config.rl.algorithm={name!r} is unknown; allowed: {sorted(REGISTRY)}")
+  return REGISTRY[name]
+
+
+@register("ppo")
+def ppo(x: LossInput, rl) -> jax.Array:
+  """PPO-clip: -min(ratio A, clip(ratio, 1 -+ clip_eps) A)."""
+  ratio = jnp.exp(x.logp_BxT - x.old_logp_BxT)
+  clipped = jnp.clip(ratio, 1 - rl.clip_eps, 1 + rl.clip_eps)
+  return -jnp.minimum(ratio * x.adv_BxT, clipped * x.adv_BxT)
+
+
+@register("reinforce")
+def reinforce(x: LossInput, rl) -> jax.Array:
+  """-logp A: its gradient is the plain score-function estimator."""
+  del rl
+  return -x.logp_BxT * x.adv_BxT
 
 
 def kl_to_reference(logp_BxT, ref_logp_BxT):
   """k3 estimator of KL(pi || ref) on tokens sampled from pi: exp(d) - d - 1, d = ref - logp."""
   d = ref_logp_BxT - logp_BxT
   return jnp.exp(d) - d - 1
-
-
-def masked_mean_per_role(x_BxT, role_mask_RxBxT):
-  """Mean of x over each role's tokens: x_R (0 for a role with no tokens)."""
-  total = jnp.einsum("bt,rbt->r", x_BxT, role_mask_RxBxT)
-  return total / jnp.maximum(role_mask_RxBxT.sum((1, 2)), 1)

@@ -2,7 +2,7 @@
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from marl_jax import train
+from marl_jax import loop
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (with :ARG).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory; an existing checkpoint is resumed.")
@@ -12,7 +12,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
-  train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
 
 
 if __name__ == "__main__":

@@ -107,5 +107,13 @@ def apply(cfg: ModelConfig, params, tokens_BxL, start, key_ok_BxT, cache=None):
   return Transformer(cfg).apply({"params": params}, tokens_BxL, start, key_ok_BxT, cache)
 
 
+def flops_per_token(cfg: ModelConfig, context_len: int) -> int:
+  """Forward FLOPs of one token (a multiply-add is 2): the dense layers and the unembedding, and
+  attention over `context_len` keys (the whole canvas: the mask hides keys, it does not skip them)."""
+  dense = cfg.n_layers * (4 * cfg.d_model ** 2 + 2 * cfg.d_model * cfg.d_ff) + cfg.d_model * cfg.vocab_size
+  attention = cfg.n_layers * 2 * context_len * cfg.d_model  # q.k and att.v
+  return 2 * (dense + attention)
+
+
 def count_params(params) -> int:
   return sum(x.size for x in jax.tree.leaves(params))

@@ -1,4 +1,6 @@
 """Devices: the `data` mesh axis the batch is sharded over, and multi-host start-up."""
+import os
+
 import jax
 from jax.sharding import AxisType
 
@@ -17,7 +19,6 @@ def make_mesh(num_devices: int = 0) -> jax.sharding.Mesh:
 def initialize_distributed() -> None:
   """Joins the hosts of a TPU pod / GPU cluster (coordinates from the environment, or from
   JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID for local multi-process runs)."""
-  import os
   if "JAX_COORDINATOR_ADDRESS" in os.environ:
     jax.distributed.initialize(
         coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"],
@@ -25,3 +26,19 @@ def initialize_distributed() -> None:
         process_id=int(os.environ["JAX_PROCESS_ID"]))
   else:
     jax.distributed.initialize()
+
+
+def mean_over_devices(x):
+  """The mean of a per-device value over the `data` axis (inside the sharded step)."""
+  return jax.lax.pmean(x, DATA)
+
+
+def gather_rows(tree):
+  """This device's rows -> the global batch (every device's rows, in row order)."""
+  return jax.tree.map(lambda x: jax.lax.all_gather(x, DATA, tiled=True), tree)
+
+
+def own_rows(x_xB, rows: int):
+  """This device's `rows` of a global batch (on the last axis): the inverse of `gather_rows`."""
+  first_row = jax.lax.axis_index(DATA) * rows
+  return jax.lax.dynamic_slice_in_dim(x_xB, first_row, rows, axis=-1)

@@ -1,43 +1,221 @@
-"""Results table from finished runs: mean +- std over seeds of final and peak eval accuracy.
+"""Results tables from finished runs, with 95% confidence intervals over seeds.
 
-  python -m marl_jax.report DIR [DIR ...]          (each DIR a workdir; its seeds are vmapped runs)
+  python -m marl_jax.report DIR [DIR ...]           one row per run: mean ± CI half-width, then std
+  python -m marl_jax.report --compare A B           B − A with a Welch interval: established or not
+  python -m marl_jax.report --split SINGLE MULTI    gain split: base → single-agent RL → multi-agent RL
+
+Each DIR is a workdir; its seeds are the vmapped runs (`NAME/seedI` in metrics.jsonl).  Intervals of
+a mean are Student t with n − 1 dof; of a difference of two runs' means, Welch (unequal variances,
+Welch–Satterthwaite dof); of the split's shares, a percentile bootstrap over seeds.  With one seed an
+interval is undefined and prints as n/a.  Accuracies print in %, drops and gains in points.
 """
-import sys
+import argparse
+import math
 
 import numpy as np
 
 from marl_jax import metrics
 
+LEVEL = 0.95
+BOOTSTRAP_DRAWS, BOOTSTRAP_SEED = 10_000, 0
+REFERENCE_SPLIT = "70 / 30 at 0.6B (Zeng et al. 2026)"  # single-agent / multi-agent share of the gain
+
+# Statistics: small pure functions of per-seed arrays.
+
+_GL_X, _GL_W = np.polynomial.legendre.leggauss(64)
+
+
+def _t_quantile_fallback(p: float, dof: float) -> float:
+  """Student t quantile without scipy, to ~1e-8 relative for dof >= 1.
+
+  With t = sqrt(dof) tan(θ) the t density becomes cos(θ)^(dof−1) / B(dof/2, 1/2), a smooth integrand
+  on [0, θ] for dof >= 1 (Gauss–Legendre integrates it to machine precision), so P(0 < T < t) is one
+  quadrature and bisection on θ inverts it.
+  """
+  if p < 0.5:
+    return -_t_quantile_fallback(1 - p, dof)
+  target = (p - 0.5) * math.exp(math.lgamma(dof / 2) + math.lgamma(0.5) - math.lgamma((dof + 1) / 2))
+  mass = lambda th: th / 2 * np.sum(_GL_W * np.cos(th * (_GL_X + 1) / 2) ** (dof - 1))
+  lo, hi = 0.0, math.pi / 2
+  for _ in range(60):  # the bracket shrinks to 2^-60 of π/2
+    mid = (lo + hi) / 2
+    lo, hi = (mid, hi) if mass(mid) < target else (lo, mid)
+  return math.sqrt(dof) * math.tan((lo + hi) / 2)
+
+
+def t_quantile(p: float, dof: float) -> float:
+  """The p quantile of Student's t with `dof` (>= 1, possibly fractional) degrees of freedom."""
+  if not dof >= 1:
+    raise ValueError(f"t quantile needs dof >= 1, got {dof}")
+  try:
+    from scipy import stats  # optional: not a dependency of the package
+    return float(stats.t.ppf(p, dof))
+  except ImportError:
+    return _t_quantile_fallback(p, dof)
+
+
+def mean_ci(values, level: float = LEVEL) -> tuple[float, float]:
+  """Mean and the half-width of its Student t interval (n − 1 dof); nan half-width with one value."""
+  x = np.asarray(values, dtype=np.float64).ravel()
+  if len(x) < 2:
+    return float(x.mean()), math.nan
+  return float(x.mean()), t_quantile((1 + level) / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))
+
+
+def welch_diff(a, b, level: float = LEVEL) -> tuple[float, float, float]:
+  """mean(b) − mean(a), the half-width of its Welch interval, and the Welch–Satterthwaite dof.
+
+  Half-width and dof are nan when either side has one value, or neither varies (no spread to scale).
+  """
+  a, b = (np.asarray(x, dtype=np.float64).ravel() for x in (a, b))
+  diff = float(b.mean() - a.mean())
+  if min(len(a), len(b)) < 2:
+    return diff, math.nan, math.nan
+  va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)  # squared standard errors
+  if va + vb == 0:
+    return diff, math.nan, math.nan
+  dof = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+  return diff, t_quantile((1 + level) / 2, dof) * math.sqrt(va + vb), float(dof)
+
+
+def bootstrap_share(part, total, level: float = LEVEL, draws: int = BOOTSTRAP_DRAWS,
+                    seed: int = BOOTSTRAP_SEED) -> tuple[float, float, float]:
+  """mean(part) / mean(total) and its percentile bootstrap interval.
+
+  `part` and `total` come from different runs, so each run's seeds are resampled independently; the
+  rng seed is fixed so that a report prints the same interval every time.  nan interval with one seed.
+  """
+  part, total = (np.asarray(x, dtype=np.float64).ravel() for x in (part, total))
+  share = float(part.mean() / total.mean())
+  if min(len(part), len(total)) < 2:
+    return share, math.nan, math.nan
+  rng = np.random.default_rng(seed)
+  resample = lambda x: x[rng.integers(0, len(x), (draws, len(x)))].mean(1)
+  with np.errstate(divide="ignore", invalid="ignore"):  # a resampled total of 0 gives ±inf or nan
+    shares = resample(part) / resample(total)
+  lo, hi = np.nanpercentile(shares, [50 * (1 - level), 50 * (1 + level)])
+  return share, float(lo), float(hi)
+
+
+# Runs.
 
 def seed_values(row: dict, name: str) -> np.ndarray:
+  """`name` per seed: `name/seedI` in seed order (seed10 after seed9), or `name` for a single seed."""
   per_seed = sorted((k for k in row if k.startswith(f"{name}/seed")), key=lambda k: int(k.split("seed")[1]))
   return np.array([row[k] for k in per_seed] or [row[name]])
 
 
 def summarize(workdir: str) -> dict:
+  """Per-seed arrays (fractions) of a run's evals: base (step 0), final, peak (after step 0), drop."""
   rows = [r for r in metrics.read(workdir) if "eval_accuracy" in r]
   acc_NxS = np.stack([seed_values(r, "eval_accuracy") for r in rows])
+  after_base = acc_NxS[1:] if len(acc_NxS) > 1 else acc_NxS  # a run with only its step-0 eval
   out = {"workdir": workdir, "seeds": acc_NxS.shape[1], "steps": rows[-1]["step"],
-         "base": acc_NxS[0], "final": acc_NxS[-1], "peak": acc_NxS[1:].max(0)}
-  if "eval_false_accept" in rows[-1]:
-    out["false_accept"] = seed_values(rows[-1], "eval_false_accept")
-    out["false_reject"] = seed_values(rows[-1], "eval_false_reject")
+         "base": acc_NxS[0], "final": acc_NxS[-1], "peak": after_base.max(0)}
+  out["drop"] = out["peak"] - out["final"]
+  for name in ("false_accept", "false_reject"):
+    if f"eval_{name}" in rows[-1]:
+      out[name] = seed_values(rows[-1], f"eval_{name}")
   return out
 
 
-def fmt(values) -> str:
-  return f"{100 * np.mean(values):.1f} ± {100 * np.std(values):.1f}"
+# Printing (values ×100: % for accuracies, points for differences).
+
+def num(x: float, sign: bool = False) -> str:
+  return f"{100 * x:{'+' if sign else ''}.1f}" if math.isfinite(x) else "n/a"
 
 
-def main(workdirs):
-  cols = ("base", "final", "peak", "false_accept", "false_reject")
-  print("| run | seeds | steps | " + " | ".join(f"{c} (%)" for c in cols) + " |")
-  print("|---" * (3 + len(cols)) + "|")
-  for workdir in workdirs:
-    s = summarize(workdir)
-    cells = [fmt(s[c]) if c in s else "–" for c in cols]
-    print(f"| {workdir} | {s['seeds']} | {s['steps']} | " + " | ".join(cells) + " |")
+def pm(mean: float, half: float, sign: bool = False) -> str:
+  return f"{num(mean, sign)} ± {num(half)}"
+
+
+def interval(mean: float, half: float) -> str:
+  return f"[{num(mean - half, True)}, {num(mean + half, True)}]" if math.isfinite(half) else "n/a"
+
+
+def verdict(diff: float, half: float) -> str:
+  if not math.isfinite(half):
+    return "n/a"
+  return "established" if abs(diff) > half else "not established"
+
+
+def share_pct(share: float, lo: float, hi: float) -> str:
+  return f"{100 * share:.0f}% " + (f"[{100 * lo:.0f}%, {100 * hi:.0f}%]" if math.isfinite(lo) else "[n/a]")
+
+
+def row(*cells) -> str:
+  return "| " + " | ".join(map(str, cells)) + " |\n"
+
+
+def table(summaries: list[dict]) -> str:
+  cols = ["base", "final", "peak", "drop"]
+  cols += [c for c in ("false_accept", "false_reject") if any(c in s for s in summaries)]
+  head = row("run", "seeds", "steps", *cols) + "|---" * (3 + len(cols)) + "|\n"
+  std = lambda x: num(np.std(x, ddof=1)) if len(x) > 1 else "n/a"
+  means = [row(s["workdir"], s["seeds"], s["steps"], *(pm(*mean_ci(s[c])) if c in s else "–" for c in cols))
+           for s in summaries]
+  stds = [row(s["workdir"], s["seeds"], s["steps"], *(std(s[c]) if c in s else "–" for c in cols))
+          for s in summaries]
+  return (f"Mean over seeds ± half-width of its {LEVEL:.0%} confidence interval (Student t, n − 1 dof), "
+          "in % (drop = peak − final per seed, in points):\n" + head + "".join(means) +
+          "\nStandard deviation over seeds (ddof = 1), in %:\n" + head + "".join(stds))
+
+
+def compare(a: dict, b: dict) -> str:
+  lines = [f"B − A of the mean over seeds, A = {a['workdir']} (seeds: {a['seeds']}), "
+           f"B = {b['workdir']} (seeds: {b['seeds']}); {LEVEL:.0%} Welch interval (unequal variances, "
+           "Welch–Satterthwaite dof); established when the interval excludes 0:\n",
+           row("metric", "A", "B", "B − A", "interval", "dof", "verdict"), "|---" * 7 + "|\n"]
+  for c in ("final", "peak", "drop"):
+    diff, half, dof = welch_diff(a[c], b[c])
+    lines.append(row(c, num(a[c].mean()), num(b[c].mean()), pm(diff, half, sign=True), interval(diff, half),
+                     f"{dof:.1f}" if math.isfinite(dof) else "n/a", verdict(diff, half)))
+  return "".join(lines)
+
+
+def split(single: dict, multi: dict) -> str:
+  """base → single-agent RL (run `single`) → multi-agent RL (run `multi`), as in the published study."""
+  gain_a, gain_b = single["final"] - single["base"], multi["final"] - multi["base"]  # per seed
+  total = mean_ci(gain_b)
+  stage_a = mean_ci(gain_a)
+  stage_b = welch_diff(gain_a, gain_b)[:2]  # the rest of the total gain
+  share, lo, hi = bootstrap_share(gain_a, gain_b)
+  text = (f"Split of the gain, base → single-agent RL (A = {single['workdir']}) → multi-agent RL "
+          f"(B = {multi['workdir']}). Gains in points, mean over seeds ± {LEVEL:.0%} half-width (Student t; "
+          f"Welch for the multi-agent stage); shares with a {LEVEL:.0%} percentile bootstrap over seeds "
+          f"(each run's seeds resampled independently, {BOOTSTRAP_DRAWS} draws, "
+          f"rng seed {BOOTSTRAP_SEED}):\n" +
+          row("stage", "gain", "share") + "|---" * 3 + "|\n" +
+          row("single-agent RL (A final − A base)", pm(*stage_a, sign=True), share_pct(share, lo, hi)) +
+          row("multi-agent RL (total − single-agent)", pm(*stage_b, sign=True),
+              share_pct(1 - share, 1 - hi, 1 - lo)) +
+          row("total (B final − B base)", pm(*total, sign=True), "100%") +
+          f"\nsingle / multi: {100 * share:.0f} / {100 * (1 - share):.0f} here; "
+          f"reference {REFERENCE_SPLIT}\n")
+  if verdict(*total) != "established":
+    text += "The total gain is not established (its interval includes 0, or is n/a): shares mean little.\n"
+  return text
+
+
+def main(argv: list[str] | None = None):
+  parser = argparse.ArgumentParser(prog="python -m marl_jax.report", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("workdirs", nargs="*", help="runs to tabulate")
+  parser.add_argument("--compare", nargs=2, metavar=("A", "B"), help="print B − A with a Welch interval")
+  parser.add_argument("--split", nargs=2, metavar=("SINGLE", "MULTI"),
+                      help="split the gain: base → single-agent RL (SINGLE) → multi-agent RL (MULTI)")
+  args = parser.parse_args(argv)
+  if not (args.workdirs or args.compare or args.split):
+    parser.error("give workdirs, --compare A B or --split SINGLE MULTI")
+  outputs = []
+  if args.workdirs:
+    outputs.append(table([summarize(w) for w in args.workdirs]))
+  if args.compare:
+    outputs.append(compare(*map(summarize, args.compare)))
+  if args.split:
+    outputs.append(split(*map(summarize, args.split)))
+  print("\n".join(outputs), end="")
 
 
 if __name__ == "__main__":
-  main(sys.argv[1:])
+  main()

@@ -1,6 +1,7 @@
 """Warm start: supervised training on protocol demonstrations (every role's messages), producing the
 "base model" that RL starts from.  Demonstrations are noisy on purpose (`task.demo_error_rate`, and the
-protocol's own knobs), so the base team starts weak but not random."""
+protocol's own knobs), so the base team starts weak but not random.  The optimiser is
+`experiment.make_optimizer` over `config.optim` with `config.sft`'s keys replacing its own."""
 import functools
 
 import jax
@@ -8,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from marl_jax import experiment
 from marl_jax import model as model_lib
 from marl_jax import sampling, text
 
@@ -20,11 +22,9 @@ def demonstration_loss(exp, params_R, tokens_BxT):
 
 
 def warm_start(exp, keys_S):
-  """params_S: `config.sft.steps` Adam steps on fresh demonstrations, one model per seed."""
+  """params_S: `config.sft.steps` steps on fresh demonstrations, one model per seed."""
   cfg = exp.config.sft
-  tx = optax.chain(optax.clip_by_global_norm(1.0),
-                   optax.adam(optax.warmup_cosine_decay_schedule(
-                       0.0, cfg.learning_rate, min(100, cfg.steps // 10 + 1), cfg.steps)))
+  tx = experiment.make_optimizer(experiment.sft_optim(exp.config), cfg.steps, "sft")
 
   def demonstrations(key):
     k_problem, k_demo = jax.random.split(key)

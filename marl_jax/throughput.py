@@ -7,6 +7,10 @@ agent 1's message and writes the answer (up to 4 tokens); team reward 1 when it 
 agents of d_model 128, 4 layers, 4 heads.  A completion is one agent's message that the update trains
 on, so a step makes batch_size x roles completions.  Rows cover R = 1, 2, 4 roles (a chain of R
 agents), S = 1, 4 seeds, with team credit and with difference (counterfactual) credit.
+
+Every row also gives the achieved model FLOP/s (`step_flops`: an analytic count of the step's model
+FLOPs) and its fraction of a jitted float32 1024x1024 matmul timed in the same run: how close the
+step runs to what this machine's matmul unit delivers.
 """
 import json
 import time
@@ -14,15 +18,17 @@ import time
 from absl import app, flags
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from marl_jax import configs, model as model_lib, train
+from marl_jax import configs, experiment, model as model_lib, state as state_lib, train
 
 _JSON = flags.DEFINE_string("json", "", "Also write the rows here as a JSON list.")
 _BATCH = flags.DEFINE_integer("batch_size", 256, "Episodes per step (per seed).")
 _CALLS = flags.DEFINE_integer("calls", 3, "Timed calls of steps_per_call steps each.")
 _STEPS = flags.DEFINE_integer("steps_per_call", 10, "Steps per compiled call.")
 _GRID = flags.DEFINE_string("grid", "1,2,4/1,4", "roles/seeds to run, e.g. '2/1' for the relay job only.")
+_CREDITS = flags.DEFINE_string("credits", "team,difference", "Credit estimators to run.")
 
 
 def relay_config(roles: int, seeds: int, credit: str, batch_size: int, steps_per_call: int):
@@ -31,15 +37,44 @@ def relay_config(roles: int, seeds: int, credit: str, batch_size: int, steps_per
   c.task.update(name="arithmetic", num_ops=1, ops="+", max_operand=9, modulus=100)
   c.protocol = configs.ml_collections.ConfigDict(dict(name="relay", agents=roles, message_len=4,
                                                       answer_len=4))
-  c.rl.update(batch_size=batch_size, group_size=8, credit=credit, minibatches=1)
+  c.credit = configs.credit_config(credit)
+  c.rl.update(batch_size=batch_size, group_size=8, minibatches=1)
   c.num_seeds, c.steps_per_call, c.sft.steps = seeds, steps_per_call, 0
   c.total_steps = c.log_every = c.eval_every = c.checkpoint_every = steps_per_call
   return c
 
 
+def step_flops(exp: experiment.Experiment) -> float:
+  """Model FLOPs of one step of one seed: every view reads every canvas position in the rollout and
+  in each counterfactual re-run; the update runs a forward and a backward (2x) pass per epoch, plus
+  a forward under the base model with a KL term."""
+  rl, layout = exp.config.rl, exp.layout
+  reruns = exp.credit.reruns(len(layout.roles))
+  rerun_rows = 0 if reruns is None else len(reruns.changed_CxR) * reruns.samples
+  passes = 1 + rerun_rows + 3 * rl.epochs + (1 if rl.kl_coef > 0 else 0)
+  views = len(layout.view_set_V)
+  return float(passes * views * rl.batch_size * layout.length *
+               model_lib.flops_per_token(exp.model, layout.length))
+
+
+def matmul_flops_per_s(n: int = 1024, reps: int = 20) -> float:
+  """FLOP/s of a jitted float32 n x n matmul on this machine (the best of three timings)."""
+  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+  matmul = jax.jit(lambda x: x @ a)
+  x = matmul(a).block_until_ready()
+  best = np.inf
+  for _ in range(3):
+    start = time.perf_counter()
+    for _ in range(reps):
+      x = matmul(x)
+    x.block_until_ready()
+    best = min(best, (time.perf_counter() - start) / reps)
+  return 2 * n ** 3 / best
+
+
 def measure(config, calls: int) -> dict:
-  exp = train.build(config)
-  state = train.initial_state(exp)
+  exp = experiment.build(config)
+  state = state_lib.initial_state(exp)
   start = time.perf_counter()
   train_call = train.make_train_call(exp).lower(state).compile()
   compile_s = time.perf_counter() - start
@@ -48,28 +83,35 @@ def measure(config, calls: int) -> dict:
   start, tokens = time.perf_counter(), 0.0
   for _ in range(calls):
     state, metrics = train_call(state)
-    tokens += float(np.asarray(train.to_host(metrics)["tokens"]).sum())
+    tokens += float(np.asarray(state_lib.to_host(metrics)["tokens"]).sum())
   seconds = time.perf_counter() - start
-  completions = calls * config.steps_per_call * config.num_seeds * config.rl.batch_size * len(exp.layout.roles)
+  steps = calls * config.steps_per_call * config.num_seeds
+  completions = steps * config.rl.batch_size * len(exp.layout.roles)
   return {"job": "relay", "roles": len(exp.layout.roles), "seeds": config.num_seeds,
-          "credit": config.rl.credit, "completions_per_s": completions / seconds,
-          "tokens_per_s": tokens / seconds, "compile_s": compile_s,
+          "credit": config.credit.name, "completions_per_s": completions / seconds,
+          "tokens_per_s": tokens / seconds, "flops_per_s": steps * step_flops(exp) / seconds,
+          "compile_s": compile_s,
           "params_per_agent": model_lib.count_params(jax.tree.map(lambda p: p[0, 0], state.params))}
 
 
 def main(argv):
   del argv
   roles_grid, seeds_grid = ([int(x) for x in part.split(",")] for part in _GRID.value.split("/"))
+  bound = matmul_flops_per_s()
   rows = []
-  print(f"backend={jax.default_backend()} devices={jax.device_count()} batch_size={_BATCH.value}")
-  print(f"{'roles':>5} {'seeds':>5} {'credit':>10} {'completions/s':>14} {'tokens/s':>10} {'compile_s':>9}")
+  print(f"backend={jax.default_backend()} devices={jax.device_count()} batch_size={_BATCH.value} "
+        f"matmul_1024_f32={bound / 1e9:.1f} GFLOP/s")
+  print(f"{'roles':>5} {'seeds':>5} {'credit':>10} {'completions/s':>14} {'tokens/s':>10} "
+        f"{'GFLOP/s':>8} {'of_matmul':>9} {'compile_s':>9}")
   for roles in roles_grid:
     for seeds in seeds_grid:
-      for credit in ("team", "difference"):
+      for credit in _CREDITS.value.split(","):
         row = measure(relay_config(roles, seeds, credit, _BATCH.value, _STEPS.value), _CALLS.value)
+        row["fraction_of_matmul"] = row["flops_per_s"] / bound
         rows.append(row)
         print(f"{roles:>5} {seeds:>5} {credit:>10} {row['completions_per_s']:>14.0f} "
-              f"{row['tokens_per_s']:>10.0f} {row['compile_s']:>9.1f}", flush=True)
+              f"{row['tokens_per_s']:>10.0f} {row['flops_per_s'] / 1e9:>8.1f} "
+              f"{row['fraction_of_matmul']:>9.2f} {row['compile_s']:>9.1f}", flush=True)
         if _JSON.value:  # rewritten after every row, so an interrupted run keeps what it measured
           with open(_JSON.value, "w") as f:
             json.dump(rows, f, indent=1)

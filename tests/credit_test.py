@@ -1,7 +1,10 @@
-"""Credit assignment: every group baseline and credit kind against examples worked out by hand."""
+"""Credit estimators: every group baseline and estimator against examples worked out by hand, one
+contract every registered estimator keeps, and the registry's errors."""
+import dataclasses
+
+import jax
 import chex
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
@@ -48,37 +51,35 @@ def test_grpo_of_a_constant_group_is_zero():
 
 
 def test_unknown_baseline():
-  with pytest.raises(ValueError, match=r"config.rl.baseline='ppo' is unknown; allowed: \['grpo'"):
+  with pytest.raises(ValueError, match=r"config.credit.baseline='ppo' is unknown; allowed: \['grpo'"):
     credit.group_advantage(R_B, G, "ppo")
 
 
-# Credit kinds, two roles, G=2 (two groups): team outcome and each role's own verifiable signal.
+# Two roles, G=2 (two groups): team outcome and each role's own verifiable signal.
 TEAM_B = jnp.array([1., 0., 1., 1.])
 ROLE_RxB = jnp.array([[1., 0., 0., 1.],
                       [1., 1., 0., 1.]])
 # Team outcome with role r's messages re-drawn, K=2 times: team_RxKxB.
 CF_RxKxB = jnp.array([[[0., 0., 1., 0.], [1., 0., 1., 0.]],
                       [[1., 0., 0., 1.], [1., 0., 0., 1.]]])
+OUTCOME = credit.Outcome(tokens_BxT=jnp.zeros((4, 6), jnp.int32), team_B=TEAM_B, role_RxB=ROLE_RxB,
+                         group_size=2)
 
 
-def _rl(credit_kind, outcome_weight=1.0, credit_weight=1.0):
-  return ml_collections.ConfigDict(dict(group_size=2, baseline="dr_grpo", credit=credit_kind,
-                                        outcome_weight=outcome_weight, credit_weight=credit_weight))
-
-
-def _rewards():
-  return {"team_B": TEAM_B, "role_RxB": ROLE_RxB}
+def advantages(name, team_CxKxB=None, **knobs):
+  estimator = credit.make(name, **knobs)
+  return estimator.advantages(estimator.init(2), OUTCOME, team_CxKxB)
 
 
 def test_team_credit():
   # dr_grpo of the team outcome [1,0 | 1,1] is [1/2,-1/2 | 0,0], given to both roles.
-  adv_RxB = credit.advantages(_rl("team"), _rewards())
+  adv_RxB, _ = advantages("team")
   chex.assert_trees_all_close(adv_RxB, jnp.array([[.5, -.5, 0., 0.], [.5, -.5, 0., 0.]]))
 
 
 def test_per_role_credit():
   # role 0 [1,0 | 0,1] -> [1/2,-1/2 | -1/2,1/2];  role 1 [1,1 | 0,1] -> [0,0 | -1/2,1/2].
-  adv_RxB = credit.advantages(_rl("per_role"), _rewards())
+  adv_RxB, _ = advantages("per_role")
   chex.assert_trees_all_close(adv_RxB, jnp.array([[.5, -.5, -.5, .5], [0., 0., -.5, .5]]))
 
 
@@ -95,11 +96,78 @@ def test_difference_advantage_mixes_outcome_and_credit():
   # 1/2 x team advantage [1/2,-1/2,0,0] + 2 x D_r:
   #   role 0: [1/4,-1/4,0,0] + [1,0,0,2] = [5/4, -1/4, 0, 2]
   #   role 1: [1/4,-1/4,0,0] + [0,0,2,0] = [1/4, -1/4, 2, 0]
-  adv_RxB = credit.advantages(_rl("difference", outcome_weight=0.5, credit_weight=2.0), _rewards(),
-                              CF_RxKxB)
+  adv_RxB, metrics = advantages("difference", CF_RxKxB, outcome_weight=0.5, credit_weight=2.0)
   chex.assert_trees_all_close(adv_RxB, jnp.array([[1.25, -.25, 0., 2.], [.25, -.25, 2., 0.]]))
+  chex.assert_trees_all_close(metrics["influence"], jnp.array([1.5 / 4, 1 / 4]))  # mean |D_r|
 
 
-def test_unknown_credit():
-  with pytest.raises(ValueError, match=r"config.rl.credit='shapley' is unknown; allowed: \['team'"):
-    credit.advantages(_rl("shapley"), _rewards())
+def test_difference_asks_for_one_rerun_per_role():
+  reruns = credit.make("difference", counterfactual="absent", samples=3).reruns(3)
+  assert reruns.changed_CxR == ((True, False, False), (False, True, False), (False, False, True))
+  assert (reruns.mode, reruns.samples) == ("absent", 3)
+
+
+def sharded(update_fn):
+  """A stateful estimator's update runs inside the sharded step: here, one device."""
+  replicated = jax.sharding.PartitionSpec()
+  return jax.jit(jax.shard_map(update_fn, mesh=jax.make_mesh((1,), ("data",)), in_specs=replicated,
+                               out_specs=replicated))
+
+
+def test_role_baseline_by_hand():
+  # decay 0.5, team signal.  Step 1: no history, baseline 0: A = team = [1,0,1,1] for both roles;
+  # then ema = 0.5 * 0 + 0.5 * mean(team) = 0.375, bias-corrected by 1 - 0.5 = 0.5: baseline 0.75.
+  # Step 2 (same outcome): A = team - 0.75 = [.25,-.75,.25,.25]; ema = 0.5 * .375 + 0.5 * .75 = .5625,
+  # corrected by 1 - 0.25: baseline 0.75 (a constant reward is its own average).
+  estimator = credit.make("role_baseline", decay=0.5)
+  update = sharded(estimator.update)
+  state = estimator.init(2)
+  adv_RxB, _ = estimator.advantages(state, OUTCOME, None)
+  chex.assert_trees_all_close(adv_RxB, jnp.stack([TEAM_B, TEAM_B]))
+  state, _ = update(state, OUTCOME)
+  chex.assert_trees_all_close(estimator.baseline_R(state), jnp.array([.75, .75]))
+  adv_RxB, metrics = estimator.advantages(state, OUTCOME, None)
+  chex.assert_trees_all_close(adv_RxB, jnp.stack([TEAM_B - .75] * 2))
+  chex.assert_trees_all_close(metrics["baseline"], jnp.array([.75, .75]))
+  state, _ = update(state, OUTCOME)
+  chex.assert_trees_all_close(estimator.baseline_R(state), jnp.array([.75, .75]))
+  # With each role's own signal, after one update: role 0's mean is 1/2, role 1's 3/4.
+  by_role = credit.make("role_baseline", decay=0.5, signal="role")
+  state, _ = sharded(by_role.update)(by_role.init(2), OUTCOME)
+  chex.assert_trees_all_close(by_role.baseline_R(state), jnp.array([.5, .75]))
+
+
+def _reruns_for(estimator, R, K=2, B=4):
+  reruns = estimator.reruns(R)
+  if reruns is None:
+    return None
+  # Any outcomes in [0, 1] will do for the contract.
+  return jax.random.bernoulli(jax.random.PRNGKey(1), 0.5, (len(reruns.changed_CxR), reruns.samples, B)
+                              ).astype(jnp.float32)
+
+
+@pytest.mark.parametrize("name", sorted(credit.REGISTRY))
+def test_every_registered_estimator_keeps_the_contract(name):
+  estimator = credit.make(name)
+  estimator.check(2, 2)
+  state = estimator.init(2)
+  adv_xB, metrics = estimator.advantages(state, OUTCOME, _reruns_for(estimator, 2))
+  chex.assert_shape(adv_xB, (None if estimator.per_turn else 2, 4))
+  chex.assert_tree_all_finite(adv_xB)
+  for value in metrics.values():  # scalars, or one value per role
+    assert jnp.ndim(value) == 0 or jnp.shape(value) == (2,)
+  assert dataclasses.is_dataclass(estimator) and estimator.__dataclass_params__.frozen
+  assert set(credit.knobs(name)) == {f.name for f in dataclasses.fields(estimator)}
+
+
+def test_unknown_estimator_and_knobs_are_refused_with_the_allowed_values():
+  with pytest.raises(ValueError, match=r"config.credit.name='shapley' is unknown; allowed: \[.*'team'"):
+    credit.make("shapley")
+  with pytest.raises(ValueError, match=r"config.credit has keys \['samples'\] that estimator 'team' does "
+                                       r"not take; allowed: \['baseline'\]"):
+    credit.make("team", samples=2)
+  with pytest.raises(ValueError, match=r"config.credit.counterfactual='maybe' is unknown; allowed: "
+                                       r"\['resample', 'absent'\]"):
+    credit.make("difference", counterfactual="maybe").check(2, 2)
+  with pytest.raises(ValueError, match=r"config.credit.baseline='rloo' needs config.rl.group_size >= 2"):
+    credit.make("per_role", baseline="rloo").check(2, 1)

@@ -27,7 +27,6 @@ def test_single_layout():
   np.testing.assert_array_equal(layout.turn_T, [-1] * 7 + [0] * 3)
   np.testing.assert_array_equal(layout.marker_T, [text.PAD] * 7 + [text.role_marker(0)] + [text.PAD] * 2)
   np.testing.assert_array_equal(np.flatnonzero(layout.turn_start_T), [7])
-  np.testing.assert_array_equal(np.flatnonzero(layout.first_message_T), [8])
   assert not layout.ends_episode_TxV.any()  # nothing ends a single agent's episode early
   assert layout.view_set_V == (0,) and layout.role_view_R == (0,)
 
@@ -48,7 +47,6 @@ def test_solver_verifier_layout():
              17: text.role_marker(1)}
   np.testing.assert_array_equal(layout.marker_T, [markers.get(t, text.PAD) for t in range(21)])
   np.testing.assert_array_equal(layout.segment_T, [0] * 7 + [1] * 3 + [2] * 4 + [3] * 3 + [4] * 4)
-  np.testing.assert_array_equal(np.flatnonzero(layout.first_message_T), [8, 11, 15, 18])
   # Only ACCEPT as a verifier's first token ends the episode.
   positions, tokens = np.nonzero(layout.ends_episode_TxV)
   np.testing.assert_array_equal(positions, [11, 18])
@@ -96,7 +94,18 @@ def test_resampled_turns(protocol_name, task, kwargs, expected):
   protocol = protocols.make(protocol_name, task, **kwargs)
   layout = protocol.layout(task, tuple(range(len(protocol.roles))))
   for role, turns in expected.items():
-    assert layout.resampled_turns(role) == turns, protocol.roles[role]
+    assert layout.resampled_turns({role}) == turns, protocol.roles[role]
+
+
+def test_resampled_turns_of_a_coalition():
+  # Orchestrator with three workers: changing workers 0 and 2 re-draws their reports and the
+  # orchestrator's answer, and keeps worker 1's report.
+  task = tasks.make("multi_chain", num_chains=3)
+  protocol = protocols.make("orchestrator", task)
+  layout = protocol.layout(task, (0, 1, 2, 3))
+  assert layout.resampled_turns({1, 3}) == [0, 2, 3]
+  assert layout.resampled_turns(set()) == []
+  assert layout.resampled_turns({0, 1, 2, 3}) == [0, 1, 2, 3]
 
 
 def test_assemble_and_message_round_trip():

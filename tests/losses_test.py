@@ -2,11 +2,22 @@
 import chex
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
+import pytest
 
 from marl_jax import losses
 
 CLIP = 0.2
+RL = ml_collections.ConfigDict(dict(clip_eps=CLIP))
+
+
+def policy_loss_BxT(name, logp_BxT, old_logp_BxT, adv_BxT):
+  """The registered loss `name` on these tokens (every token role 0's, one group per row)."""
+  x = losses.LossInput(logp_BxT=logp_BxT, old_logp_BxT=old_logp_BxT, ref_logp_BxT=None,
+                       adv_BxT=adv_BxT, role_mask_RxBxT=jnp.ones((1,) + logp_BxT.shape, bool),
+                       group_B=jnp.arange(logp_BxT.shape[0]))
+  return losses.get(name)(x, RL)
 # (ratio, advantage) -> PPO-clip loss -min(ratio A, clip(ratio, 0.8, 1.2) A), and d loss / d logp.
 PPO_CASES = [
     (1.1, 2.0, -2.2, -2.2),  # inside the range: -ratio A, gradient -ratio A
@@ -22,28 +33,28 @@ def test_ppo_clip_by_hand():
   ratio_1xN, adv_1xN, loss_1xN, grad_1xN = (jnp.array([c]) for c in zip(*PPO_CASES))
   old_logp = jnp.full_like(ratio_1xN, -1.3)
   logp = old_logp + jnp.log(ratio_1xN)
-  loss = losses.policy_loss_BxT("ppo", logp, old_logp, adv_1xN, CLIP)
+  loss = policy_loss_BxT("ppo", logp, old_logp, adv_1xN)
   chex.assert_shape(loss, (1, len(PPO_CASES)))
   chex.assert_trees_all_close(loss, loss_1xN, atol=1e-5)
-  grad = jax.grad(lambda lp: losses.policy_loss_BxT("ppo", lp, old_logp, adv_1xN, CLIP).sum())(logp)
+  grad = jax.grad(lambda lp: policy_loss_BxT("ppo", lp, old_logp, adv_1xN).sum())(logp)
   chex.assert_trees_all_close(grad, grad_1xN, atol=1e-5)
 
 
 def test_ppo_on_policy_equals_reinforce_gradient():
   # At ratio 1 (the first minibatch of an epoch) PPO's gradient is REINFORCE's: -A.
-  logp = jnp.array([-0.5, -2.0, -1.0])
-  adv = jnp.array([2.0, -1.0, 0.5])
-  g_ppo = jax.grad(lambda lp: losses.policy_loss_BxT("ppo", lp, logp, adv, CLIP).sum())(logp)
-  g_pg = jax.grad(lambda lp: losses.policy_loss_BxT("reinforce", lp, logp, adv, CLIP).sum())(logp)
+  logp = jnp.array([[-0.5, -2.0, -1.0]])
+  adv = jnp.array([[2.0, -1.0, 0.5]])
+  g_ppo = jax.grad(lambda lp: policy_loss_BxT("ppo", lp, logp, adv).sum())(logp)
+  g_pg = jax.grad(lambda lp: policy_loss_BxT("reinforce", lp, logp, adv).sum())(logp)
   chex.assert_trees_all_close(g_ppo, -adv)
   chex.assert_trees_all_close(g_pg, -adv)
 
 
 def test_reinforce_by_hand():
   # -logp A: -(-0.5)(2) = 1;  -(-2)(-1) = -2;  -(-1)(0.5) = 0.5
-  loss = losses.policy_loss_BxT("reinforce", jnp.array([-0.5, -2.0, -1.0]), jnp.zeros(3),
-                                jnp.array([2.0, -1.0, 0.5]), CLIP)
-  chex.assert_trees_all_close(loss, jnp.array([1.0, -2.0, 0.5]))
+  loss = policy_loss_BxT("reinforce", jnp.array([[-0.5, -2.0, -1.0]]), jnp.zeros((1, 3)),
+                         jnp.array([[2.0, -1.0, 0.5]]))
+  chex.assert_trees_all_close(loss, jnp.array([[1.0, -2.0, 0.5]]))
 
 
 def test_k3_kl_by_hand():
@@ -60,11 +71,20 @@ def test_k3_kl_by_hand():
   np.testing.assert_allclose(float((p * k3).sum()), 0.5108256, atol=1e-6)
 
 
-def test_masked_mean_per_role():
-  x_BxT = jnp.array([[1., 2., 3.], [4., 5., 6.]])
-  mask_RxBxT = jnp.array([[[1, 1, 0], [0, 0, 0]],  # role 0: (1 + 2) / 2 = 1.5
-                          [[0, 0, 1], [1, 0, 1]],  # role 1: (3 + 4 + 6) / 3 = 13/3
-                          [[0, 0, 0], [0, 0, 0]]], jnp.float32)  # role 2 wrote nothing: 0
-  out_R = losses.masked_mean_per_role(x_BxT, mask_RxBxT)
-  chex.assert_shape(out_R, (3,))
-  chex.assert_trees_all_close(out_R, jnp.array([1.5, 13 / 3, 0.0]))
+@pytest.mark.parametrize("name", sorted(losses.REGISTRY))
+def test_every_registered_loss_keeps_the_contract(name):
+  # Per-token, finite, and at ratio 1 its gradient pushes up the log-prob of tokens with A > 0 and
+  # down those with A < 0 (the sign every policy-gradient loss must have on-policy).
+  key_lp, key_adv = jax.random.split(jax.random.PRNGKey(0))
+  logp_BxT = -jax.random.uniform(key_lp, (3, 5), minval=0.1, maxval=3.0)
+  adv_BxT = jax.random.normal(key_adv, (3, 5))
+  loss_BxT = policy_loss_BxT(name, logp_BxT, logp_BxT, adv_BxT)
+  chex.assert_shape(loss_BxT, (3, 5))
+  chex.assert_tree_all_finite(loss_BxT)
+  grad_BxT = jax.grad(lambda lp: policy_loss_BxT(name, lp, logp_BxT, adv_BxT).sum())(logp_BxT)
+  np.testing.assert_array_equal(np.sign(grad_BxT), -np.sign(adv_BxT))
+
+
+def test_unknown_loss_is_refused_with_the_allowed_names():
+  with pytest.raises(ValueError, match=r"config.rl.algorithm='dpo' is unknown; allowed: \['ppo', 'reinforce'\]"):
+    losses.get("dpo")

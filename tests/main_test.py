@@ -39,6 +39,9 @@ BAD_INPUT = [
     ("--config.task.name=nope", ["config.task.name='nope'", "'arithmetic'"]),
     ("--config.rl.algorithm=nope", ["config.rl.algorithm='nope'", "'ppo'", "'reinforce'"]),
     ("--config.optim.name=nope", ["config.optim.name='nope'", "'adam'", "'sgd'"]),
+    ("--config.credit.name=nope", ["config.credit.name='nope'", "'difference'", "'team'"]),
+    ("--config.credit.baseline=nope", ["config.credit.baseline='nope'", "'dr_grpo'", "'rloo'"]),
+    ("--config.sft.schedule=nope", ["config.sft.schedule='nope'", "'constant'", "'cosine'"]),
     # '<bos>a+b*c=' (7) + marker (1) + 'dd' answer slot (2) = 10 tokens on the canvas.
     ("--config.model.max_len=8", ["config.model.max_len=8", "10 tokens"]),
     ("--config.rl.batch_size=30", ["config.rl.batch_size=30", "config.rl.group_size=4"]),

@@ -18,3 +18,15 @@ def test_quickstart_notebook_runs(tmp_path):
        "notebooks/quickstart.ipynb"],
       cwd=ROOT, env=env, capture_output=True, text=True)
   assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
+
+
+def test_colab_install_cell_says_what_to_do_when_it_has_no_source(tmp_path):
+  """In a fresh runtime (marl_jax not importable), with neither REPO_URL nor an uploaded zip, the
+  install cell stops with a message that says how to give it the code."""
+  import json
+  cells = json.loads((ROOT / "notebooks" / "quickstart.ipynb").read_text())["cells"]
+  install = "".join(next(c for c in cells if "REPO_URL" in "".join(c["source"]))["source"])
+  program = "import sys\nsys.modules['marl_jax'] = None  # a runtime without marl_jax\n" + install
+  result = subprocess.run([sys.executable, "-c", program], cwd=tmp_path, capture_output=True, text=True)
+  assert result.returncode != 0
+  assert "set REPO_URL in this cell" in result.stderr and "marl_jax.zip" in result.stderr

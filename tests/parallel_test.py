@@ -13,7 +13,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from marl_jax import metrics, train
+from marl_jax import experiment, loop, metrics, state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Entropy keeps gradients non-zero even when every reward of the untrained team ties.
@@ -38,7 +38,7 @@ def params(workdir, step=None):
   with open(os.path.join(workdir, "config.json")) as f:
     config = ml_collections.ConfigDict(json.load(f))
   config.num_devices, config.distributed = 1, False
-  return train.to_host(train.load_params(train.build(config), workdir, step))
+  return state.to_host(loop.load_params(experiment.build(config), workdir, step))
 
 
 def max_diff(a, b) -> float:
@@ -53,7 +53,7 @@ def assert_same_training(dir_a, dir_b):
 
 @pytest.mark.slow
 def test_eight_devices_match_one(tmp_path):
-  # Shared parameters take the per-role (vmapped vjp) gradient path; difference credit adds the
+  # Shared parameters take the per-role (vmapped vjp) diagnostic path; difference credit adds the
   # counterfactual re-runs, so every part of the joint step is sharded here.  A short warm start
   # makes verdicts mixed, so rates such as false_reject differ from device to device.
   config = "--config=experiments/solver_verifier.py:size=tiny,credit=difference,sharing=shared"

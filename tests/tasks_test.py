@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from marl_jax import model as model_lib
-from marl_jax import protocols, sampling, tasks, text, train
+from marl_jax import experiment, protocols, sampling, tasks, text
 from marl_jax.protocols import engine
 from marl_jax.tasks import base
 from marl_jax.tasks import HiddenSum, MatrixGame, MultiChain, StackProgram, SubsetSum
@@ -203,11 +203,11 @@ def test_demonstrations_are_right_without_noise(task_name, protocol_name):
   batch = problems(task, 64)
   demos_BxT = protocol.demonstrate(task, layout, batch, jax.random.split(jax.random.PRNGKey(1), 64))
   chex.assert_shape(demos_BxT, (64, layout.length))
-  np.testing.assert_array_equal(protocol.rewards(task, layout, batch, demos_BxT)["team_B"], 1.0)
+  np.testing.assert_array_equal(protocol.rewards(task, layout, batch, demos_BxT).team_B, 1.0)
   # With only mistakes, systematic mistakes are (almost always) wrong.
   noisy = tasks.make(task_name, demo_error_rate=1.0)
   demos_BxT = protocol.demonstrate(noisy, layout, batch, jax.random.split(jax.random.PRNGKey(1), 64))
-  assert protocol.rewards(noisy, layout, batch, demos_BxT)["team_B"].mean() < 0.9
+  assert protocol.rewards(noisy, layout, batch, demos_BxT).team_B.mean() < 0.9
 
 
 @pytest.mark.parametrize("task_name,protocol_name", PAIRS)
@@ -227,10 +227,10 @@ def test_rollout_with_a_tiny_model(task_name, protocol_name):
 
   tokens_BxT, logp_BxT, rewards = rollout_and_score(params_R, canvas_BxT)
   chex.assert_shape([tokens_BxT, logp_BxT], (B, layout.length))
-  chex.assert_shape(rewards["role_RxB"], (len(protocol.roles), B))
+  chex.assert_shape(rewards.role_RxB, (len(protocol.roles), B))
   chex.assert_tree_all_finite(rewards)
-  assert np.all((rewards["team_B"] >= 0) & (rewards["team_B"] <= 1))
-  assert 0 <= rewards["metrics"]["accuracy"] <= 1
+  assert np.all((rewards.team_B >= 0) & (rewards.team_B <= 1))
+  assert 0 <= rewards.metrics["accuracy"] <= 1
   np.testing.assert_array_equal(tokens_BxT[:, :task.prompt_len], batch["prompt"])
 
 
@@ -326,11 +326,11 @@ def test_orchestrator_rewards_by_hand():
   canvas_BxT = jnp.stack([engine.assemble(layout, batch["prompt"][i:i + 1],
                                           [tokens(m)[None] for m in ms])[0] for i, ms in enumerate(messages)])
   rewards = protocol.rewards(task, layout, batch, canvas_BxT)
-  np.testing.assert_array_equal(rewards["team_B"], [1, 0, 1, 1])
-  np.testing.assert_array_equal(rewards["role_RxB"], [[1, 1, 0, 1], [1, 1, 1, 1], [1, 0, 0, 0]])
-  assert float(rewards["metrics"]["worker_accuracy"]) == 5 / 8
-  assert float(rewards["metrics"]["aggregation_accuracy"]) == 3 / 4
-  assert float(rewards["metrics"]["critical_tokens"]) == 4  # a 2-token report, then a 2-token answer
+  np.testing.assert_array_equal(rewards.team_B, [1, 0, 1, 1])
+  np.testing.assert_array_equal(rewards.role_RxB, [[1, 1, 0, 1], [1, 1, 1, 1], [1, 0, 0, 0]])
+  assert float(rewards.metrics["worker_accuracy"]) == 5 / 8
+  assert float(rewards.metrics["aggregation_accuracy"]) == 3 / 4
+  assert float(rewards.metrics["critical_tokens"]) == 4  # a 2-token report, then a 2-token answer
 
 
 def test_matrix_game_protocol_plays_simultaneously():
@@ -343,10 +343,10 @@ def test_matrix_game_protocol_plays_simultaneously():
   canvas_BxT = jnp.stack([engine.assemble(layout, batch["prompt"][:1], [m[None] for m in ms])[0]
                           for ms in messages])
   rewards = protocol.rewards(task, layout, batch, canvas_BxT)
-  np.testing.assert_allclose(rewards["team_B"], [100 / 110, 1.0, 1.0], rtol=1e-6)
-  np.testing.assert_array_equal(rewards["role_RxB"], np.stack([rewards["team_B"]] * 2))
-  assert float(rewards["metrics"]["optimal"]) == pytest.approx(2 / 3)
-  assert float(rewards["metrics"]["payoff"]) == pytest.approx(20 / 3, rel=1e-5)
+  np.testing.assert_allclose(rewards.team_B, [100 / 110, 1.0, 1.0], rtol=1e-6)
+  np.testing.assert_array_equal(rewards.role_RxB, np.stack([rewards.team_B] * 2))
+  assert float(rewards.metrics["optimal"]) == pytest.approx(2 / 3)
+  assert float(rewards.metrics["payoff"]) == pytest.approx(20 / 3, rel=1e-5)
   with pytest.raises(ValueError, match="joint action"):
     protocols.make("matrix_game", SubsetSum())
 
@@ -367,7 +367,7 @@ def test_config_builds_for_every_size(task_name):
   for size in ("tiny", "cpu", "gpu"):
     config = load_config(f"task={task_name},size={size}")
     config.num_devices = 1
-    exp = train.build(config)
+    exp = experiment.build(config)
     assert exp.layout.length <= config.model.max_len
   with pytest.raises(ValueError, match="allowed: .*'stack_program'"):
     load_config("task=tetris")
@@ -379,10 +379,10 @@ def test_config_exposes_the_protocol_knobs():
   config = load_config("task=subset_sum,protocol=solver_verifier,size=tiny")
   assert (config.protocol.rounds, config.protocol.verifier_demo_error_rate) == (1, 0.2)
   config.protocol.rounds, config.model.max_len, config.num_devices = 2, 48, 1
-  assert len(train.build(config).layout.turn_slices) == 4
+  assert len(experiment.build(config).layout.turn_slices) == 4
   config.model.max_len = 32  # two rounds do not fit: the error says how many tokens they need
   with pytest.raises(ValueError, match="take 43 tokens but config.model.max_len=32"):
-    train.build(config)
+    experiment.build(config)
 
 
 @pytest.mark.slow

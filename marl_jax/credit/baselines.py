@@ -12,6 +12,8 @@ def group_advantage(r_xB, group_size: int, kind: str, eps: float = 1e-6):
   rloo:    r_i - mean_{j != i} r_j       (leave-one-out, Ahmadian et al. 2024)
   none:    r
   """
+  if kind not in BASELINES:
+    raise ValueError(f"config.credit.baseline={kind!r} is unknown; allowed: {list(BASELINES)}")
   if kind == "none":
     return r_xB
   r_xNxG = r_xB.reshape(*r_xB.shape[:-1], -1, group_size)
@@ -20,8 +22,6 @@ def group_advantage(r_xB, group_size: int, kind: str, eps: float = 1e-6):
     adv = (r_xNxG - mean) / (r_xNxG.std(-1, keepdims=True) + eps)
   elif kind == "dr_grpo":
     adv = r_xNxG - mean
-  elif kind == "rloo":
-    adv = (r_xNxG - mean) * group_size / (group_size - 1)  # r_i - (sum - r_i)/(G-1)
-  else:
-    raise ValueError(f"config.rl.baseline={kind!r} is unknown; allowed: {list(BASELINES)}")
+  else:  # rloo: r_i - (sum - r_i)/(G-1)
+    adv = (r_xNxG - mean) * group_size / (group_size - 1)
   return adv.reshape(r_xB.shape)

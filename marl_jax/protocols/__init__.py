@@ -2,7 +2,7 @@
 import dataclasses
 import inspect
 
-from marl_jax.protocols.engine import Layout, Protocol, Turn
+from marl_jax.protocols.engine import Layout, Protocol, Scored, Turn
 from marl_jax.protocols.exchange import Exchange
 from marl_jax.protocols.matrix_game import MatrixGame
 from marl_jax.protocols.orchestrator import Orchestrator

@@ -12,7 +12,10 @@ visibility costs one model, not R.
 """
 import dataclasses
 import functools
+from collections.abc import Collection
 
+import flax
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -40,7 +43,6 @@ class Layout:
   marker_T: np.ndarray  # role-marker token at marker positions, PAD elsewhere
   turn_T: np.ndarray  # turn id of message/marker positions, -1 in the prompt
   turn_start_T: np.ndarray  # position is a role marker (a message starts after it)
-  first_message_T: np.ndarray  # position is the first token of a message
   ends_episode_TxV: np.ndarray  # tokens that end the episode when written at this position
   turn_slices: tuple[tuple[int, int], ...]  # (start, stop) of each turn's message tokens
   turn_roles: tuple[int, ...]
@@ -71,25 +73,46 @@ class Layout:
   def role_turns(self, role: int) -> list[int]:
     return [i for i, r in enumerate(self.turn_roles) if r == role]
 
-  def resampled_turns(self, role: int) -> list[int]:
-    """Turns whose messages can change when `role`'s messages change: its own, and every later turn
-    whose author reads (directly or through another changed turn) a changed message.  A turn that
-    can end the episode changes whether every later turn is played, so all of them follow it.  The
-    rest (e.g. a parallel worker, the other player of a simultaneous game) keep their sampled tokens
-    in a counterfactual re-run, so D_r is measured with the other roles' actions held fixed."""
+  def resampled_turns(self, coalition: Collection[int]) -> list[int]:
+    """Turns whose messages can change when the messages of the roles in `coalition` change: their
+    own, and every later turn whose author reads (directly or through another changed turn) a changed
+    message.  A turn that can end the episode changes whether every later turn is played, so all of
+    them follow it.  The rest (e.g. a parallel worker, the other player of a simultaneous game) keep
+    their sampled tokens in a counterfactual re-run, so credit is measured with the other roles'
+    actions held fixed."""
     prompt_segments = len(self.segment_names) - len(self.turn_roles)
     changed: list[int] = []
     for i, r in enumerate(self.turn_roles):
       reads_changed = any(self.visible_SxR[prompt_segments + j, r] for j in changed)
       ends_episode = any(self.ends_episode_TxV[slice(*self.turn_slices[j])].any() for j in changed)
-      if r == role or reads_changed or ends_episode:
+      if r in coalition or reads_changed or ends_episode:
         changed.append(i)
     return changed
 
 
+@flax.struct.dataclass
+class Scored:
+  """What a protocol's `rewards` returns for a batch of B transcripts."""
+  team_B: jax.Array  # the team outcome in [0, 1]: the task's score of the final answer
+  role_RxB: jax.Array  # each role's own verifiable signal (the team outcome where none exists)
+  metrics: dict[str, jax.Array]  # scalar rates over the batch; always holds "accuracy"
+
+
 @dataclasses.dataclass(frozen=True)
 class Protocol:
-  """Base workflow: roles, a turn schedule and hidden segments; subclasses add final answer and rewards."""
+  """Base workflow: roles, a turn schedule and hidden segments.
+
+  A subclass is a frozen dataclass whose extra fields are its knobs (`config.protocol.KEY`), and
+  provides, all pure and vmap-free over a batch of B rows:
+    build(task, **knobs) -> Protocol       (classmethod) validates knobs, lays out roles and turns;
+                                           raises ValueError naming `config.protocol.KEY` when bad
+    final_answer(layout, tokens_BxT)       the final-answer message, BxA
+    rewards(task, layout, problems, tokens_BxT) -> Scored
+    demonstrate(task, layout, problems, key_B) -> tokens_BxT   warm-start transcripts (noisy)
+  A message slot may hold `<absent>` then EOS (a counterfactual without that role, `text.ABSENT`):
+  `final_answer` and `rewards` must treat it as "this role did nothing" (e.g. an absent verifier lets
+  the answer stand).  At most `len(text.ROLE_MARKERS)` roles: each role has its own marker token.
+  """
   roles: tuple[str, ...]
   turns: tuple[Turn, ...]
   hidden: tuple[tuple[str, str], ...] = ()  # (segment name, role): that role does not read it
@@ -109,16 +132,19 @@ class Protocol:
 @functools.lru_cache(maxsize=None)
 def _layout(protocol: Protocol, task: Task, role_set_R: tuple[int, ...]) -> Layout:
   roles = protocol.roles
+  if len(roles) > len(text.ROLE_MARKERS):
+    raise ValueError(f"a protocol has at most {len(text.ROLE_MARKERS)} roles (one marker token each); "
+                     f"this one has {len(roles)}: {list(roles)}")
   if len(role_set_R) != len(roles):
     raise ValueError(f"the role map gives {len(role_set_R)} parameter sets for roles {roles}")
   unknown = sorted({t.role for t in protocol.turns} - set(roles))
   if unknown:
     raise ValueError(f"turns name roles {unknown}; the protocol's roles are {list(roles)}")
   names = protocol.segment_names(task)
-  seg, author, env, marker, turn, start, first, ends, slices = [], [], [], [], [], [], [], [], []
+  seg, author, env, marker, turn, start, ends, slices = [], [], [], [], [], [], [], []
   for s, (_, n) in enumerate(task.prompt_segments):
     seg += [s] * n; author += [ENV] * n; env += [True] * n; marker += [text.PAD] * n
-    turn += [-1] * n; start += [False] * n; first += [False] * n; ends += [()] * n
+    turn += [-1] * n; start += [False] * n; ends += [()] * n
   for i, t in enumerate(protocol.turns):
     if t.length < 1:
       raise ValueError(f"turn {i} ({t.role}) has length {t.length}; it must be >= 1")
@@ -128,7 +154,6 @@ def _layout(protocol: Protocol, task: Task, role_set_R: tuple[int, ...]) -> Layo
     seg += [s] * (1 + t.length); author += [ENV] + [r] * t.length
     env += [True] + [False] * t.length; marker += [text.role_marker(r)] + [text.PAD] * t.length
     turn += [i] * (1 + t.length); start += [True] + [False] * t.length
-    first += [False, True] + [False] * (t.length - 1)
     ends += [()] + [t.ends_episode_on] + [()] * (t.length - 1)
   ends_TxV = np.zeros((len(seg), text.VOCAB_SIZE), bool)
   for p, toks in enumerate(ends):
@@ -153,7 +178,7 @@ def _layout(protocol: Protocol, task: Task, role_set_R: tuple[int, ...]) -> Layo
   return Layout(
       roles=roles, segment_names=names, segment_T=np.array(seg), author_T=np.array(author),
       env_T=np.array(env), marker_T=np.array(marker), turn_T=np.array(turn),
-      turn_start_T=np.array(start), first_message_T=np.array(first), ends_episode_TxV=ends_TxV,
+      turn_start_T=np.array(start), ends_episode_TxV=ends_TxV,
       turn_slices=tuple(slices), turn_roles=turn_roles, visible_SxR=visible,
       view_set_V=tuple(k[0] for k in distinct),
       view_role_V=tuple(keys.index(k) for k in distinct),

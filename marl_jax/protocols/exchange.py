@@ -37,8 +37,8 @@ class Exchange(engine.Protocol):
 
   def rewards(self, task, layout, problems, tokens_BxT):
     team_B = jax.vmap(task.score)(problems, self.final_answer(layout, tokens_BxT))
-    return {"team_B": team_B, "role_RxB": jnp.stack([team_B, team_B]),
-            "metrics": {"accuracy": team_B.mean()}}
+    return engine.Scored(team_B=team_B, role_RxB=jnp.stack([team_B, team_B]),
+                         metrics={"accuracy": team_B.mean()})
 
   def demonstrate(self, task, layout, problems, key_B):
     """The sender copies its part (cut to the message length); the receiver gives a (noisy) answer."""

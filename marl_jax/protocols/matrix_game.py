@@ -39,7 +39,8 @@ class MatrixGame(engine.Protocol):
         "optimal": (team_B == 1.0).mean(),  # the joint action reaches the table's maximum
         "payoff": (table.min() + team_B * (table.max() - table.min())).mean(),  # in the table's units
     }
-    return {"team_B": team_B, "role_RxB": jnp.stack([team_B, team_B]), "metrics": metrics}
+    return engine.Scored(team_B=team_B, role_RxB=jnp.stack([team_B, team_B]),
+                         metrics=metrics)
 
   def demonstrate(self, task, layout, problems, key_B):
     answers_BxA = jax.vmap(task.demonstrate)(problems, key_B)

@@ -65,8 +65,8 @@ class Orchestrator(engine.Protocol):
         "aggregation_accuracy": orchestrator_B.mean(),  # the orchestrator's own signal
         "critical_tokens": (jnp.stack([written(r) for r in reports]).max(0) + written(final_BxA)).mean(),
     }
-    return {"team_B": team_B, "role_RxB": jnp.concatenate([orchestrator_B[None], worker_right_CxB]),
-            "metrics": metrics}
+    role_RxB = jnp.concatenate([orchestrator_B[None], worker_right_CxB])
+    return engine.Scored(team_B=team_B, role_RxB=role_RxB, metrics=metrics)
 
   def demonstrate(self, task, layout, problems, key_B):
     """Each worker reports its part's answer, wrong (its systematic mistake) at `demo_error_rate`; the

@@ -36,8 +36,8 @@ class Relay(engine.Protocol):
     # The answer slot may be longer than the task's answer; a right answer ends with EOS in time.
     answer_BxA = self.final_answer(layout, tokens_BxT)[:, :task.answer_len]
     team_B = jax.vmap(task.score)(problems, answer_BxA)
-    return {"team_B": team_B, "role_RxB": jnp.broadcast_to(team_B, (self.agents,) + team_B.shape),
-            "metrics": {"accuracy": team_B.mean()}}
+    role_RxB = jnp.broadcast_to(team_B, (self.agents,) + team_B.shape)
+    return engine.Scored(team_B=team_B, role_RxB=role_RxB, metrics={"accuracy": team_B.mean()})
 
   def demonstrate(self, task, layout, problems, key_B):
     """Every agent passes on a (noisy) answer; the last one repeats what it was told."""

@@ -18,7 +18,8 @@ class Single(engine.Protocol):
 
   def rewards(self, task, layout, problems, tokens_BxT):
     team_B = jax.vmap(task.score)(problems, self.final_answer(layout, tokens_BxT))
-    return {"team_B": team_B, "role_RxB": team_B[None], "metrics": {"accuracy": team_B.mean()}}
+    return engine.Scored(team_B=team_B, role_RxB=team_B[None],
+                         metrics={"accuracy": team_B.mean()})
 
   def demonstrate(self, task, layout, problems, key_B):
     answers_BxA = jax.vmap(task.demonstrate)(problems, key_B)

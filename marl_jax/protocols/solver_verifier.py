@@ -65,7 +65,8 @@ class SolverVerifier(engine.Protocol):
         "false_reject": rate(~accept_B, ~wrong_B),  # rejected among right first answers
         "verdict_accuracy": verdict_ok_B.mean(),
     }
-    return {"team_B": team_B, "role_RxB": jnp.stack([first_right_B, verdict_ok_B]), "metrics": metrics}
+    return engine.Scored(team_B=team_B, role_RxB=jnp.stack([first_right_B, verdict_ok_B]),
+                         metrics=metrics)
 
   def demonstrate(self, task, layout, problems, key_B):
     """Round 1: a (noisy) solver answer and a (noisy) verdict; a rejected answer is revised to the

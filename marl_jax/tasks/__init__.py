@@ -10,13 +10,7 @@ from marl_jax.tasks.stack_program import StackProgram
 from marl_jax.tasks.subset_sum import SubsetSum
 
 REGISTRY: dict[str, type[Task]] = {
-    "arithmetic": Arithmetic,
-    "hidden_sum": HiddenSum,
-    "matrix_game": MatrixGame,
-    "multi_chain": MultiChain,
-    "stack_program": StackProgram,
-    "subset_sum": SubsetSum,
-}
+    cls.name: cls for cls in (Arithmetic, HiddenSum, MatrixGame, MultiChain, StackProgram, SubsetSum)}
 
 
 def make(name: str, **kwargs) -> Task:

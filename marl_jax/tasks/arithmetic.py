@@ -1,5 +1,6 @@
 """Multi-step arithmetic: `a op b op c ... =`, evaluated left to right modulo `modulus`."""
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +13,7 @@ OPS = "+-*"
 
 @dataclasses.dataclass(frozen=True)
 class Arithmetic(base.Task):
+  name: ClassVar[str] = "arithmetic"
   num_ops: int = 2  # operations in the chain
   max_operand: int = 9  # operands are drawn from 0..max_operand
   modulus: int = 10  # every intermediate result is taken mod this

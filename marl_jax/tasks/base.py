@@ -5,6 +5,7 @@ Every problem holds at least `prompt` (int32[prompt_len], starting with BOS, PAD
 `answer` (int32[answer_len], the target message: tokens, EOS, PAD...).
 """
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +15,7 @@ from marl_jax import text
 
 @dataclasses.dataclass(frozen=True)
 class Task:
+  name: ClassVar[str] = ""  # the registry name (`config.task.name`); set by each registered task
   # Fraction of warm-start demonstrations that carry a plausible wrong answer: the knob that keeps the
   # base model weak, as a small pretrained model is, so RL has room to show gains.
   demo_error_rate: float = 0.0

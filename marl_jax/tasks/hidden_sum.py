@@ -5,6 +5,7 @@ answer alone: with a uniform over whole periods of the modulus, the answer given
 uniform, and the best guess is right 1 / modulus of the time.  They must communicate.
 """
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +16,7 @@ from marl_jax.tasks import base
 
 @dataclasses.dataclass(frozen=True, kw_only=True)  # by name only: the base's demo_error_rate comes first
 class HiddenSum(base.Task):
+  name: ClassVar[str] = "hidden_sum"
   max_number: int = 99  # a and b are drawn from 0..max_number
   modulus: int = 100
   demo_error_rate: float = 0.4

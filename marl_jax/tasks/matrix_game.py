@@ -7,6 +7,7 @@ column's action ('0'-'2') then EOS.  Reward: the payoff normalised to [0, 1] by 
 `payoffs()` gives the exact table, so credit estimators can be graded against exact values.
 """
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +21,7 @@ GAMES = ("climbing", "penalty", "nonmonotonic")
 
 @dataclasses.dataclass(frozen=True, kw_only=True)  # by name only: the base's demo_error_rate comes first
 class MatrixGame(base.Task):
+  name: ClassVar[str] = "matrix_game"
   game: str = "climbing"
   k: float = -100.0  # the penalty game's miscoordination payoff
   demo_error_rate: float = 0.6

@@ -5,6 +5,7 @@ Decomposable (`parts` = the chain segments): each chain is a sub-problem a worke
 answer.
 """
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +17,7 @@ from marl_jax.tasks.arithmetic import Arithmetic
 
 @dataclasses.dataclass(frozen=True, kw_only=True)  # by name only: the base's demo_error_rate comes first
 class MultiChain(base.Task):
+  name: ClassVar[str] = "multi_chain"
   # Two one-operation chains at CPU scale: a 2-layer model learns to add two reports mod 10 but not
   # three (measured: the orchestrator's aggregation stays at chance with three chains).
   num_chains: int = 2

@@ -9,6 +9,7 @@ and the hidden rest, and pays 1 only when all outputs are right: any program com
 counts, not just the one the problem was generated from.
 """
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +23,7 @@ OPS = (text.PLUS, text.MINUS, text.TIMES)
 
 @dataclasses.dataclass(frozen=True, kw_only=True)  # by name only: the base's demo_error_rate comes first
 class StackProgram(base.Task):
+  name: ClassVar[str] = "stack_program"
   num_ops: int = 2  # binary operations in the generated program (its length is 2 * num_ops + 1)
   num_examples: int = 4  # input->output pairs shown in the prompt
   modulus: int = 10  # inputs are 0..modulus-1; every value is taken mod modulus

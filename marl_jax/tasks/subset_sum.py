@@ -4,6 +4,7 @@ Easier to check than to solve: checking is one sum, finding is a search, so a ve
 valid subset scores; the problem's `answer` is the subset the target was built from (one always exists).
 """
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +17,7 @@ ONE, ZERO = text.TOKEN_ID["1"], text.TOKEN_ID["0"]
 
 @dataclasses.dataclass(frozen=True, kw_only=True)  # by name only: the base's demo_error_rate comes first
 class SubsetSum(base.Task):
+  name: ClassVar[str] = "subset_sum"
   num_numbers: int = 5
   max_number: int = 9  # numbers are drawn from 1..max_number
   demo_error_rate: float = 0.3

@@ -1,5 +1,4 @@
-"""TFDS datasets: fixed evaluation sets and transcript archives, written to a temporary directory and
-read back (array_record files, tfds.data_source and grain; no TensorFlow)."""
+"""Transcript archives: a team's transcripts written as a TFDS dataset and read back, and the CLI."""
 import importlib.util
 import json
 import os
@@ -9,58 +8,33 @@ import sys
 import jax
 import numpy as np
 import pytest
-import tensorflow_datasets as tfds
 
-from marl_jax import checkpoint, data, tasks, text, train
+from marl_jax import archive as archive_lib
+from marl_jax import checkpoint, datasets, experiment, state, tasks, text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.parametrize("task_name", sorted(tasks.REGISTRY))
-def test_eval_set_is_exactly_eval_problems(tmp_path, task_name):
-  task = tasks.make(task_name)
-  loaded = data.load_eval_set(task, seed=3, size=6, data_dir=str(tmp_path))
-  expected = jax.device_get(tasks.eval_problems(task, 3, 6))
-  assert sorted(loaded) == sorted(expected)
-  for k, v in expected.items():
-    assert loaded[k].dtype == v.dtype and loaded[k].shape == v.shape, k
-    np.testing.assert_array_equal(loaded[k], v)
-
-
-def test_eval_set_is_named_by_its_knobs_and_read_when_it_exists(tmp_path, monkeypatch):
-  task = tasks.make("subset_sum", demo_error_rate=0.9)
-  name = data.eval_set_name(task, 1234, 4)
-  # Demonstration noise does not change the problems, so it does not change the name.
-  assert name == "marl_eval_set/subset_sum-max_number9-num_numbers5-seed1234-n4:1.0.0"
-  assert name == data.eval_set_name(tasks.make("subset_sum"), 1234, 4)
-  first = data.load_eval_set(task, 1234, 4, str(tmp_path))
-  source = tfds.data_source(name, split="test", data_dir=str(tmp_path))  # anyone can load it by name
-  assert len(source) == 4 and source.dataset_info.metadata["knobs"]["num_numbers"] == 5
-  monkeypatch.setattr(data, "_write", lambda *a: pytest.fail("an existing eval set was rebuilt"))
-  again = data.load_eval_set(task, 1234, 4, str(tmp_path))
-  np.testing.assert_array_equal(first["prompt"], again["prompt"])
-
-
-def tiny_experiment(task_name: str) -> train.Experiment:
+def tiny_experiment(task_name: str) -> experiment.Experiment:
   spec = importlib.util.spec_from_file_location("tasks_config", os.path.join(ROOT, "experiments/tasks.py"))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   config = module.get_config(f"task={task_name},size=tiny")
-  config.num_devices, config.eval.size, config.rl.counterfactual_samples = 1, 5, 1
-  return train.build(config)
+  config.num_devices, config.eval.size = 1, 5
+  return experiment.build(config)
 
 
-def random_params(exp: train.Experiment, seeds: int = 2):
+def random_params(exp: experiment.Experiment, seeds: int = 2):
   keys_S = jax.random.split(jax.random.PRNGKey(0), seeds)
-  return jax.jit(jax.vmap(lambda k: train.init_state(exp, k)))(keys_S).params
+  return jax.jit(jax.vmap(lambda k: state.init_state(exp, k)))(keys_S).params
 
 
 def test_transcripts_round_trip(tmp_path):
   exp = tiny_experiment("hidden_sum")  # exchange: sender and receiver
   params_S = random_params(exp)
-  name = data.archive(exp, params_S, str(tmp_path), "run1", extra_metadata={"note": "test"})
+  name = archive_lib.archive(exp, params_S, str(tmp_path), "run1", extra_metadata={"note": "test"})
   assert name == "marl_transcripts/run1:1.0.0"
-  archive = data.load_transcripts(str(tmp_path), "run1")
+  archive = archive_lib.load_transcripts(str(tmp_path), "run1")
   S, N, R, T = 2, 5, 2, exp.layout.length
   arrays = archive.arrays
   assert arrays["tokens"].shape == (S * N, T) and arrays["tokens"].dtype == np.int32
@@ -74,38 +48,38 @@ def test_transcripts_round_trip(tmp_path):
   # Rewards are the protocol's rewards of the archived tokens.
   problems_SN = jax.tree.map(lambda x: np.tile(x, (S,) + (1,) * (x.ndim - 1)), problems)
   rewards = exp.protocol.rewards(exp.task, exp.layout, problems_SN, arrays["tokens"])
-  np.testing.assert_allclose(arrays["team_reward"], rewards["team_B"])
+  np.testing.assert_allclose(arrays["team_reward"], rewards.team_B)
   meta = archive.metadata
   assert meta["roles"] == ["sender", "receiver"] and meta["note"] == "test"
-  assert meta["eval_set"] == data.eval_set_name(exp.task, exp.config.eval.seed, N)
+  assert meta["eval_set"] == datasets.eval_set_name(exp.task, exp.config.eval.seed, N)
   lines = archive.text(0).splitlines()
   assert lines[0] == f"prompt: {text.decode(problems['prompt'][0])}"
   assert lines[1].startswith("sender: ") and lines[2].startswith("receiver: ")
   assert lines[3].startswith("team reward") and "receiver reward" in lines[3] and "credit" in lines[3]
   assert len(archive.texts) == S * N
   with pytest.raises(FileExistsError):  # an archive is never overwritten
-    data.archive(exp, params_S, str(tmp_path), "run1")
+    archive_lib.archive(exp, params_S, str(tmp_path), "run1")
 
 
 def test_transcripts_without_credit_read_from_a_stored_eval_set(tmp_path):
   exp = tiny_experiment("matrix_game")
-  data.archive(exp, random_params(exp), str(tmp_path / "out"), "greedy", greedy=True,
+  archive_lib.archive(exp, random_params(exp), str(tmp_path / "out"), "greedy", greedy=True,
                with_credit=False, data_dir=str(tmp_path / "eval"))
-  archive = data.load_transcripts(str(tmp_path / "out"), "greedy")
+  archive = archive_lib.load_transcripts(str(tmp_path / "out"), "greedy")
   assert "credit" not in archive.arrays and "credit" not in archive.text(0)
   assert os.path.isdir(tmp_path / "eval" / "marl_eval_set")
   # Greedy play: the same joint action on every (identical) problem of a seed.
   assert len({text.decode(t) for t in archive.arrays["tokens"][:5]}) == 1
 
 
-def write_run(workdir: str, exp: train.Experiment) -> None:
+def write_run(workdir: str, exp: experiment.Experiment) -> None:
   """A workdir as training leaves it: config.json and a checkpoint of the state of every seed."""
   os.makedirs(workdir)
   with open(os.path.join(workdir, "config.json"), "w") as f:
     f.write(exp.config.to_json())
   keys_S = jax.random.split(jax.random.PRNGKey(0), exp.config.num_seeds)
   mngr = checkpoint.manager(workdir)
-  checkpoint.save(mngr, 0, jax.jit(jax.vmap(lambda k: train.init_state(exp, k)))(keys_S))
+  checkpoint.save(mngr, 0, jax.jit(jax.vmap(lambda k: state.init_state(exp, k)))(keys_S))
   mngr.wait_until_finished()
 
 
@@ -113,12 +87,12 @@ def write_run(workdir: str, exp: train.Experiment) -> None:
 def test_archive_cli(tmp_path):
   workdir = str(tmp_path / "run")
   write_run(workdir, tiny_experiment("subset_sum"))
-  proc = subprocess.run([sys.executable, "-m", "marl_jax.data", "archive", f"--workdir={workdir}"],
+  proc = subprocess.run([sys.executable, "-m", "marl_jax.archive", f"--workdir={workdir}"],
                         cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
                         text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "wrote marl_transcripts/step0-sampled:1.0.0 (5 transcripts)" in proc.stdout
-  archive = data.load_transcripts(os.path.join(workdir, "transcripts"), "step0-sampled")
+  archive = archive_lib.load_transcripts(os.path.join(workdir, "transcripts"), "step0-sampled")
   assert archive.metadata["step"] == 0 and archive.metadata["workdir"] == workdir
   assert archive.metadata["config"]["task"]["name"] == "subset_sum"
   assert json.loads(json.dumps(archive.metadata)) == archive.metadata

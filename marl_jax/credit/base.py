@@ -1,0 +1,78 @@
+"""What every credit estimator provides, and what it receives.
+
+An estimator is a frozen dataclass whose fields are its settings (`config.credit.KEY`), registered by
+name with `@register("name")`.  In the step it:
+  1. declares, statically, the counterfactual re-runs it needs (`reruns`): which coalitions of roles
+     get their messages changed, how (`resample` / `absent`) and how many times (K);
+  2. receives this device's rows of the scored batch (`Outcome`) and the re-runs' team outcomes
+     `team_CxKxB`, and returns advantages (per role, adv_RxB; or per turn, adv_NxB when `per_turn`)
+     plus its own metrics (a scalar, or an R-vector logged as `ROLE/NAME`);
+  3. if it learns (a critic, a moving baseline), keeps its state in `TrainState.credit` through
+     `init` and `update`; `update` runs inside the sharded step, on this device's rows, so batch
+     statistics are averaged over devices with `parallel.mean_over_devices`.
+The step never names an estimator: a new one is one file in `credit/` and its test.
+"""
+import dataclasses
+from typing import Any, ClassVar
+
+import flax
+import jax
+
+from marl_jax.credit import baselines
+
+REGISTRY: dict[str, type["Estimator"]] = {}
+
+
+def register(name: str):
+  def add(cls):
+    REGISTRY[name] = cls
+    return cls
+  return add
+
+
+@flax.struct.dataclass
+class Outcome:
+  """Scored episodes, this device's rows; rows b*G .. b*G+G-1 share a problem."""
+  tokens_BxT: jax.Array  # the transcripts
+  team_B: jax.Array  # team outcome
+  role_RxB: jax.Array  # each role's own verifiable signal
+  group_size: int = flax.struct.field(pytree_node=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Reruns:
+  """Counterfactual re-runs of the batch: coalition c changes the messages of the roles where
+  `changed_CxR[c]` is True (resampled from their policies, or made `absent`), K = `samples` times."""
+  changed_CxR: tuple[tuple[bool, ...], ...]
+  mode: str = "resample"
+  samples: int = 1
+
+  MODES: ClassVar[tuple[str, ...]] = ("resample", "absent")
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimator:
+  per_turn: ClassVar[bool] = False  # advantages per turn (adv_NxB) instead of per role (adv_RxB)
+
+  def check(self, num_roles: int, group_size: int) -> None:
+    """Raises a ValueError naming `config.credit.KEY` when a setting cannot work with this run."""
+
+  def reruns(self, num_roles: int) -> Reruns | None:
+    return None
+
+  def init(self, num_roles: int) -> Any:
+    return ()
+
+  def advantages(self, state, outcome: Outcome, team_CxKxB) -> tuple[jax.Array, dict]:
+    raise NotImplementedError
+
+  def update(self, state, outcome: Outcome) -> tuple[Any, dict]:
+    return state, {}
+
+
+def check_baseline(baseline: str, group_size: int) -> None:
+  """The group-baseline setting most estimators share (`config.credit.baseline`)."""
+  if baseline not in baselines.BASELINES:
+    raise ValueError(f"config.credit.baseline={baseline!r} is unknown; allowed: {list(baselines.BASELINES)}")
+  if baseline == "rloo" and group_size < 2:
+    raise ValueError("config.credit.baseline='rloo' needs config.rl.group_size >= 2")

@@ -1,0 +1,46 @@
+"""Role baseline: A_r = r - b_r, where b_r is an exponential moving average of role r's reward over
+past steps (bias-corrected, as Adam's moments), the role-conditioned baseline of self-play training.
+The reward is the team outcome (`signal='team'`) or the role's own verifiable signal (`'role'`).
+A stateful estimator: b_r lives in `TrainState.credit`, is checkpointed and resumed exactly."""
+import dataclasses
+
+import jax.numpy as jnp
+
+from marl_jax import parallel
+from marl_jax.credit import base
+
+SIGNALS = ("team", "role")
+
+
+@base.register("role_baseline")
+@dataclasses.dataclass(frozen=True)
+class RoleBaseline(base.Estimator):
+  decay: float = 0.9
+  signal: str = "team"  # team | role
+
+  def check(self, num_roles, group_size):
+    if not 0.0 <= self.decay < 1.0:
+      raise ValueError(f"config.credit.decay={self.decay}; it must be in [0, 1)")
+    if self.signal not in SIGNALS:
+      raise ValueError(f"config.credit.signal={self.signal!r} is unknown; allowed: {list(SIGNALS)}")
+
+  def _reward_RxB(self, outcome):
+    if self.signal == "team":
+      return jnp.broadcast_to(outcome.team_B, outcome.role_RxB.shape)
+    return outcome.role_RxB
+
+  def init(self, num_roles):
+    return {"ema_R": jnp.zeros(num_roles), "updates": jnp.zeros((), jnp.int32)}
+
+  def baseline_R(self, state):
+    # Bias correction: after n updates from zero, the average's weights sum to 1 - decay^n.
+    return state["ema_R"] / jnp.maximum(1.0 - self.decay ** state["updates"], 1e-12)
+
+  def advantages(self, state, outcome, team_CxKxB):
+    baseline_R = self.baseline_R(state)
+    return self._reward_RxB(outcome) - baseline_R[:, None], {"baseline": baseline_R}
+
+  def update(self, state, outcome):
+    mean_R = parallel.mean_over_devices(self._reward_RxB(outcome).mean(1))
+    ema_R = self.decay * state["ema_R"] + (1.0 - self.decay) * mean_R
+    return {"ema_R": ema_R, "updates": state["updates"] + 1}, {}

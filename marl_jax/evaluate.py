@@ -1,0 +1,36 @@
+"""Evaluation on the fixed evaluation set, sharded over the `data` axis like training: each device
+samples its rows, and the protocol's metrics are computed on the gathered set."""
+import jax
+from jax.sharding import PartitionSpec as P
+
+from marl_jax import datasets, parallel, rollout, tasks
+from marl_jax.experiment import Experiment
+
+
+def eval_problems(exp: Experiment) -> dict:
+  """The fixed evaluation set: the versioned TFDS set when `config.eval.data_dir` is set (read when
+  it exists, built when it does not), else the same problems drawn in memory."""
+  cfg = exp.config.eval
+  if cfg.data_dir:
+    return datasets.load_eval_set(exp.task, cfg.seed, cfg.size, cfg.data_dir)
+  return tasks.eval_problems(exp.task, cfg.seed, cfg.size)
+
+
+def make_evaluate(exp: Experiment, greedy: bool = True):
+  """`evaluate(params_S) -> metrics_S` on the fixed evaluation set (greedy, or sampled)."""
+  cfg = exp.config.eval
+  problems = eval_problems(exp)
+  keys = jax.random.split(jax.random.PRNGKey(cfg.seed + 1), cfg.size)
+
+  def local(params_S, problems, key_B):
+    def one_seed(params_R):
+      episodes = rollout.sample(exp, params_R, problems, key_B, greedy)
+      scored = exp.protocol.rewards(exp.task, exp.layout,
+                                    *parallel.gather_rows((problems, episodes.tokens_BxT)))
+      return scored.metrics
+    return jax.vmap(one_seed)(params_S)
+
+  rows = P(parallel.DATA)
+  sharded = jax.shard_map(local, mesh=exp.mesh, in_specs=(P(), rows, rows), out_specs=P(),
+                          check_vma=False)
+  return jax.jit(lambda params_S: sharded(params_S, problems, keys))

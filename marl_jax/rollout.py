@@ -1,0 +1,72 @@
+"""Episodes: sampling the whole transcript of a protocol, and the counterfactual re-run service.
+
+A re-run takes sampled transcripts and, for each coalition of roles a credit estimator asks for,
+changes those roles' messages (resampled from their policies, or replaced by `<absent>`), re-samples
+the later turns that can react to them (`Layout.resampled_turns`) and keeps everything else.  All
+coalitions and all K samples go through one batched `sampling.generate` call.
+"""
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from marl_jax import sampling, text
+from marl_jax.credit import Reruns
+from marl_jax.protocols import engine
+
+
+@flax.struct.dataclass
+class Episodes:
+  tokens_BxT: jax.Array  # the canvas: prompt, role markers, messages (PAD after EOS / episode end)
+  logp_BxT: jax.Array  # sampling log-prob of each sampled token (0 elsewhere)
+  sampled_BxT: jax.Array  # the token was sampled by a role (not the environment, not forced)
+
+
+def sample(exp, params_R, problems, key_B, greedy: bool = False) -> Episodes:
+  canvas_BxT = engine.assemble(exp.layout, problems["prompt"], [None] * len(exp.layout.turn_slices))
+  return Episodes(*sampling.generate(exp.model, exp.layout, params_R, canvas_BxT,
+                                     jnp.zeros(canvas_BxT.shape, bool), key_B,
+                                     exp.config.rl.temperature, greedy))
+
+
+def rerun_masks(layout: engine.Layout, reruns: Reruns):
+  """Static masks of coalition c's re-run: positions re-drawn (free_CxT), positions overwritten with
+  the absent message (absent_CxT) and that message (absent_msg_CxT)."""
+  C, T = len(reruns.changed_CxR), layout.length
+  free_CxT, absent_CxT = np.zeros((C, T), bool), np.zeros((C, T), bool)
+  absent_msg_CxT = np.zeros((C, T), np.int32)
+  for c, changed_R in enumerate(reruns.changed_CxR):
+    coalition = {r for r, changed in enumerate(changed_R) if changed}
+    for i in layout.resampled_turns(coalition):
+      free_CxT[c, slice(*layout.turn_slices[i])] = True
+    for i in (i for r in coalition for i in layout.role_turns(r)) if reruns.mode == "absent" else ():
+      start, stop = layout.turn_slices[i]
+      absent_CxT[c, start:stop] = True
+      absent_msg_CxT[c, start:stop] = ([text.ABSENT, text.EOS] + [text.PAD] * stop)[:stop - start]
+  return free_CxT, absent_CxT, absent_msg_CxT
+
+
+def rerun_tokens(exp, params_R, tokens_BxT, key_B, reruns: Reruns):
+  """The re-drawn transcripts, tokens_CxKxBxT (one `generate` over all C x K x B rows)."""
+  C, K = len(reruns.changed_CxR), reruns.samples
+  B, T = tokens_BxT.shape
+  free_CxT, absent_CxT, absent_msg_CxT = rerun_masks(exp.layout, reruns)
+  canvas_CxBxT = jnp.where(absent_CxT[:, None], absent_msg_CxT[:, None], tokens_BxT[None])
+  canvas = jnp.broadcast_to(canvas_CxBxT[:, None], (C, K, B, T)).reshape(C * K * B, T)
+  force_CxT = jnp.asarray(~free_CxT | absent_CxT)
+  force = jnp.broadcast_to(force_CxT[:, None, None], (C, K, B, T)).reshape(C * K * B, T)
+  # Row b's C x K re-runs draw from keys split off its own key: independent of the device count.
+  keys = jnp.swapaxes(jax.vmap(lambda k: jax.random.split(k, C * K))(key_B), 0, 1)
+  keys = keys.reshape((C * K * B,) + key_B.shape[1:])
+  tokens, _, _ = sampling.generate(exp.model, exp.layout, params_R, canvas, force, keys,
+                                   exp.config.rl.temperature)
+  return tokens.reshape(C, K, B, T)
+
+
+def rerun_team(exp, params_R, problems, tokens_BxT, key_B, reruns: Reruns):
+  """Team outcome of each coalition's re-drawn transcripts: team_CxKxB."""
+  tokens_CxKxBxT = rerun_tokens(exp, params_R, tokens_BxT, key_B, reruns)
+  C, K, B, T = tokens_CxKxBxT.shape
+  tiled = jax.tree.map(lambda x: jnp.tile(x, (C * K,) + (1,) * (x.ndim - 1)), problems)
+  scored = exp.protocol.rewards(exp.task, exp.layout, tiled, tokens_CxKxBxT.reshape(C * K * B, T))
+  return scored.team_B.reshape(C, K, B)

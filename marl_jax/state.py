@@ -1,0 +1,63 @@
+"""The training state of all seeds: initialisation (random, warm-started, or given parameters), its
+abstract shape for restoring, and moving it between hosts and the device mesh."""
+import functools
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from marl_jax import model as model_lib
+from marl_jax import sft
+from marl_jax.experiment import Experiment
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: Any  # params_R: parameter sets stacked on a leading axis
+  ref_params: Any  # the warm-started base model, for the KL penalty
+  opt_state: Any  # one optimiser state per parameter set (vmapped)
+  credit: Any  # the credit estimator's own state (a learned baseline or critic); () when it has none
+  key: jax.Array
+
+
+def init_state(exp: Experiment, key, params_R=None) -> TrainState:
+  """One seed's state; `params_R` (e.g. a warm start) replaces the random initialisation."""
+  k_init, k_run = jax.random.split(key)
+  if params_R is None:
+    params_R = model_lib.init_stack(exp.model, k_init, exp.num_sets)
+  opt_state = jax.vmap(exp.optimizer.init)(params_R)
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params_R, ref_params=params_R,
+                    opt_state=opt_state, credit=exp.credit.init(len(exp.layout.roles)), key=k_run)
+
+
+def to_host(tree):
+  """Replicated (possibly multi-process) arrays to numpy."""
+  return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), tree)
+
+
+def replicate(exp: Experiment, tree):
+  """Host-identical values to arrays replicated over the (possibly multi-process) mesh."""
+  sharding = NamedSharding(exp.mesh, P())
+  to_global = lambda x: jax.make_array_from_callback(x.shape, sharding, lambda i: np.asarray(x)[i])
+  return jax.tree.map(to_global, tree)
+
+
+def initial_state(exp: Experiment, params_S=None) -> TrainState:
+  """State for all seeds: `params_S` (e.g. from `init_from`), else an inline warm start, else random."""
+  config = exp.config
+  keys_S = jax.random.split(jax.random.PRNGKey(config.seed), config.num_seeds)
+  if params_S is None and config.sft.steps > 0:
+    params_S = sft.warm_start(exp, keys_S)
+  return replicate(exp, jax.jit(jax.vmap(functools.partial(init_state, exp)))(keys_S, params_S))
+
+
+def abstract_state(exp: Experiment) -> TrainState:
+  """Shapes, dtypes and (replicated) shardings of the state of all seeds, for restoring."""
+  shapes = jax.eval_shape(jax.vmap(functools.partial(init_state, exp)),
+                          jax.random.split(jax.random.PRNGKey(0), exp.config.num_seeds))
+  sharding = NamedSharding(exp.mesh, P())
+  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), shapes)

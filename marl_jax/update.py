@@ -1,0 +1,90 @@
+"""The update: per-role token-level losses (`losses` registry), epochs x minibatches, per-set optimiser.
+
+Each role's loss is its registered surrogate averaged over the tokens it sampled in the global batch
+(plus an entropy bonus and a k3 KL to the base model); the gradient of the sum over roles updates
+every parameter set at once, with one optimiser state per set (`jax.vmap(optimizer.update)`), and
+frozen sets get zero updates.
+"""
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from marl_jax import losses, parallel, sampling
+
+
+@flax.struct.dataclass
+class Batch:
+  """This device's rows for the update; every field is row-major, so minibatches index rows."""
+  tokens_BxT: jax.Array
+  old_logp_BxT: jax.Array
+  ref_logp_BxT: jax.Array | None  # None without a KL term
+  adv_BxT: jax.Array
+  role_mask_BxRxT: jax.Array
+  group_B: jax.Array
+
+
+def role_losses(exp, params_R, mb: Batch, devices: int):
+  """Per-role loss_R: the mean over each role's sampled tokens (across all devices) of the surrogate."""
+  rl = exp.config.rl
+  logp_BxT, entropy_BxT = sampling.token_log_probs(exp.model, exp.layout, params_R, mb.tokens_BxT,
+                                                   rl.temperature)
+  mask_RxBxT = jnp.moveaxis(mb.role_mask_BxRxT, 1, 0)
+  x = losses.LossInput(logp_BxT=logp_BxT, old_logp_BxT=mb.old_logp_BxT, ref_logp_BxT=mb.ref_logp_BxT,
+                       adv_BxT=mb.adv_BxT, role_mask_RxBxT=mask_RxBxT, group_B=mb.group_B)
+  per_token_BxT = exp.loss(x, rl) - rl.entropy_coef * entropy_BxT
+  kl_BxT = jnp.zeros_like(logp_BxT)
+  if rl.kl_coef > 0:
+    kl_BxT = losses.kl_to_reference(logp_BxT, mb.ref_logp_BxT)
+    per_token_BxT = per_token_BxT + rl.kl_coef * kl_BxT
+  # Token means over the global batch: this device's sum over the average token count per device,
+  # so that `pmean` of the gradients is exactly the gradient of the global mean.
+  count_R = jax.lax.psum(mask_RxBxT.sum((1, 2)), parallel.DATA) / devices
+  total = lambda x_BxT: jnp.einsum("bt,rbt->r", x_BxT, mask_RxBxT) / jnp.maximum(count_R, 1e-9)
+  aux = {"entropy": total(entropy_BxT), "kl_to_base": total(kl_BxT),
+         "approx_kl": total(mb.old_logp_BxT - logp_BxT)}
+  return total(per_token_BxT), aux
+
+
+def minibatch_rows(exp, batch_size: int) -> np.ndarray:
+  """Row indices of each minibatch, MxB/M.  Minibatch m holds the rows i with i % M == m, so each
+  group's G samples of one problem are spread over the minibatches (problems are drawn afresh every
+  step, so no shuffle is needed); every device holds whole minibatch strides, so the split of the
+  global batch is the same on any device count (sharded and single-device runs agree)."""
+  M = exp.config.rl.minibatches
+  return np.arange(batch_size).reshape(batch_size // M, M).T
+
+
+def apply(exp, params_R, opt_state, batch: Batch, devices: int):
+  """Epochs of minibatch updates over this device's rows: (params_R, opt_state, aux), where aux holds
+  per-role diagnostics of the last minibatch, summed over devices."""
+  R = len(exp.layout.roles)
+  trainable_R = np.asarray(exp.trainable_R)
+
+  def minibatch_update(carry, rows):
+    params, opt_state = carry
+    mb = jax.tree.map(lambda x: x[rows], batch)
+    loss_R, vjp_fn, aux = jax.vjp(lambda p: role_losses(exp, p, mb, devices), params, has_aux=True)
+    grads = jax.lax.pmean(vjp_fn(jnp.ones(R))[0], parallel.DATA)
+    updates, opt_state = jax.vmap(exp.optimizer.update)(grads, opt_state, params)
+    updates = jax.tree.map(lambda u: u * trainable_R.reshape((-1,) + (1,) * (u.ndim - 1)), updates)
+    aux = {k: jax.lax.psum(v, parallel.DATA) for k, v in {**aux, "loss": loss_R}.items()}
+    return (optax.apply_updates(params, updates), opt_state), aux
+
+  def epoch(carry, _):
+    return jax.lax.scan(minibatch_update, carry, minibatch_rows(exp, batch.tokens_BxT.shape[0]))
+
+  (params_R, opt_state), aux = jax.lax.scan(epoch, (params_R, opt_state), None,
+                                            length=exp.config.rl.epochs)
+  return params_R, opt_state, jax.tree.map(lambda x: x[-1, -1], aux)
+
+
+def role_grad_norms(exp, params_R, batch: Batch, devices: int):
+  """grad_norm_R: the norm of the gradient of each role's loss alone (over every parameter set), on
+  the first minibatch.  One backward pass per role, so the step computes it only on logging steps."""
+  R = len(exp.layout.roles)
+  mb = jax.tree.map(lambda x: x[minibatch_rows(exp, batch.tokens_BxT.shape[0])[0]], batch)
+  _, vjp_fn, _ = jax.vjp(lambda p: role_losses(exp, p, mb, devices), params_R, has_aux=True)
+  grads_R = jax.lax.pmean(jax.vmap(vjp_fn)(jnp.eye(R))[0], parallel.DATA)
+  return jax.vmap(optax.tree_utils.tree_norm)(grads_R)

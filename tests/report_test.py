@@ -1,0 +1,153 @@
+"""report: Student t and Welch intervals by hand and against scipy, the bootstrap split, the CLI."""
+import json
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from marl_jax import report
+
+
+def test_mean_ci_by_hand():
+  # [1, 2, 3, 4]: mean 2.5; s^2 = (1.5^2 + 0.5^2 + 0.5^2 + 1.5^2) / 3 = 5/3, s = 1.2910;
+  # se = s / sqrt(4) = 0.6455; t_{0.975, 3} = 3.1824 (tables); half-width 3.1824 * 0.6455 = 2.0543.
+  mean, half = report.mean_ci([1, 2, 3, 4])
+  assert mean == 2.5
+  assert half == pytest.approx(2.0543, abs=1e-4)
+  # One value: no spread to estimate, so no interval.
+  mean, half = report.mean_ci([0.4])
+  assert mean == 0.4 and math.isnan(half)
+
+
+def test_welch_by_hand():
+  # a = [1, 2, 3]: mean 2, s^2 = 1, se_a^2 = 1/3; b = [3, 5, 7, 9]: mean 6, s^2 = 20/3, se_b^2 = 5/3.
+  # diff 4, se = sqrt(1/3 + 5/3) = sqrt(2); dof = 2^2 / ((1/3)^2 / 2 + (5/3)^2 / 3) = 216/53 = 4.0755;
+  # t_{0.975, 4.0755} = 2.7563 (between the tables' 2.7764 at 4 and 2.5706 at 5), half 3.8980.
+  diff, half, dof = report.welch_diff([1, 2, 3], [3, 5, 7, 9])
+  assert diff == 4
+  assert dof == pytest.approx(216 / 53)
+  assert half == pytest.approx(2.7563 * math.sqrt(2), abs=1e-3)
+  assert math.isnan(report.welch_diff([1.0], [2.0, 3.0])[1])  # one seed on a side: undefined
+  assert math.isnan(report.welch_diff([1.0, 1.0], [2.0, 2.0])[1])  # no spread on either side
+
+
+@pytest.mark.parametrize("fallback", [False, True])
+def test_t_quantile_tables(fallback, monkeypatch):
+  if fallback:
+    monkeypatch.setitem(sys.modules, "scipy", None)  # `from scipy import stats` raises ImportError
+  # t_{0.975, dof} from printed tables, and the normal limit for large dof.
+  for dof, t in [(1, 12.7062), (2, 4.3027), (3, 3.1824), (10, 2.2281), (30, 2.0423), (1e6, 1.9600)]:
+    assert report.t_quantile(0.975, dof) == pytest.approx(t, abs=1e-4)
+  assert report.t_quantile(0.025, 3) == pytest.approx(-3.1824, abs=1e-4)
+  with pytest.raises(ValueError):
+    report.t_quantile(0.975, 0.5)
+
+
+def test_t_quantile_fallback_matches_scipy():
+  stats = pytest.importorskip("scipy.stats")
+  for dof in [1, 1.3, 2, 2.5, 3, 4.0755, 7, 12.6, 30, 100, 1000, 1e5]:
+    for p in [0.6, 0.9, 0.95, 0.975, 0.99, 0.995]:
+      assert report._t_quantile_fallback(p, dof) == pytest.approx(stats.t.ppf(p, dof), rel=1e-7)
+
+
+def test_welch_matches_scipy():
+  stats = pytest.importorskip("scipy.stats")
+  rng = np.random.default_rng(0)
+  for n_a, n_b in [(2, 2), (3, 5), (4, 3), (8, 8)]:
+    a, b = rng.normal(0.4, 0.05, n_a), rng.normal(0.5, 0.1, n_b)
+    diff, half, dof = report.welch_diff(a, b)
+    result = stats.ttest_ind(b, a, equal_var=False)  # b − a, as welch_diff
+    lo, hi = result.confidence_interval(0.95)
+    assert dof == pytest.approx(result.df)
+    assert (diff - half, diff + half) == pytest.approx((lo, hi))
+    mean, half = report.mean_ci(a)
+    assert (mean - half, mean + half) == pytest.approx(
+        stats.t.interval(0.95, n_a - 1, loc=a.mean(), scale=stats.sem(a)))
+
+
+def test_bootstrap_share():
+  share, lo, hi = report.bootstrap_share([0.10, 0.12, 0.14], [0.20, 0.23, 0.26])
+  assert share == pytest.approx(0.12 / 0.23)
+  assert lo < share < hi
+  assert (share, lo, hi) == report.bootstrap_share([0.10, 0.12, 0.14], [0.20, 0.23, 0.26])  # fixed seed
+  # No spread: every resample gives the same share.
+  assert report.bootstrap_share([0.1, 0.1], [0.2, 0.2]) == pytest.approx((0.5, 0.5, 0.5))
+  assert math.isnan(report.bootstrap_share([0.1], [0.2, 0.3])[1])
+
+
+def write_run(workdir, evals: dict, extra: dict | None = None):
+  """metrics.jsonl of a fake run: eval rows at the given steps (per-seed keys with several seeds),
+  with training rows between them, as the trainer logs."""
+  os.makedirs(workdir)
+  with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+    for step, acc_S in evals.items():
+      names = {"eval_accuracy": acc_S, **(extra or {})}
+      row = {"step": step, "accuracy": 0.1}
+      for name, values in names.items():
+        row[name] = float(np.mean(values))
+        if len(values) > 1:
+          row.update({f"{name}/seed{i}": v for i, v in enumerate(values)})
+      f.write(json.dumps(row) + "\n" + json.dumps({"step": step + 1, "accuracy": 0.2}) + "\n")
+
+
+@pytest.fixture
+def runs(tmp_path):
+  a, b, one = (str(tmp_path / name) for name in ("a", "b", "one"))
+  # Peaks a: [45, 42, 50], b: [60, 53, 56]; drops a: [5, 0, 6], b: [10, 0, 0].
+  write_run(a, {0: [0.30, 0.30, 0.30], 50: [0.45, 0.30, 0.50], 100: [0.40, 0.42, 0.44]})
+  write_run(b, {0: [0.30, 0.30, 0.30], 50: [0.60, 0.45, 0.55], 100: [0.50, 0.53, 0.56]},
+            extra={"eval_false_accept": [0.10, 0.20, 0.15], "eval_false_reject": [0.05, 0.02, 0.03]})
+  write_run(one, {0: [0.30], 50: [0.40], 100: [0.35]})
+  return a, b, one
+
+
+def test_summarize(runs):
+  s = report.summarize(runs[0])
+  assert (s["seeds"], s["steps"]) == (3, 100)
+  np.testing.assert_allclose(s["peak"], [0.45, 0.42, 0.50])
+  np.testing.assert_allclose(s["drop"], [0.05, 0.0, 0.06], atol=1e-12)
+  assert "false_accept" not in s
+  np.testing.assert_allclose(report.summarize(runs[1])["false_reject"], [0.05, 0.02, 0.03])
+  assert report.summarize(runs[2])["final"].tolist() == [0.35]
+
+
+def test_cli_table(runs, capsys):
+  report.main(list(runs))
+  out = capsys.readouterr().out
+  assert "Student t" in out
+  # final of a: [40, 42, 44]: mean 42, s = 2, half = t_{0.975, 2} * 2 / sqrt(3) = 4.3027 * 1.1547 = 4.97.
+  assert f"| {runs[0]} | 3 | 100 | 30.0 ± 0.0 | 42.0 ± 5.0 |" in out
+  assert f"| {runs[1]} | 3 | 100 | 30.0 ± 0.0 | 53.0 ± 7.5 | 56.3 ± 8.7 | 3.3 ± 14.3 | 15.0 ± 12.4 |" in out
+  assert f"| {runs[2]} | 1 | 100 | 30.0 ± n/a | 35.0 ± n/a | 40.0 ± n/a | 5.0 ± n/a | – | – |" in out
+  assert f"| {runs[0]} | 3 | 100 | 0.0 | 2.0 | 4.0 |" in out  # the standard deviations
+
+
+def test_cli_compare(runs, capsys):
+  report.main(["--compare", runs[0], runs[1]])
+  out = capsys.readouterr().out
+  # final: b − a = 53 − 42 = +11; se^2 = (4/3 + 9/3) = 13/3, se = 2.0817; dof = 13^2 / ((4^2 + 9^2) / 2)
+  # = 3.4845; t_{0.975, 3.4845} = 2.946, half 6.13: [+4.9, +17.1] excludes 0.
+  assert "| final | 42.0 | 53.0 | +11.0 ± 6.1 | [+4.9, +17.1] | 3.5 | established |" in out
+  assert "| peak | 45.7 | 56.3 | +10.7 ± 8.6 | [+2.0, +19.3] | 3.9 | established |" in out
+  # drop: 10/3 − 11/3 = −0.3 with a half-width of 11.9: the interval holds 0.
+  assert "| drop | 3.7 | 3.3 | -0.3 ± 11.9 | [-12.2, +11.5] | 3.1 | not established |" in out
+  report.main(["--compare", runs[2], runs[1]])  # one seed: no interval, no verdict, no crash
+  assert "| final | 35.0 | 53.0 | +18.0 ± n/a | n/a | n/a | n/a |" in capsys.readouterr().out
+
+
+def test_cli_split(runs, capsys):
+  report.main(["--split", runs[0], runs[1]])
+  out = capsys.readouterr().out
+  # Gains over the shared base of 30: single-agent run a +12, multi-agent run b +23; 12 / 23 = 52%.
+  assert "| single-agent RL (A final − A base) | +12.0 ± 5.0 | 52% [" in out
+  assert "| multi-agent RL (total − single-agent) | +11.0 ± 6.1 | 48% [" in out
+  assert "| total (B final − B base) | +23.0 ± 7.5 | 100% |" in out
+  assert "single / multi: 52 / 48 here; reference 70 / 30 at 0.6B (Zeng et al. 2026)" in out
+  assert "bootstrap" in out and "rng seed 0" in out and "not established" not in out
+
+
+def test_cli_needs_a_run():
+  with pytest.raises(SystemExit):
+    report.main([])
