@@ -3,6 +3,7 @@ import os
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
 
 def manager(workdir: str, max_to_keep: int = 3) -> ocp.CheckpointManager:
@@ -44,7 +45,9 @@ def restore_as_saved(workdir: str, sharding, step: int | None = None) -> dict:
   mngr = manager(workdir)
   step = _step(mngr, workdir, step)
   try:
-    saved = mngr.item_metadata(step)
+    # The saved tree's shapes and dtypes, placed by `sharding` rather than by the devices that wrote it.
+    saved = ocp.StandardCheckpointHandler().metadata(
+        epath.Path(os.path.abspath(workdir)) / "checkpoints" / str(step) / "default")
     saved = getattr(saved, "tree", saved)
     abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding), saved)
     return mngr.restore(step, args=ocp.args.StandardRestore(abstract))

@@ -134,7 +134,7 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
       d_model=config.model.d_model, n_layers=config.model.n_layers, n_heads=config.model.n_heads,
       d_ff=config.model.d_ff, max_len=config.model.max_len,
       dtype=model_lib.compute_dtype(config.model.dtype))
-  total_updates = config.total_steps * rl.epochs * rl.minibatches
+  optimizer = make_optimizer(config.optim, config.total_steps * rl.epochs * rl.minibatches)
   make_optimizer(sft_optim(config), config.sft.steps, "sft")  # refuses bad warm-start settings now
   return Experiment(config, task, protocol, layout, model_cfg, role_set_R, trainable_R, estimator,
-                    loss, make_optimizer(config.optim, total_updates), mesh)
+                    loss, optimizer, mesh)

@@ -16,7 +16,7 @@ TOKENS = SPECIAL + DIGITS + SYMBOLS + ROLE_MARKERS + LETTERS
 TOKENS += [f"<unused{i}>" for i in range(VOCAB_SIZE - len(TOKENS))]
 TOKEN_ID = {t: i for i, t in enumerate(TOKENS)}
 
-PAD, BOS, EOS, SEP = (TOKEN_ID[t] for t in SPECIAL[:4])
+PAD, BOS, EOS = (TOKEN_ID[t] for t in SPECIAL[:3])
 ACCEPT, REJECT, ABSENT = TOKEN_ID["<accept>"], TOKEN_ID["<reject>"], TOKEN_ID["<absent>"]
 DIGIT0 = TOKEN_ID["0"]
 PLUS, MINUS, TIMES, EQUALS = (TOKEN_ID[s] for s in "+-*=")
@@ -44,12 +44,6 @@ def encode(text: str) -> list[int]:
 
 def decode(ids, skip_pad: bool = True) -> str:
   return "".join(TOKENS[int(i)] for i in np.asarray(ids).reshape(-1) if not (skip_pad and i == PAD))
-
-
-def digits_to_int(ids) -> int | None:
-  """Reads a decimal number from tokens up to EOS; None when anything else is there."""
-  text = decode([i for i in ids if i != EOS])
-  return int(text) if text.isdigit() else None
 
 
 def render_transcript(tokens_T, segment_T, names) -> str:

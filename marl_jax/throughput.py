@@ -29,15 +29,18 @@ _CALLS = flags.DEFINE_integer("calls", 3, "Timed calls of steps_per_call steps e
 _STEPS = flags.DEFINE_integer("steps_per_call", 10, "Steps per compiled call.")
 _GRID = flags.DEFINE_string("grid", "1,2,4/1,4", "roles/seeds to run, e.g. '2/1' for the relay job only.")
 _CREDITS = flags.DEFINE_string("credits", "team,difference", "Credit estimators to run.")
+_SHARING = flags.DEFINE_string("sharing", "isolated", "Parameter sharing to run: isolated, shared or both.")
 
 
-def relay_config(roles: int, seeds: int, credit: str, batch_size: int, steps_per_call: int):
+def relay_config(roles: int, seeds: int, credit: str, batch_size: int, steps_per_call: int,
+                 sharing: str = "isolated"):
   c = configs.base_config()
   c.model.update(d_model=128, n_layers=4, n_heads=4, d_ff=512)
   c.task.update(name="arithmetic", num_ops=1, ops="+", max_operand=9, modulus=100)
   c.protocol = configs.ml_collections.ConfigDict(dict(name="relay", agents=roles, message_len=4,
                                                       answer_len=4))
   c.credit = configs.credit_config(credit)
+  c.roles.sharing = sharing
   c.rl.update(batch_size=batch_size, group_size=8, minibatches=1)
   c.num_seeds, c.steps_per_call, c.sft.steps = seeds, steps_per_call, 0
   c.total_steps = c.log_every = c.eval_every = c.checkpoint_every = steps_per_call
@@ -88,7 +91,7 @@ def measure(config, calls: int) -> dict:
   steps = calls * config.steps_per_call * config.num_seeds
   completions = steps * config.rl.batch_size * len(exp.layout.roles)
   return {"job": "relay", "roles": len(exp.layout.roles), "seeds": config.num_seeds,
-          "credit": config.credit.name, "completions_per_s": completions / seconds,
+          "sharing": config.roles.sharing, "credit": config.credit.name, "completions_per_s": completions / seconds,
           "tokens_per_s": tokens / seconds, "flops_per_s": steps * step_flops(exp) / seconds,
           "compile_s": compile_s,
           "params_per_agent": model_lib.count_params(jax.tree.map(lambda p: p[0, 0], state.params))}
@@ -101,20 +104,21 @@ def main(argv):
   rows = []
   print(f"backend={jax.default_backend()} devices={jax.device_count()} batch_size={_BATCH.value} "
         f"matmul_1024_f32={bound / 1e9:.1f} GFLOP/s")
-  print(f"{'roles':>5} {'seeds':>5} {'credit':>10} {'completions/s':>14} {'tokens/s':>10} "
-        f"{'GFLOP/s':>8} {'of_matmul':>9} {'compile_s':>9}")
-  for roles in roles_grid:
-    for seeds in seeds_grid:
-      for credit in _CREDITS.value.split(","):
-        row = measure(relay_config(roles, seeds, credit, _BATCH.value, _STEPS.value), _CALLS.value)
-        row["fraction_of_matmul"] = row["flops_per_s"] / bound
-        rows.append(row)
-        print(f"{roles:>5} {seeds:>5} {credit:>10} {row['completions_per_s']:>14.0f} "
-              f"{row['tokens_per_s']:>10.0f} {row['flops_per_s'] / 1e9:>8.1f} "
-              f"{row['fraction_of_matmul']:>9.2f} {row['compile_s']:>9.1f}", flush=True)
-        if _JSON.value:  # rewritten after every row, so an interrupted run keeps what it measured
-          with open(_JSON.value, "w") as f:
-            json.dump(rows, f, indent=1)
+  print(f"{'roles':>5} {'seeds':>5} {'sharing':>8} {'credit':>10} {'completions/s':>14} "
+        f"{'tokens/s':>10} {'GFLOP/s':>8} {'of_matmul':>9} {'compile_s':>9}")
+  grid = [(r, s, sharing, credit) for r in roles_grid for s in seeds_grid
+          for sharing in _SHARING.value.split(",") for credit in _CREDITS.value.split(",")]
+  for roles, seeds, sharing, credit in grid:
+    config = relay_config(roles, seeds, credit, _BATCH.value, _STEPS.value, sharing)
+    row = measure(config, _CALLS.value)
+    row["fraction_of_matmul"] = row["flops_per_s"] / bound
+    rows.append(row)
+    print(f"{roles:>5} {seeds:>5} {sharing:>8} {credit:>10} {row['completions_per_s']:>14.0f} "
+          f"{row['tokens_per_s']:>10.0f} {row['flops_per_s'] / 1e9:>8.1f} "
+          f"{row['fraction_of_matmul']:>9.2f} {row['compile_s']:>9.1f}", flush=True)
+    if _JSON.value:  # rewritten after every row, so an interrupted run keeps what it measured
+      with open(_JSON.value, "w") as f:
+        json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":

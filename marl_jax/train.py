@@ -25,49 +25,79 @@ def token_advantages(exp: Experiment, adv_xB, sampled_BxT):
   return jnp.einsum("xb,xbt->bt", adv_xB, mask_xBxT)
 
 
+def score(exp: Experiment, problems, episodes: rollout.Episodes):
+  """Scores the global batch, so the protocol's metrics are rates over every row (e.g. false_accept:
+  accepted among wrong answers), not means of per-device rates; credit gets this device's rows."""
+  B = episodes.tokens_BxT.shape[0]
+  all_problems, all_tokens_BxT = parallel.gather_rows((problems, episodes.tokens_BxT))
+  scored = exp.protocol.rewards(exp.task, exp.layout, all_problems, all_tokens_BxT)
+  outcome = credit.Outcome(tokens_BxT=episodes.tokens_BxT, team_B=parallel.own_rows(scored.team_B, B),
+                           role_RxB=parallel.own_rows(scored.role_RxB, B),
+                           group_size=exp.config.rl.group_size)
+  return scored, outcome
+
+
+def update_batch(exp: Experiment, state: TrainState, episodes: rollout.Episodes, adv_xB) -> update.Batch:
+  """What the update reads: tokens, sampling and base-model log-probs, token advantages, role masks
+  and each row's problem (group) index in the global batch."""
+  rl, layout = exp.config.rl, exp.layout
+  B = episodes.tokens_BxT.shape[0]
+  roles_R = np.arange(len(layout.roles))
+  role_mask_BxRxT = episodes.sampled_BxT[:, None] & (layout.author_T[None, None] == roles_R[None, :, None])
+  ref_logp_BxT = None
+  if rl.kl_coef > 0:
+    ref_logp_BxT, _ = sampling.token_log_probs(exp.model, layout, state.ref_params, episodes.tokens_BxT,
+                                               rl.temperature)
+  first_row = jax.lax.axis_index(parallel.DATA) * B
+  return update.Batch(tokens_BxT=episodes.tokens_BxT, old_logp_BxT=episodes.logp_BxT,
+                      ref_logp_BxT=ref_logp_BxT, adv_BxT=token_advantages(exp, adv_xB, episodes.sampled_BxT),
+                      role_mask_BxRxT=role_mask_BxRxT, group_B=(first_row + jnp.arange(B)) // rl.group_size)
+
+
+def step_metrics(exp: Experiment, scored, episodes: rollout.Episodes, role_metrics: dict, other: dict):
+  """Scalars averaged over devices: the protocol's rates, the reward, sampled tokens, and per-role
+  values (R-vectors, logged as ROLE/NAME) of the update and the credit estimator."""
+  devices = jax.lax.psum(1, parallel.DATA)
+  metrics = {**scored.metrics, "reward": scored.team_B.mean(),
+             "tokens": episodes.sampled_BxT.sum().astype(jnp.float32) * devices}
+  role_metrics = {"reward": scored.role_RxB.mean(1), **role_metrics}
+  for name, value in other.items():
+    (role_metrics if jnp.ndim(value) else metrics)[name] = value
+  for name, value_R in role_metrics.items():
+    metrics.update({f"{role}/{name}": value_R[r] for r, role in enumerate(exp.layout.roles)})
+  return {k: jax.lax.pmean(v, parallel.DATA) for k, v in metrics.items()}
+
+
 def local_step(exp: Experiment, state: TrainState, problem_key_B, sample_key_B, rerun_key_B,
                diagnose):
   """One seed, this device's rows: rollout, score, credit, update.  `diagnose` (a scalar bool, the
   same on every device and seed) adds diagnostics that cost extra backward passes."""
-  rl, layout = exp.config.rl, exp.layout
-  R, B = len(layout.roles), problem_key_B.shape[0]
+  R = len(exp.layout.roles)
   devices = jax.lax.psum(1, parallel.DATA)
   problems = jax.vmap(exp.task.sample)(problem_key_B)
   episodes = rollout.sample(exp, state.params, problems, sample_key_B)
-  # Scored on the global batch, so the protocol's metrics are rates over every row (e.g. false_accept:
-  # accepted among wrong answers), not means of per-device rates; credit takes this device's rows.
-  scored = exp.protocol.rewards(exp.task, layout, *parallel.gather_rows((problems, episodes.tokens_BxT)))
-  outcome = credit.Outcome(tokens_BxT=episodes.tokens_BxT, team_B=parallel.own_rows(scored.team_B, B),
-                           role_RxB=parallel.own_rows(scored.role_RxB, B), group_size=rl.group_size)
+  scored, outcome = score(exp, problems, episodes)
+  # Credit: the counterfactual re-runs the estimator asks for (if any), in one batched re-run.
   reruns = exp.credit.reruns(R)
-  team_CxKxB = (None if reruns is None else
-                rollout.rerun_team(exp, state.params, problems, episodes.tokens_BxT, rerun_key_B, reruns))
+  team_CxKxB = None if reruns is None else rollout.rerun_team(
+      exp, state.params, problems, episodes.tokens_BxT, rerun_key_B, reruns)
   adv_xB, credit_metrics = exp.credit.advantages(state.credit, outcome, team_CxKxB)
-  credit_state, update_metrics = exp.credit.update(state.credit, outcome)
-
-  role_mask_RxBxT = episodes.sampled_BxT[None] & (layout.author_T[None, None] == np.arange(R)[:, None, None])
-  first_row = jax.lax.axis_index(parallel.DATA) * B
-  batch = update.Batch(
-      tokens_BxT=episodes.tokens_BxT, old_logp_BxT=episodes.logp_BxT,
-      ref_logp_BxT=(sampling.token_log_probs(exp.model, layout, state.ref_params, episodes.tokens_BxT,
-                                             rl.temperature)[0] if rl.kl_coef > 0 else None),
-      adv_BxT=token_advantages(exp, adv_xB, episodes.sampled_BxT),
-      role_mask_BxRxT=jnp.moveaxis(role_mask_RxBxT, 0, 1),
-      group_B=(first_row + jnp.arange(B)) // rl.group_size)
-  grad_norm_R = jax.lax.cond(diagnose, lambda: update.role_grad_norms(exp, state.params, batch, devices),
-                             lambda: jnp.full(R, jnp.nan))
+  credit_state, credit_update_metrics = exp.credit.update(state.credit, outcome)
+  batch = update_batch(exp, state, episodes, adv_xB)
   params, opt_state, aux = update.apply(exp, state.params, state.opt_state, batch, devices)
+  # Per-role gradient norms: free with isolated sets (a set's gradient is its role's); otherwise a
+  # backward pass per role, so only when asked.
+  if sorted(exp.role_set_R) == list(range(R)):
+    grad_norm_R = aux["grad_norm_S"][np.asarray(exp.role_set_R)]
+  else:
+    grad_norm_R = jax.lax.cond(diagnose, lambda: update.role_grad_norms(exp, state.params, batch, devices),
+                               lambda: jnp.full(R, jnp.nan))
 
-  metrics = {**scored.metrics, "reward": scored.team_B.mean(),
-             "tokens": episodes.sampled_BxT.sum().astype(jnp.float32) * devices}
-  per_role = {"reward": scored.role_RxB.mean(1), "grad_norm_share": grad_norm_R / grad_norm_R.sum(),
-              "loss": aux["loss"], "entropy": aux["entropy"], "approx_kl": aux["approx_kl"],
-              **({"kl_to_base": aux["kl_to_base"]} if rl.kl_coef > 0 else {})}
-  for name, value in {**credit_metrics, **update_metrics}.items():
-    (per_role if jnp.ndim(value) else metrics)[name] = value
-  for name, value_R in per_role.items():
-    metrics.update({f"{role}/{name}": value_R[r] for r, role in enumerate(layout.roles)})
-  metrics = {k: jax.lax.pmean(v, parallel.DATA) for k, v in metrics.items()}
+  role_metrics = {"grad_norm_share": grad_norm_R / grad_norm_R.sum(), "loss": aux["loss"],
+                  "entropy": aux["entropy"], "approx_kl": aux["approx_kl"]}
+  if exp.config.rl.kl_coef > 0:
+    role_metrics["kl_to_base"] = aux["kl_to_base"]
+  metrics = step_metrics(exp, scored, episodes, role_metrics, {**credit_metrics, **credit_update_metrics})
   state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, credit=credit_state)
   return state, metrics
 
@@ -75,8 +105,9 @@ def local_step(exp: Experiment, state: TrainState, problem_key_B, sample_key_B, 
 def make_train_call(exp: Experiment):
   """`train_call(state_S) -> (state_S, metrics_SxN)`: N = steps_per_call steps in one program.
 
-  Diagnostics that cost extra compute (per-role gradient norms) are measured on the last step of each
-  call and are NaN on the others (`loop.summarize` takes the mean over the steps that have them)."""
+  Diagnostics that cost extra compute (per-role gradient norms of shared sets) are measured on the
+  last step of each call and are NaN on the others (`loop.summarize` averages the steps that have
+  them)."""
   config, rl = exp.config, exp.config.rl
   rows = jnp.arange(rl.batch_size)
   fold_rows = jax.vmap(jax.random.fold_in, in_axes=(None, 0))

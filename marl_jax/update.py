@@ -58,7 +58,8 @@ def minibatch_rows(exp, batch_size: int) -> np.ndarray:
 
 def apply(exp, params_R, opt_state, batch: Batch, devices: int):
   """Epochs of minibatch updates over this device's rows: (params_R, opt_state, aux), where aux holds
-  per-role diagnostics of the last minibatch, summed over devices."""
+  per-role diagnostics of the last minibatch, summed over devices, and the norm of each parameter
+  set's gradient there (`grad_norm_S`)."""
   R = len(exp.layout.roles)
   trainable_R = np.asarray(exp.trainable_R)
 
@@ -70,6 +71,7 @@ def apply(exp, params_R, opt_state, batch: Batch, devices: int):
     updates, opt_state = jax.vmap(exp.optimizer.update)(grads, opt_state, params)
     updates = jax.tree.map(lambda u: u * trainable_R.reshape((-1,) + (1,) * (u.ndim - 1)), updates)
     aux = {k: jax.lax.psum(v, parallel.DATA) for k, v in {**aux, "loss": loss_R}.items()}
+    aux["grad_norm_S"] = jax.vmap(optax.tree_utils.tree_norm)(grads)
     return (optax.apply_updates(params, updates), opt_state), aux
 
   def epoch(carry, _):

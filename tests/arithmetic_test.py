@@ -110,7 +110,7 @@ def test_sample_matches_a_python_evaluation(task):
     assert all(0 <= int(o) <= task.max_operand for o in operands)
     value, before_last = _python_chain(s, task.modulus)
     np.testing.assert_array_equal(answer, base.number_tokens(jnp.int32(value), task.answer_len - 1))
-    assert text.digits_to_int(answer) == value and text.digits_to_int(mistake) == before_last
+    assert base.parse_number(answer) == (value, True) and base.parse_number(mistake) == (before_last, True)
   # Every operation shows up: the op draw is not stuck.
   ops = set(text.decode(np.asarray(problems["prompt"]).reshape(-1)))
   assert {"+", "-", "*"} <= ops

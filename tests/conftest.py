@@ -4,8 +4,13 @@ Tests that need several CPU devices set XLA_FLAGS themselves (see parallel_test.
 touches XLA_FLAGS.  `pytest -m "not slow"` skips the end-to-end runs.
 """
 import os
+import pathlib
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before any test module imports jax
+# Many tests (and the CLI runs they start) compile the same tiny programs: a persistent compilation
+# cache, shared by the test processes and their subprocesses, compiles each once per machine.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                      str(pathlib.Path(__file__).resolve().parents[1] / ".pytest_cache" / "jax"))
 
 
 def pytest_configure(config):

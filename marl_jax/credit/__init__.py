@@ -9,11 +9,16 @@ per estimator (see `base.py` for the interface):
   role_baseline: the role's reward minus a moving average of it (a stateful estimator).
 """
 import dataclasses
+import importlib
+import pkgutil
 
-from marl_jax.credit import difference, per_role, role_baseline, team  # registers them
 from marl_jax.credit.base import REGISTRY, Estimator, Outcome, Reruns, register
 from marl_jax.credit.baselines import BASELINES, group_advantage
 from marl_jax.credit.difference import difference_credit
+
+# Every module of this package is imported, so a new estimator registers by existing: one file.
+for _module in pkgutil.iter_modules(__path__):
+  importlib.import_module(f"{__name__}.{_module.name}")
 
 
 def _check_name(name: str) -> type[Estimator]:

@@ -2,16 +2,12 @@
 solver's answer is right, the verifier's verdict is right, a worker's report is right, ...)."""
 import dataclasses
 
-from marl_jax.credit import base, baselines
+from marl_jax.credit import base, baselines, team
 
 
 @base.register("per_role")
 @dataclasses.dataclass(frozen=True)
-class PerRole(base.Estimator):
-  baseline: str = "dr_grpo"  # grpo | dr_grpo | rloo | none
-
-  def check(self, num_roles, group_size):
-    base.check_baseline(self.baseline, group_size)
+class PerRole(team.Team):  # the same settings as team: the group baseline
 
   def advantages(self, state, outcome, team_CxKxB):
     return baselines.group_advantage(outcome.role_RxB, outcome.group_size, self.baseline), {}
