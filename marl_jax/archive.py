@@ -73,11 +73,11 @@ def archive(exp: experiment.Experiment, params_S, out_dir: str, name: str, greed
     raise FileExistsError(f"{os.path.join(out_dir, MarlTranscripts.name, name, VERSION)} exists; "
                           f"choose another output directory or name")
   cfg = exp.config.eval
-  problems = (datasets.load_eval_set(exp.task, cfg.seed, cfg.size, data_dir) if data_dir
-              else evaluate.eval_problems(exp))
+  problems = evaluate.eval_problems(exp, data_dir)
   rows = sample_transcripts(exp, params_S, problems, jax.random.PRNGKey(cfg.seed + 2), greedy, with_credit)
   metadata = {**layout_metadata(exp), "task": datasets.task_name(exp.task),
-              "knobs": datasets.task_knobs(exp.task), "eval_set": datasets.eval_set_name(exp.task, cfg.seed, cfg.size),
+              "knobs": datasets.task_knobs(exp.task),
+              "eval_set": datasets.eval_set_name(exp.task, cfg.seed, cfg.size),
               "protocol": exp.config.protocol.to_dict(), "greedy": greedy,
               "credit": "difference" if with_credit else None,
               "config": json.loads(exp.config.to_json()), **(extra_metadata or {})}

@@ -7,19 +7,19 @@ from marl_jax import datasets, parallel, rollout, tasks
 from marl_jax.experiment import Experiment
 
 
-def eval_problems(exp: Experiment) -> dict:
-  """The fixed evaluation set: the versioned TFDS set when `config.eval.data_dir` is set (read when
-  it exists, built when it does not), else the same problems drawn in memory."""
+def eval_problems(exp: Experiment, data_dir: str) -> dict:
+  """The fixed evaluation set (`config.eval`): the versioned TFDS set in `data_dir` when one is given
+  (read when it exists, built when it does not), else the same problems drawn in memory."""
   cfg = exp.config.eval
-  if cfg.data_dir:
-    return datasets.load_eval_set(exp.task, cfg.seed, cfg.size, cfg.data_dir)
+  if data_dir:
+    return datasets.load_eval_set(exp.task, cfg.seed, cfg.size, data_dir)
   return tasks.eval_problems(exp.task, cfg.seed, cfg.size)
 
 
 def make_evaluate(exp: Experiment, greedy: bool = True):
   """`evaluate(params_S) -> metrics_S` on the fixed evaluation set (greedy, or sampled)."""
   cfg = exp.config.eval
-  problems = eval_problems(exp)
+  problems = eval_problems(exp, cfg.data_dir)
   keys = jax.random.split(jax.random.PRNGKey(cfg.seed + 1), cfg.size)
 
   def local(params_S, problems, key_B):

@@ -54,10 +54,10 @@ def update_batch(exp: Experiment, state: TrainState, episodes: rollout.Episodes,
                       role_mask_BxRxT=role_mask_BxRxT, group_B=(first_row + jnp.arange(B)) // rl.group_size)
 
 
-def step_metrics(exp: Experiment, scored, episodes: rollout.Episodes, role_metrics: dict, other: dict):
+def step_metrics(exp: Experiment, scored, episodes: rollout.Episodes, devices, role_metrics: dict,
+                 other: dict):
   """Scalars averaged over devices: the protocol's rates, the reward, sampled tokens, and per-role
   values (R-vectors, logged as ROLE/NAME) of the update and the credit estimator."""
-  devices = jax.lax.psum(1, parallel.DATA)
   metrics = {**scored.metrics, "reward": scored.team_B.mean(),
              "tokens": episodes.sampled_BxT.sum().astype(jnp.float32) * devices}
   role_metrics = {"reward": scored.role_RxB.mean(1), **role_metrics}
@@ -97,7 +97,8 @@ def local_step(exp: Experiment, state: TrainState, problem_key_B, sample_key_B, 
                   "entropy": aux["entropy"], "approx_kl": aux["approx_kl"]}
   if exp.config.rl.kl_coef > 0:
     role_metrics["kl_to_base"] = aux["kl_to_base"]
-  metrics = step_metrics(exp, scored, episodes, role_metrics, {**credit_metrics, **credit_update_metrics})
+  metrics = step_metrics(exp, scored, episodes, devices, role_metrics,
+                         {**credit_metrics, **credit_update_metrics})
   state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, credit=credit_state)
   return state, metrics
 
