@@ -40,8 +40,8 @@ def sample_transcripts(exp: experiment.Experiment, params_S, problems: dict, key
     scored = exp.protocol.rewards(exp.task, exp.layout, problems, tokens_BxT)
     out = {"tokens": tokens_BxT, "team_reward": scored.team_B, "role_reward": scored.role_RxB.T}
     if with_credit:
-      team_RxKxB = rollout.rerun_team(exp, params_R, problems, tokens_BxT, jax.random.split(k_rerun, N),
-                                      reruns)
+      team_RxKxB = rollout.rerun(exp, params_R, problems, tokens_BxT, jax.random.split(k_rerun, N),
+                                 reruns).team_CxKxB
       out["credit"] = credit.difference_credit(scored.team_B, team_RxKxB).T
     return out
 

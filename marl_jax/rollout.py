@@ -2,8 +2,9 @@
 
 A re-run takes sampled transcripts and, for each coalition of roles a credit estimator asks for,
 changes those roles' messages (resampled from their policies, or replaced by `<absent>`), re-samples
-the later turns that can react to them (`Layout.resampled_turns`) and keeps everything else.  All
-coalitions and all K samples go through one batched `sampling.generate` call.
+the later turns that can react to them (`Layout.resampled_turns`) and keeps everything else; in
+`replace` mode it re-draws only the coalition's own messages and keeps every other turn as it was.
+All coalitions and all K samples go through one batched `sampling.generate` call.
 """
 import flax
 import jax
@@ -11,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from marl_jax import sampling, text
-from marl_jax.credit import Reruns
+from marl_jax.credit import Counterfactuals, Reruns
 from marl_jax.protocols import engine
 
 
@@ -37,9 +38,10 @@ def rerun_masks(layout: engine.Layout, reruns: Reruns):
   absent_msg_CxT = np.zeros((C, T), np.int32)
   for c, changed_R in enumerate(reruns.changed_CxR):
     coalition = {r for r, changed in enumerate(changed_R) if changed}
-    for i in layout.resampled_turns(coalition):
+    own_turns = [i for r in coalition for i in layout.role_turns(r)]
+    for i in own_turns if reruns.mode == "replace" else layout.resampled_turns(coalition):
       free_CxT[c, slice(*layout.turn_slices[i])] = True
-    for i in (i for r in coalition for i in layout.role_turns(r)) if reruns.mode == "absent" else ():
+    for i in own_turns if reruns.mode == "absent" else ():
       start, stop = layout.turn_slices[i]
       absent_CxT[c, start:stop] = True
       absent_msg_CxT[c, start:stop] = ([text.ABSENT, text.EOS] + [text.PAD] * stop)[:stop - start]
@@ -63,10 +65,10 @@ def rerun_tokens(exp, params_R, tokens_BxT, key_B, reruns: Reruns):
   return tokens.reshape(C, K, B, T)
 
 
-def rerun_team(exp, params_R, problems, tokens_BxT, key_B, reruns: Reruns):
-  """Team outcome of each coalition's re-drawn transcripts: team_CxKxB."""
+def rerun(exp, params_R, problems, tokens_BxT, key_B, reruns: Reruns) -> Counterfactuals:
+  """Each coalition's re-drawn transcripts and their team outcomes."""
   tokens_CxKxBxT = rerun_tokens(exp, params_R, tokens_BxT, key_B, reruns)
   C, K, B, T = tokens_CxKxBxT.shape
   tiled = jax.tree.map(lambda x: jnp.tile(x, (C * K,) + (1,) * (x.ndim - 1)), problems)
   scored = exp.protocol.rewards(exp.task, exp.layout, tiled, tokens_CxKxBxT.reshape(C * K * B, T))
-  return scored.team_B.reshape(C, K, B)
+  return Counterfactuals(tokens_CxKxBxT=tokens_CxKxBxT, team_CxKxB=scored.team_B.reshape(C, K, B))

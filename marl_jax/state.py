@@ -30,8 +30,10 @@ def init_state(exp: Experiment, key, params_R=None) -> TrainState:
   if params_R is None:
     params_R = model_lib.init_stack(exp.model, k_init, exp.num_sets)
   opt_state = jax.vmap(exp.optimizer.init)(params_R)
+  # The estimator's own key, folded from the seed's: the parameters' and the run's keys stay as they were.
+  credit_state = exp.credit.init(jax.random.fold_in(key, 2), exp.layout)
   return TrainState(step=jnp.zeros((), jnp.int32), params=params_R, ref_params=params_R,
-                    opt_state=opt_state, credit=exp.credit.init(len(exp.layout.roles)), key=k_run)
+                    opt_state=opt_state, credit=credit_state, key=k_run)
 
 
 def to_host(tree):

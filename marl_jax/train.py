@@ -79,9 +79,9 @@ def local_step(exp: Experiment, state: TrainState, problem_key_B, sample_key_B, 
   scored, outcome = score(exp, problems, episodes)
   # Credit: the counterfactual re-runs the estimator asks for (if any), in one batched re-run.
   reruns = exp.credit.reruns(R)
-  team_CxKxB = None if reruns is None else rollout.rerun_team(
+  counterfactuals = None if reruns is None else rollout.rerun(
       exp, state.params, problems, episodes.tokens_BxT, rerun_key_B, reruns)
-  adv_xB, credit_metrics = exp.credit.advantages(state.credit, outcome, team_CxKxB)
+  adv_xB, credit_metrics = exp.credit.advantages(state.credit, outcome, counterfactuals)
   credit_state, credit_update_metrics = exp.credit.update(state.credit, outcome)
   batch = update_batch(exp, state, episodes, adv_xB)
   params, opt_state, aux = update.apply(exp, state.params, state.opt_state, batch, devices)

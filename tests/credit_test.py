@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from marl_jax import credit
+from marl_jax import credit, protocols
+from marl_jax.tasks import Arithmetic
 
 # Two groups of G=4 samples of one problem each.
 R_B = jnp.array([1., 0., 0., 1., 1., 1., 1., 0.])
@@ -62,13 +63,16 @@ ROLE_RxB = jnp.array([[1., 0., 0., 1.],
 # Team outcome with role r's messages re-drawn, K=2 times: team_RxKxB.
 CF_RxKxB = jnp.array([[[0., 0., 1., 0.], [1., 0., 1., 0.]],
                       [[1., 0., 0., 1.], [1., 0., 0., 1.]]])
-OUTCOME = credit.Outcome(tokens_BxT=jnp.zeros((4, 6), jnp.int32), team_B=TEAM_B, role_RxB=ROLE_RxB,
-                         group_size=2)
+# Their canvas: solver-verifier on one-operation arithmetic.
+LAYOUT = protocols.make("solver_verifier", Arithmetic(num_ops=1)).layout(Arithmetic(num_ops=1), (0, 1))
+OUTCOME = credit.Outcome(tokens_BxT=jnp.zeros((4, LAYOUT.length), jnp.int32), team_B=TEAM_B,
+                         role_RxB=ROLE_RxB, group_size=2)
 
 
 def advantages(name, team_CxKxB=None, **knobs):
   estimator = credit.make(name, **knobs)
-  return estimator.advantages(estimator.init(2), OUTCOME, team_CxKxB)
+  counterfactuals = None if team_CxKxB is None else credit.Counterfactuals(None, team_CxKxB)
+  return estimator.advantages(estimator.init(jax.random.PRNGKey(0), LAYOUT), OUTCOME, counterfactuals)
 
 
 def test_team_credit():
@@ -121,7 +125,7 @@ def test_role_baseline_by_hand():
   # corrected by 1 - 0.25: baseline 0.75 (a constant reward is its own average).
   estimator = credit.make("role_baseline", decay=0.5)
   update = sharded(estimator.update)
-  state = estimator.init(2)
+  state = estimator.init(jax.random.PRNGKey(0), LAYOUT)
   adv_RxB, _ = estimator.advantages(state, OUTCOME, None)
   chex.assert_trees_all_close(adv_RxB, jnp.stack([TEAM_B, TEAM_B]))
   state, _ = update(state, OUTCOME)
@@ -133,41 +137,48 @@ def test_role_baseline_by_hand():
   chex.assert_trees_all_close(estimator.baseline_R(state), jnp.array([.75, .75]))
   # With each role's own signal, after one update: role 0's mean is 1/2, role 1's 3/4.
   by_role = credit.make("role_baseline", decay=0.5, signal="role")
-  state, _ = sharded(by_role.update)(by_role.init(2), OUTCOME)
+  state, _ = sharded(by_role.update)(by_role.init(jax.random.PRNGKey(0), LAYOUT), OUTCOME)
   chex.assert_trees_all_close(by_role.baseline_R(state), jnp.array([.5, .75]))
 
 
-def _reruns_for(estimator, R, K=2, B=4):
+def _reruns_for(estimator, R, B=4):
   reruns = estimator.reruns(R)
   if reruns is None:
     return None
-  # Any outcomes in [0, 1] will do for the contract.
-  return jax.random.bernoulli(jax.random.PRNGKey(1), 0.5, (len(reruns.changed_CxR), reruns.samples, B)
-                              ).astype(jnp.float32)
+  # Any transcripts and outcomes in [0, 1] will do for the contract.
+  CxKxB = (len(reruns.changed_CxR), reruns.samples, B)
+  k_tokens, k_team = jax.random.split(jax.random.PRNGKey(1))
+  return credit.Counterfactuals(
+      tokens_CxKxBxT=jax.random.randint(k_tokens, CxKxB + (LAYOUT.length,), 0, 20),
+      team_CxKxB=jax.random.bernoulli(k_team, 0.5, CxKxB).astype(jnp.float32))
 
 
 @pytest.mark.parametrize("name", sorted(credit.REGISTRY))
 def test_every_registered_estimator_keeps_the_contract(name):
   estimator = credit.make(name)
   estimator.check(2, 2)
-  state = estimator.init(2)
-  adv_xB, metrics = estimator.advantages(state, OUTCOME, _reruns_for(estimator, 2))
+  state = estimator.init(jax.random.PRNGKey(0), LAYOUT)
+  # Both run inside the sharded step (here, on one device).
+  adv_xB, metrics = sharded(estimator.advantages)(state, OUTCOME, _reruns_for(estimator, 2))
   chex.assert_shape(adv_xB, (None if estimator.per_turn else 2, 4))
   chex.assert_tree_all_finite(adv_xB)
-  for value in metrics.values():  # scalars, or one value per role
+  # A stateful estimator's update keeps its state's structure (the step scans over it).
+  new_state, update_metrics = sharded(estimator.update)(state, OUTCOME)
+  chex.assert_trees_all_equal_shapes_and_dtypes(new_state, state)
+  for value in {**metrics, **update_metrics}.values():  # scalars, or one value per role
     assert jnp.ndim(value) == 0 or jnp.shape(value) == (2,)
   assert dataclasses.is_dataclass(estimator) and estimator.__dataclass_params__.frozen
   assert set(credit.knobs(name)) == {f.name for f in dataclasses.fields(estimator)}
 
 
 def test_unknown_estimator_and_knobs_are_refused_with_the_allowed_values():
-  with pytest.raises(ValueError, match=r"config.credit.name='shapley' is unknown; allowed: \[.*'team'"):
-    credit.make("shapley")
+  with pytest.raises(ValueError, match=r"config.credit.name='oracle' is unknown; allowed: \[.*'team'"):
+    credit.make("oracle")
   with pytest.raises(ValueError, match=r"config.credit has keys \['samples'\] that estimator 'team' does "
                                        r"not take; allowed: \['baseline'\]"):
     credit.make("team", samples=2)
   with pytest.raises(ValueError, match=r"config.credit.counterfactual='maybe' is unknown; allowed: "
-                                       r"\['resample', 'absent'\]"):
+                                       r"\['resample', 'absent', 'replace'\]"):
     credit.make("difference", counterfactual="maybe").check(2, 2)
   with pytest.raises(ValueError, match=r"config.credit.baseline='rloo' needs config.rl.group_size >= 2"):
     credit.make("per_role", baseline="rloo").check(2, 1)

@@ -109,7 +109,7 @@ def test_absent_verifier_counterfactual_lets_the_answer_stand():
   exp = experiment.build(config)
   params_R = state.init_state(exp, jax.random.PRNGKey(0)).params
   keys_B = jax.random.split(jax.random.PRNGKey(1), 4)
-  cf_team_RxKxB = rollout.rerun_team(exp, params_R, problems, tokens_BxT, keys_B, exp.credit.reruns(2))
+  cf_team_RxKxB = rollout.rerun(exp, params_R, problems, tokens_BxT, keys_B, exp.credit.reruns(2)).team_CxKxB
   team_B = exp.protocol.rewards(exp.task, exp.layout, problems, tokens_BxT).team_B
   np.testing.assert_array_equal(cf_team_RxKxB[1, 0], [1, 0, 1, 0])
   np.testing.assert_array_equal(credit.difference_credit(team_B, cf_team_RxKxB)[1], [0, 0, -1, 1])

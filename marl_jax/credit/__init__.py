@@ -12,7 +12,7 @@ import dataclasses
 import importlib
 import pkgutil
 
-from marl_jax.credit.base import REGISTRY, Estimator, Outcome, Reruns, register
+from marl_jax.credit.base import REGISTRY, Counterfactuals, Estimator, Outcome, Reruns, register
 from marl_jax.credit.baselines import BASELINES, group_advantage
 from marl_jax.credit.difference import difference_credit
 

@@ -3,13 +3,15 @@
 An estimator is a frozen dataclass whose fields are its settings (`config.credit.KEY`), registered by
 name with `@register("name")`.  In the step it:
   1. declares, statically, the counterfactual re-runs it needs (`reruns`): which coalitions of roles
-     get their messages changed, how (`resample` / `absent`) and how many times (K);
-  2. receives this device's rows of the scored batch (`Outcome`) and the re-runs' team outcomes
-     `team_CxKxB`, and returns advantages (per role, adv_RxB; or per turn, adv_NxB when `per_turn`)
-     plus its own metrics (a scalar, or an R-vector logged as `ROLE/NAME`);
+     get their messages changed, how (`Reruns.MODES`) and how many times (K);
+  2. receives this device's rows of the scored batch (`Outcome`) and what the re-runs gave
+     (`Counterfactuals`: the re-drawn transcripts and their team outcomes; None without re-runs), and
+     returns advantages (per role, adv_RxB; or per turn, adv_NxB when `per_turn`) plus its own
+     metrics (a scalar, or an R-vector logged as `ROLE/NAME`);
   3. if it learns (a critic, a moving baseline), keeps its state in `TrainState.credit` through
-     `init` and `update`; `update` runs inside the sharded step, on this device's rows, so batch
-     statistics are averaged over devices with `parallel.mean_over_devices`.
+     `init(key, layout)` (its own PRNG key, and the canvas layout: roles, length) and `update`;
+     `update` runs inside the sharded step, on this device's rows, so batch statistics and gradients
+     are averaged over devices with `parallel.mean_over_devices`.
 The step never names an estimator: a new one is one file in `credit/` and its test.
 """
 import dataclasses
@@ -19,6 +21,7 @@ import flax
 import jax
 
 from marl_jax.credit import baselines
+from marl_jax.protocols import engine
 
 REGISTRY: dict[str, type["Estimator"]] = {}
 
@@ -42,12 +45,22 @@ class Outcome:
 @dataclasses.dataclass(frozen=True)
 class Reruns:
   """Counterfactual re-runs of the batch: coalition c changes the messages of the roles where
-  `changed_CxR[c]` is True (resampled from their policies, or made `absent`), K = `samples` times."""
+  `changed_CxR[c]` is True, K = `samples` times.  Modes: `resample` re-draws them from their policies
+  and re-samples the later turns that can react; `absent` replaces them with `<absent>` and
+  re-samples those turns too; `replace` re-draws them and keeps every other turn as it was."""
   changed_CxR: tuple[tuple[bool, ...], ...]
   mode: str = "resample"
   samples: int = 1
 
-  MODES: ClassVar[tuple[str, ...]] = ("resample", "absent")
+  MODES: ClassVar[tuple[str, ...]] = ("resample", "absent", "replace")
+
+
+@flax.struct.dataclass
+class Counterfactuals:
+  """What the re-runs gave, this device's rows: coalition c's k-th re-drawn transcript of row b and
+  its team outcome.  Under jit, what an estimator does not read is not computed."""
+  tokens_CxKxBxT: jax.Array
+  team_CxKxB: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,10 +73,11 @@ class Estimator:
   def reruns(self, num_roles: int) -> Reruns | None:
     return None
 
-  def init(self, num_roles: int) -> Any:
+  def init(self, key: jax.Array, layout: engine.Layout) -> Any:
     return ()
 
-  def advantages(self, state, outcome: Outcome, team_CxKxB) -> tuple[jax.Array, dict]:
+  def advantages(self, state, outcome: Outcome, counterfactuals: Counterfactuals | None
+                 ) -> tuple[jax.Array, dict]:
     raise NotImplementedError
 
   def update(self, state, outcome: Outcome) -> tuple[Any, dict]:

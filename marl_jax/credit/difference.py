@@ -21,7 +21,7 @@ class Difference(base.Estimator):
   baseline: str = "dr_grpo"  # of the outcome term: grpo | dr_grpo | rloo | none
   outcome_weight: float = 1.0
   credit_weight: float = 1.0
-  counterfactual: str = "resample"  # resample | absent
+  counterfactual: str = "resample"  # resample | absent | replace (base.Reruns)
   samples: int = 2  # K re-runs per role
 
   def check(self, num_roles, group_size):
@@ -36,8 +36,8 @@ class Difference(base.Estimator):
     return base.Reruns(tuple(map(tuple, np.eye(num_roles, dtype=bool))), self.counterfactual,
                        self.samples)
 
-  def advantages(self, state, outcome, team_RxKxB):
-    d_RxB = difference_credit(outcome.team_B, team_RxKxB)
+  def advantages(self, state, outcome, counterfactuals):
+    d_RxB = difference_credit(outcome.team_B, counterfactuals.team_CxKxB)
     outcome_B = baselines.group_advantage(outcome.team_B, outcome.group_size, self.baseline)
     adv_RxB = self.outcome_weight * outcome_B[None] + self.credit_weight * d_RxB
     return adv_RxB, {"influence": jnp.abs(d_RxB).mean(1)}

@@ -9,5 +9,5 @@ from marl_jax.credit import base, baselines, team
 @dataclasses.dataclass(frozen=True)
 class PerRole(team.Team):  # the same settings as team: the group baseline
 
-  def advantages(self, state, outcome, team_CxKxB):
+  def advantages(self, state, outcome, counterfactuals):
     return baselines.group_advantage(outcome.role_RxB, outcome.group_size, self.baseline), {}

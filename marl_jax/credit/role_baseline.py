@@ -29,14 +29,14 @@ class RoleBaseline(base.Estimator):
       return jnp.broadcast_to(outcome.team_B, outcome.role_RxB.shape)
     return outcome.role_RxB
 
-  def init(self, num_roles):
-    return {"ema_R": jnp.zeros(num_roles), "updates": jnp.zeros((), jnp.int32)}
+  def init(self, key, layout):
+    return {"ema_R": jnp.zeros(len(layout.roles)), "updates": jnp.zeros((), jnp.int32)}
 
   def baseline_R(self, state):
     # Bias correction: after n updates from zero, the average's weights sum to 1 - decay^n.
     return state["ema_R"] / jnp.maximum(1.0 - self.decay ** state["updates"], 1e-12)
 
-  def advantages(self, state, outcome, team_CxKxB):
+  def advantages(self, state, outcome, counterfactuals):
     baseline_R = self.baseline_R(state)
     return self._reward_RxB(outcome) - baseline_R[:, None], {"baseline": baseline_R}
 

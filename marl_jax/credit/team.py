@@ -12,6 +12,6 @@ class Team(base.Estimator):
   def check(self, num_roles, group_size):
     base.check_baseline(self.baseline, group_size)
 
-  def advantages(self, state, outcome, team_CxKxB):
+  def advantages(self, state, outcome, counterfactuals):
     adv_B = baselines.group_advantage(outcome.team_B, outcome.group_size, self.baseline)
     return adv_B[None].repeat(outcome.role_RxB.shape[0], 0), {}
