@@ -182,3 +182,160 @@ def test_unknown_estimator_and_knobs_are_refused_with_the_allowed_values():
     credit.make("difference", counterfactual="maybe").check(2, 2)
   with pytest.raises(ValueError, match=r"config.credit.baseline='rloo' needs config.rl.group_size >= 2"):
     credit.make("per_role", baseline="rloo").check(2, 1)
+
+
+# Shapley values, pure: the glove game (agent 0 holds a left glove, 1 and 2 right ones; a pair is worth
+# 1).  Agent 0 completes a pair whenever it is not first in the order (4 of 6 orders): 2/3; agent 1
+# only in the order 0, 1, 2: 1/6, as agent 2.  Removing agent 0 loses the pair, removing 1 or 2 nothing.
+def glove(mask_N):
+  return (mask_N[0] & (mask_N[1] | mask_N[2])).astype(jnp.float32)
+
+
+def test_shapley_values_and_difference_rewards_by_hand():
+  chex.assert_trees_all_close(jax.jit(credit.shapley_values, static_argnums=(0, 1))(glove, 3),
+                              jnp.array([2 / 3, 1 / 6, 1 / 6]))
+  chex.assert_trees_all_close(jax.jit(credit.difference_rewards, static_argnums=(0, 1))(glove, 3),
+                              jnp.array([1., 0., 0.]))
+  # Two orders: in 0, 1, 2 agent 1 completes the pair, in 2, 0, 1 agent 0 does.
+  perm_PxN = np.array([[0, 1, 2], [2, 0, 1]])
+  values_PxK = jax.jit(jax.vmap(jax.vmap(glove)))(credit.prefix_coalitions(perm_PxN))
+  chex.assert_trees_all_close(values_PxK, jnp.array([[0., 0., 1., 1.], [0., 0., 1., 1.]]))
+  chex.assert_trees_all_close(credit.shapley_from_permutations(values_PxK, perm_PxN), jnp.array([.5, .5, 0.]))
+
+
+def _table_game(table_C):
+  """The game whose value of coalition mask m is table[sum_i m_i 2^i] (the `coalitions` order)."""
+  return lambda mask_N: table_C[(mask_N * 2 ** jnp.arange(mask_N.shape[0])).sum()]
+
+
+@pytest.mark.parametrize("n", [3, 4, 5])
+def test_exact_shapley_axioms_on_random_games(n):
+  tables_GxC = jax.random.uniform(jax.random.PRNGKey(n), (3, 2 ** n))
+  shapley = jax.jit(jax.vmap(lambda table_C: credit.shapley_values(_table_game(table_C), n)))
+  masks_CxN = credit.coalitions(n)
+  phi_GxN = shapley(tables_GxC)
+  # Efficiency: the values share out v(all) - v(empty).
+  chex.assert_trees_all_close(phi_GxN.sum(1), tables_GxC[:, -1] - tables_GxC[:, 0], atol=1e-5)
+  # Symmetry: a game that cannot tell agents 0 and 1 apart gives them the same value.
+  swapped_C = (masks_CxN[:, [1, 0] + list(range(2, n))] * 2 ** np.arange(n)).sum(1)
+  phi_GxN = shapley((tables_GxC + tables_GxC[:, swapped_C]) / 2)
+  chex.assert_trees_all_close(phi_GxN[:, 0], phi_GxN[:, 1], atol=1e-6)
+  # Dummy: an agent that adds 0.3 to every coalition it joins is worth exactly 0.3.
+  without_last_C = np.arange(2 ** n) % 2 ** (n - 1)
+  chex.assert_trees_all_close(shapley(tables_GxC[:, without_last_C] + 0.3 * masks_CxN[:, -1])[:, -1],
+                              jnp.full(3, 0.3), atol=1e-6)
+  # Additivity: the values of a sum of games are the sums of their values.
+  chex.assert_trees_all_close(shapley(tables_GxC + tables_GxC[::-1]),
+                              shapley(tables_GxC) + shapley(tables_GxC[::-1]), atol=1e-5)
+
+
+def test_monte_carlo_shapley_converges_to_exact():
+  table_C = jax.random.uniform(jax.random.PRNGKey(0), (2 ** 5,))
+  exact_N, estimate_N = jax.jit(lambda table_C: (
+      credit.shapley_values(_table_game(table_C), 5),
+      credit.shapley_values(_table_game(table_C), 5, key=jax.random.PRNGKey(1), num_permutations=2000)
+  ))(table_C)
+  # Marginal contributions lie in [-1, 1]: the standard error is below 1/sqrt(2000) ~ 0.022.
+  chex.assert_trees_all_close(estimate_N, exact_N, atol=0.06)
+  # Each order shares out v(all) - v(empty) exactly.
+  chex.assert_trees_all_close(estimate_N.sum(), table_C[-1] - table_C[0], atol=1e-5)
+
+
+def test_shapley_of_10_agents_exact_and_64_by_monte_carlo_under_jit():
+  # v(S) = (sum_{j in S} w_j)^2: agent i gains w_i^2 + 2 w_i W_S, and each other agent precedes it with
+  # probability 1/2, so phi_i = w_i^2 + w_i (W - w_i) = w_i W.
+  w_N = jnp.arange(1., 11.)
+  square = lambda w_N: (lambda mask_N: (mask_N * w_N).sum() ** 2)
+  phi_N = jax.jit(lambda w_N: credit.shapley_values(square(w_N), 10))(w_N)
+  chex.assert_trees_all_close(phi_N, w_N * w_N.sum(), rtol=1e-5)
+  w_N = jnp.linspace(0.5, 2.0, 64)
+  phi_N = jax.jit(lambda key: credit.shapley_values(square(w_N), 64, key=key, num_permutations=100))(
+      jax.random.PRNGKey(0))
+  chex.assert_trees_all_close(phi_N.sum(), w_N.sum() ** 2, rtol=1e-5)
+  chex.assert_trees_all_close(phi_N, w_N * w_N.sum(), rtol=0.3)  # relative standard error ~0.06
+
+
+def test_pure_shapley_refuses_monte_carlo_without_key_or_permutations():
+  with pytest.raises(ValueError, match=r"num_permutations=0; allowed: None \(exact\) or >= 1"):
+    credit.shapley_values(glove, 3, key=jax.random.PRNGKey(0), num_permutations=0)
+  with pytest.raises(ValueError, match="needs a key"):
+    credit.shapley_values(glove, 3, num_permutations=4)
+
+
+def shapley_credit(estimator, value_BxC):
+  """The `shapley` estimator's phi_RxB when coalition S of episode b is worth value[b, sum_{r in S} 2^r]:
+  its re-runs' outcomes looked up in that table (roles outside S are the changed ones)."""
+  (B, C), R = value_BxC.shape, int(np.log2(value_BxC.shape[1]))
+  reruns = estimator.reruns(R)
+  assert (reruns.mode, reruns.samples) == ("absent", 1)
+  index_C = ((~np.array(reruns.changed_CxR)) * 2 ** np.arange(R)).sum(1)
+  outcome = credit.Outcome(tokens_BxT=None, team_B=value_BxC[:, -1], role_RxB=jnp.zeros((R, B)),
+                           group_size=2)
+  return jax.jit(lambda team_CxKxB: estimator.advantages((), outcome, credit.Counterfactuals(
+      None, team_CxKxB)))(value_BxC[:, index_C].T[:, None])
+
+
+def test_shapley_estimator_by_hand():
+  # Coalitions of 2 roles in `coalitions` order: {}, {0}, {1}, {0,1} (the sampled episode, TEAM_B).
+  #   row 0: v = 0, 1, 1, 1 (either role suffices): phi = 1/2, 1/2
+  #   row 1: all 0: phi = 0, 0
+  #   row 2: v = 1, 0, 1, 1 (role 0 alone breaks it): phi_0 = (0-1)/2 + (1-1)/2 = -1/2, phi_1 = 1/2
+  #   row 3: v = 0, 0, 0, 1 (both needed): phi = 1/2, 1/2
+  value_BxC = jnp.array([[0., 1., 1., 1.], [0., 0., 0., 0.], [1., 0., 1., 1.], [0., 0., 0., 1.]])
+  estimator = credit.make("shapley", outcome_weight=0.5, credit_weight=2.0)
+  assert estimator.reruns(2).changed_CxR == ((True, True), (False, True), (True, False))
+  # 1/2 x the team advantage [1/2,-1/2,0,0] + 2 x phi_r.
+  adv_RxB, metrics = shapley_credit(estimator, value_BxC.astype(jnp.float32))
+  chex.assert_trees_all_close(adv_RxB, jnp.array([[1.25, -.25, -1., 1.], [1.25, -.25, 1., 1.]]))
+  chex.assert_trees_all_close(metrics["influence"], jnp.array([3 / 8, 3 / 8]))  # mean |phi_r|
+  assert metrics["reruns_per_episode"] == 3
+
+
+def test_shapley_estimator_monte_carlo_reruns_only_the_prefixes():
+  # 4 roles above max_exact_roles=3: one order, so the re-runs are its prefixes of size 0..3 and
+  # phi is each role's marginal contribution along it.
+  value_BxC = jax.random.uniform(jax.random.PRNGKey(0), (4, 16))
+  estimator = credit.make("shapley", max_exact_roles=3, num_permutations=1, outcome_weight=0.0)
+  (order,) = estimator.plan(4).perm_PxR
+  prefix_K = np.cumsum([0] + [2 ** r for r in order])  # the coalitions' table indices
+  assert sorted(((~np.array(estimator.reruns(4).changed_CxR)) * [1, 2, 4, 8]).sum(1)) == sorted(prefix_K[:-1])
+  phi_RxB, metrics = shapley_credit(estimator, value_BxC)
+  gain_KxB = jnp.diff(value_BxC[:, prefix_K].T, axis=0)
+  chex.assert_trees_all_close(phi_RxB[order], gain_KxB, atol=1e-6)
+  assert metrics["reruns_per_episode"] == 4
+  # Many orders: close to the exact values, with at most 2^4 - 1 distinct re-runs.
+  estimator = credit.make("shapley", max_exact_roles=3, num_permutations=400, outcome_weight=0.0)
+  phi_RxB, metrics = shapley_credit(estimator, value_BxC)
+  exact_BxR = jax.jit(jax.vmap(lambda table_C: credit.shapley_values(_table_game(table_C), 4)))(value_BxC)
+  chex.assert_trees_all_close(phi_RxB, exact_BxR.T, atol=0.1)
+  assert metrics["reruns_per_episode"] == 15
+
+
+def test_shapley_estimator_refuses_bad_knobs():
+  with pytest.raises(ValueError, match=r"config.credit.num_permutations=0 asks for exact Shapley, but "
+                                       r"the protocol has 7 roles > config.credit.max_exact_roles=6"):
+    credit.make("shapley", num_permutations=0).check(7, 2)
+  credit.make("shapley", num_permutations=0).check(6, 2)
+  with pytest.raises(ValueError, match=r"config.credit.num_permutations=-1; allowed: 0 \(exact only\) "
+                                       r"or >= 1"):
+    credit.make("shapley", num_permutations=-1).check(2, 2)
+  with pytest.raises(ValueError, match=r"config.credit.max_exact_roles=-1; it must be >= 0"):
+    credit.make("shapley", max_exact_roles=-1).check(2, 2)
+  with pytest.raises(ValueError, match=r"config.credit.baseline='x' is unknown"):
+    credit.make("shapley", baseline="x").check(2, 2)
+
+
+def test_role_normalized_by_hand():
+  S2 = np.sqrt(2.0)
+  # Team: dr_grpo of [1,0 | 1,1] is [1/2,-1/2 | 0,0] for both roles: mean 0, std sqrt(1/8) = 1/(2 sqrt2).
+  adv_RxB, metrics = sharded(credit.make("role_normalized").advantages)((), OUTCOME, None)
+  chex.assert_trees_all_close(adv_RxB, jnp.array([[S2, -S2, 0., 0.]] * 2), atol=1e-5)
+  chex.assert_trees_all_close(metrics["advantage_std"], jnp.full(2, 1 / (2 * S2)))
+  # Own signals, no group baseline: role 0 [1,0,0,1] has mean 1/2, std 1/2 -> [1,-1,-1,1];
+  # role 1 [1,1,0,1] has mean 3/4, std sqrt3/4 -> [1/sqrt3, 1/sqrt3, -sqrt3, 1/sqrt3].
+  estimator = credit.make("role_normalized", signal="role", baseline="none")
+  adv_RxB, _ = sharded(estimator.advantages)((), OUTCOME, None)
+  chex.assert_trees_all_close(adv_RxB, jnp.array([[1., -1., -1., 1.], [1 / S3, 1 / S3, -S3, 1 / S3]]),
+                              atol=1e-5)
+  with pytest.raises(ValueError, match=r"config.credit.signal='x' is unknown; allowed: \['team', 'role'\]"):
+    credit.make("role_normalized", signal="x").check(2, 2)

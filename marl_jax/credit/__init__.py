@@ -7,6 +7,11 @@ per estimator (see `base.py` for the interface):
   difference:    outcome advantage + counterfactual credit D_r = R - mean_K R(role r's messages
                  re-drawn or absent, the turns that can react re-sampled, everything else fixed).
   role_baseline: the role's reward minus a moving average of it (a stateful estimator).
+  role_normalized: the group-baseline advantage of the team outcome (or the role's own signal),
+                 standardised per role over the global batch.
+  shapley:       outcome advantage + Shapley credit phi_r in the game v(S) = team outcome with the
+                 roles outside S absent; exact over 2^R coalitions, Monte Carlo over orders above a limit.
+The pure `shapley_values(value_fn, n)` and `difference_rewards(value_fn, n)` work on any game.
 """
 import dataclasses
 import importlib
@@ -14,7 +19,9 @@ import pkgutil
 
 from marl_jax.credit.base import REGISTRY, Counterfactuals, Estimator, Outcome, Reruns, register
 from marl_jax.credit.baselines import BASELINES, group_advantage
-from marl_jax.credit.difference import difference_credit
+from marl_jax.credit.difference import difference_credit, difference_rewards
+from marl_jax.credit.shapley import (coalitions, prefix_coalitions, shapley_from_permutations,
+                                     shapley_from_values, shapley_values)
 
 # Every module of this package is imported, so a new estimator registers by existing: one file.
 for _module in pkgutil.iter_modules(__path__):

@@ -12,6 +12,18 @@ from marl_jax.credit import base
 SIGNALS = ("team", "role")
 
 
+def check_signal(signal: str) -> None:
+  if signal not in SIGNALS:
+    raise ValueError(f"config.credit.signal={signal!r} is unknown; allowed: {list(SIGNALS)}")
+
+
+def reward_RxB(outcome: base.Outcome, signal: str):
+  """Each role's reward: the team outcome (`team`) or its own verifiable signal (`role`)."""
+  if signal == "team":
+    return jnp.broadcast_to(outcome.team_B, outcome.role_RxB.shape)
+  return outcome.role_RxB
+
+
 @base.register("role_baseline")
 @dataclasses.dataclass(frozen=True)
 class RoleBaseline(base.Estimator):
@@ -21,13 +33,7 @@ class RoleBaseline(base.Estimator):
   def check(self, num_roles, group_size):
     if not 0.0 <= self.decay < 1.0:
       raise ValueError(f"config.credit.decay={self.decay}; it must be in [0, 1)")
-    if self.signal not in SIGNALS:
-      raise ValueError(f"config.credit.signal={self.signal!r} is unknown; allowed: {list(SIGNALS)}")
-
-  def _reward_RxB(self, outcome):
-    if self.signal == "team":
-      return jnp.broadcast_to(outcome.team_B, outcome.role_RxB.shape)
-    return outcome.role_RxB
+    check_signal(self.signal)
 
   def init(self, key, layout):
     return {"ema_R": jnp.zeros(len(layout.roles)), "updates": jnp.zeros((), jnp.int32)}
@@ -38,9 +44,9 @@ class RoleBaseline(base.Estimator):
 
   def advantages(self, state, outcome, counterfactuals):
     baseline_R = self.baseline_R(state)
-    return self._reward_RxB(outcome) - baseline_R[:, None], {"baseline": baseline_R}
+    return reward_RxB(outcome, self.signal) - baseline_R[:, None], {"baseline": baseline_R}
 
   def update(self, state, outcome):
-    mean_R = parallel.mean_over_devices(self._reward_RxB(outcome).mean(1))
+    mean_R = parallel.mean_over_devices(reward_RxB(outcome, self.signal).mean(1))
     ema_R = self.decay * state["ema_R"] + (1.0 - self.decay) * mean_R
     return {"ema_R": ema_R, "updates": state["updates"] + 1}, {}
