@@ -9,6 +9,8 @@ r"""The task suite, each task on its natural workflow (or `protocol=NAME`): warm
   python -m marl_jax.main --config=experiments/tasks.py:task=stack_program --workdir=/tmp/stack_program
   python -m marl_jax.main --config=experiments/tasks.py:task=matrix_game --workdir=/tmp/penalty \
       --config.task.game=penalty --config.task.k=-50
+  python -m marl_jax.main --config=experiments/tasks.py:task=contribution --workdir=/tmp/saboteur \
+      --config.task.game=saboteur --config.task.num_roles=4 --config.credit.name=difference
 Task knobs are under `config.task`, protocol knobs under `config.protocol` and the credit estimator's
 (`credit=NAME`, default team) under `config.credit` (every field, so each can be set from the command
 line, e.g. `--config.protocol.rounds=2`, `--config.credit.samples=4`).
@@ -27,6 +29,7 @@ TASKS = {
     "multi_chain": ("orchestrator", dict(num_chains=4, num_ops=2)),
     "stack_program": ("single", dict(num_ops=3, num_examples=5)),
     "matrix_game": ("matrix_game", {}),
+    "contribution": ("contribution", dict(num_roles=6)),
 }
 
 

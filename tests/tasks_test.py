@@ -21,11 +21,12 @@ from marl_jax.tasks import base
 from marl_jax.tasks import HiddenSum, MatrixGame, MultiChain, StackProgram, SubsetSum
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NEW_TASKS = ("subset_sum", "hidden_sum", "multi_chain", "stack_program", "matrix_game")
+NEW_TASKS = ("subset_sum", "hidden_sum", "multi_chain", "stack_program", "matrix_game", "contribution")
 # Every task on each protocol that makes sense for it.
 PAIRS = [("subset_sum", "single"), ("subset_sum", "solver_verifier"), ("hidden_sum", "single"),
          ("hidden_sum", "exchange"), ("multi_chain", "single"), ("multi_chain", "orchestrator"), ("stack_program", "single"),
-         ("matrix_game", "single"), ("matrix_game", "matrix_game")]
+         ("matrix_game", "single"), ("matrix_game", "matrix_game"), ("contribution", "single"),
+         ("contribution", "contribution")]
 
 
 def tokens(s: str):

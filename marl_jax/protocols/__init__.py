@@ -2,6 +2,7 @@
 import dataclasses
 import inspect
 
+from marl_jax.protocols.contribution import Contribution
 from marl_jax.protocols.engine import Layout, Protocol, Scored, Turn
 from marl_jax.protocols.exchange import Exchange
 from marl_jax.protocols.matrix_game import MatrixGame
@@ -11,6 +12,7 @@ from marl_jax.protocols.single import Single
 from marl_jax.protocols.solver_verifier import SolverVerifier
 
 REGISTRY: dict[str, type[Protocol]] = {
+    "contribution": Contribution,
     "exchange": Exchange,
     "matrix_game": MatrixGame,
     "orchestrator": Orchestrator,

@@ -3,6 +3,7 @@ import dataclasses
 
 from marl_jax.tasks.arithmetic import Arithmetic
 from marl_jax.tasks.base import Task, eval_problems
+from marl_jax.tasks.contribution import Contribution
 from marl_jax.tasks.hidden_sum import HiddenSum
 from marl_jax.tasks.matrix_game import MatrixGame
 from marl_jax.tasks.multi_chain import MultiChain
@@ -10,7 +11,8 @@ from marl_jax.tasks.stack_program import StackProgram
 from marl_jax.tasks.subset_sum import SubsetSum
 
 REGISTRY: dict[str, type[Task]] = {
-    cls.name: cls for cls in (Arithmetic, HiddenSum, MatrixGame, MultiChain, StackProgram, SubsetSum)}
+    cls.name: cls for cls in (Arithmetic, Contribution, HiddenSum, MatrixGame, MultiChain, StackProgram,
+                              SubsetSum)}
 
 
 def make(name: str, **kwargs) -> Task:
