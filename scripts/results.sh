@@ -1,13 +1,30 @@
 #!/usr/bin/env bash
-# Reproduces the README's results table (CPU scale, 3 vmapped seeds per run). Usage: scripts/results.sh [OUT]
+# Reproduces the README's results table: single-agent RL and the solver-verifier pair on arithmetic,
+# 10 vmapped seeds per run (the size=cpu default), 300 steps, on two disjoint seed sets (0 and 1000).
+# A finished run is not re-run.  Usage: scripts/results.sh [OUT]
 set -euo pipefail
 out=${1:-workdirs/results}
-common="--config.num_seeds=3 --config.total_steps=300 --config.eval_every=50 --config.checkpoint_every=300"
-python -m marl_jax.main --config=experiments/single_agent.py:size=cpu --workdir=$out/single $common
-for sharing in isolated shared; do
-  for credit in team per_role difference; do
-    python -m marl_jax.main --config=experiments/solver_verifier.py:size=cpu,sharing=$sharing,credit=$credit \
-      --workdir=$out/sv_${sharing}_${credit} $common
+runs=(single sv_shared_team sv_shared_difference sv_isolated_team sv_shared_per_role)
+config() {  # the experiment argument of a run name
+  case $1 in
+    single) echo "experiments/single_agent.py:size=cpu" ;;
+    sv_*_*) IFS=_ read -r _ sharing credit <<< "$1"
+            echo "experiments/solver_verifier.py:size=cpu,sharing=$sharing,credit=$credit" ;;
+  esac
+}
+for run in "${runs[@]}"; do
+  for seed in 0 1000; do
+    python -m marl_jax.main --config="$(config "$run")" --workdir="$out/seed$seed/$run" --config.seed=$seed
   done
 done
-python -m marl_jax.report $out/single $out/sv_*
+for seed in 0 1000; do
+  echo "## seeds $seed.."
+  python -m marl_jax.report "${runs[@]/#/$out/seed$seed/}"
+  for run in sv_shared_team sv_shared_difference sv_isolated_team sv_shared_per_role; do
+    python -m marl_jax.report --compare "$out/seed$seed/single" "$out/seed$seed/$run"
+  done
+  python -m marl_jax.report --compare "$out/seed$seed/sv_shared_team" "$out/seed$seed/sv_shared_difference"
+  python -m marl_jax.report --compare "$out/seed$seed/sv_shared_team" "$out/seed$seed/sv_shared_per_role"
+  python -m marl_jax.report --compare "$out/seed$seed/sv_isolated_team" "$out/seed$seed/sv_shared_team"
+  python -m marl_jax.report --split "$out/seed$seed/single" "$out/seed$seed/sv_shared_team"
+done
