@@ -63,11 +63,12 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-  """`tokens_BxL` at canvas positions start..start+L; returns float32 logits and the updated cache."""
+  """`tokens_BxL` at canvas positions start..start+L; returns float32 logits and the updated cache,
+  or with `features` the final features x_BxLxD instead of logits (the unembedding is then not built)."""
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, tokens_BxL, start, key_ok_BxT, cache=None):
+  def __call__(self, tokens_BxL, start, key_ok_BxT, cache=None, features=False):
     cfg = self.cfg
     L = tokens_BxL.shape[1]
     T = key_ok_BxT.shape[1]
@@ -83,8 +84,31 @@ class Transformer(nn.Module):
       x, c = Block(cfg, name=f"block{i}")(x, start, mask_BxLxT, None if cache is None else cache[i])
       new_cache.append(c)
     x = nn.LayerNorm(dtype=cfg.dtype)(x)
-    logits_BxLxV = nn.Dense(cfg.vocab_size, dtype=cfg.dtype, name="unembed")(x).astype(jnp.float32)
-    return logits_BxLxV, (None if cache is None else new_cache)
+    if not features:
+      x = nn.Dense(cfg.vocab_size, dtype=cfg.dtype, name="unembed")(x).astype(jnp.float32)  # logits
+    return x, (None if cache is None else new_cache)
+
+
+class Value(nn.Module):
+  """A value of whole canvases, value_B: the transformer's final features averaged over the non-PAD
+  positions, then a linear head.  Every key is readable: a centralised critic reads every role."""
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, tokens_BxT):
+    valid_BxT = tokens_BxT != text.PAD
+    x_BxTxD, _ = Transformer(self.cfg, name="trunk")(tokens_BxT, 0, valid_BxT, features=True)
+    weight_BxT = valid_BxT / jnp.maximum(valid_BxT.sum(1, keepdims=True), 1)
+    pooled_BxD = jnp.einsum("bt,btd->bd", weight_BxT, x_BxTxD.astype(jnp.float32))
+    return nn.Dense(1, name="head")(pooled_BxD)[:, 0]
+
+
+def init_value(cfg: ModelConfig, key):
+  return Value(cfg).init(key, jnp.zeros((1, cfg.max_len), jnp.int32))["params"]
+
+
+def value(cfg: ModelConfig, params, tokens_BxT):
+  return Value(cfg).apply({"params": params}, tokens_BxT)
 
 
 def empty_cache(cfg: ModelConfig, batch: int, length: int):

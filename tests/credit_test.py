@@ -69,10 +69,15 @@ OUTCOME = credit.Outcome(tokens_BxT=jnp.zeros((4, LAYOUT.length), jnp.int32), te
                          role_RxB=ROLE_RxB, group_size=2)
 
 
+def init(estimator, seed=0):
+  """The estimator's state for LAYOUT (jitted, as in the step: a critic's eager init is slow)."""
+  return jax.jit(lambda key: estimator.init(key, LAYOUT))(jax.random.PRNGKey(seed))
+
+
 def advantages(name, team_CxKxB=None, **knobs):
   estimator = credit.make(name, **knobs)
   counterfactuals = None if team_CxKxB is None else credit.Counterfactuals(None, team_CxKxB)
-  return estimator.advantages(estimator.init(jax.random.PRNGKey(0), LAYOUT), OUTCOME, counterfactuals)
+  return estimator.advantages(init(estimator), OUTCOME, counterfactuals)
 
 
 def test_team_credit():
@@ -125,7 +130,7 @@ def test_role_baseline_by_hand():
   # corrected by 1 - 0.25: baseline 0.75 (a constant reward is its own average).
   estimator = credit.make("role_baseline", decay=0.5)
   update = sharded(estimator.update)
-  state = estimator.init(jax.random.PRNGKey(0), LAYOUT)
+  state = init(estimator)
   adv_RxB, _ = estimator.advantages(state, OUTCOME, None)
   chex.assert_trees_all_close(adv_RxB, jnp.stack([TEAM_B, TEAM_B]))
   state, _ = update(state, OUTCOME)
@@ -137,8 +142,79 @@ def test_role_baseline_by_hand():
   chex.assert_trees_all_close(estimator.baseline_R(state), jnp.array([.75, .75]))
   # With each role's own signal, after one update: role 0's mean is 1/2, role 1's 3/4.
   by_role = credit.make("role_baseline", decay=0.5, signal="role")
-  state, _ = sharded(by_role.update)(by_role.init(jax.random.PRNGKey(0), LAYOUT), OUTCOME)
+  state, _ = sharded(by_role.update)(init(by_role), OUTCOME)
   chex.assert_trees_all_close(by_role.baseline_R(state), jnp.array([.5, .75]))
+
+
+@dataclasses.dataclass(frozen=True)
+class _FirstTokenCritic(credit.REGISTRY["critic"]):
+  """A stub critic: Q(transcript) = its first token."""
+
+  def q(self, params, tokens_xT):
+    return tokens_xT[..., 0].astype(jnp.float32)
+
+
+def _first_tokens(first_xB):
+  return jnp.zeros(first_xB.shape + (LAYOUT.length,), jnp.int32).at[..., 0].set(first_xB)
+
+
+def test_critic_advantage_by_hand():
+  # Q(z) = [4, 0, 2, 2].  Q of the re-runs with role r's messages replaced, K=2:
+  #   role 0: [2,0,2,0], [4,0,0,2] -> mean [3,0,1,1] -> A_0 = Q - that = [1, 0, 1, 1]
+  #   role 1: [4,1,2,2], [4,1,2,0] -> mean [4,1,2,1] -> A_1 = [0, -1, 0, 1]
+  # 1/2 x team advantage [1/2,-1/2,0,0] + 2 x A_r:
+  #   role 0: [1/4,-1/4,0,0] + [2,0,2,2] = [9/4, -1/4, 2, 2];  role 1: [1/4, -9/4, 0, 2]
+  estimator = _FirstTokenCritic(outcome_weight=0.5, credit_weight=2.0)
+  outcome = OUTCOME.replace(tokens_BxT=_first_tokens(jnp.array([4, 0, 2, 2])))
+  cf_tokens = _first_tokens(jnp.array([[[2, 0, 2, 0], [4, 0, 0, 2]], [[4, 1, 2, 2], [4, 1, 2, 0]]]))
+  counterfactuals = credit.Counterfactuals(tokens_CxKxBxT=cf_tokens, team_CxKxB=CF_RxKxB)
+  adv_RxB, metrics = estimator.advantages({"params": None}, outcome, counterfactuals)
+  chex.assert_trees_all_close(adv_RxB, jnp.array([[2.25, -.25, 2., 2.], [.25, -2.25, 0., 2.]]))
+  chex.assert_trees_all_close(metrics["influence"], jnp.array([3 / 4, 2 / 4]))  # mean |A_r|
+  reruns = estimator.reruns(3)  # each role's messages replaced, the other turns kept, K times
+  assert reruns.changed_CxR == ((True, False, False), (False, True, False), (False, False, True))
+  assert (reruns.mode, reruns.samples) == ("replace", 2)
+
+
+def test_critic_loss_decreases_on_a_fixed_batch():
+  # 8 random transcripts, team outcome 1 on half of them: the critic fits them in a few Adam steps.
+  estimator = credit.make("critic", learning_rate=1e-2)
+  outcome = credit.Outcome(tokens_BxT=jax.random.randint(jax.random.PRNGKey(0), (8, LAYOUT.length), 1, 40),
+                           team_B=jnp.array([1., 0., 0., 1., 1., 0., 1., 0.]), role_RxB=None, group_size=2)
+  update = sharded(estimator.update)
+  state = init(estimator, seed=1)
+  # The logged loss is that of the critic before the update.
+  q_B = jax.jit(estimator.q)(state["params"], outcome.tokens_BxT)
+  initial_loss = jnp.mean((q_B - outcome.team_B) ** 2)
+  history = []
+  for _ in range(20):
+    state, metrics = jax.block_until_ready(update(state, outcome))  # CPU: never queue collectives
+    history.append(metrics)
+  first, last = history[0], history[-1]
+  np.testing.assert_allclose(float(first["critic_loss"]), float(initial_loss), rtol=1e-5)
+  assert float(last["critic_loss"]) < 0.2 * float(first["critic_loss"]), (first, last)
+  assert float(last["critic_explained_variance"]) > 0.5 > float(first["critic_explained_variance"])
+
+
+@pytest.mark.parametrize("target, prediction, expected", [
+    ([0., 1., 0., 1.], [0., 1., 0., 1.], 1.0),  # exact
+    ([0., 1., 0., 1.], [.5, .5, .5, .5], 0.0),  # the mean: Var(err) = Var(target) = 1/4
+    ([0., 1., 0., 1.], [0., .5, 0., .5], 0.75),  # err [0,1/2,0,1/2]: Var 1/16, over 1/4
+    ([1., 1., 1., 1.], [1., 1., 1., 1.], 1.0),  # constant target, predicted exactly
+    ([1., 1., 1., 1.], [1., 0., 1., 1.], 0.0),  # constant target, missed
+])
+def test_critic_explained_variance_by_hand(target, prediction, expected):
+  ev = sharded(credit.critic.explained_variance)(jnp.array(target), jnp.array(prediction))
+  np.testing.assert_allclose(float(ev), expected, atol=1e-6)
+
+
+def test_critic_refuses_bad_knobs():
+  with pytest.raises(ValueError, match=r"config.credit.d_model=30 must divide by config.credit.n_heads=4"):
+    credit.make("critic", d_model=30, n_heads=4).check(2, 2)
+  with pytest.raises(ValueError, match=r"config.credit.samples=0; K must be >= 1"):
+    credit.make("critic", samples=0).check(2, 2)
+  with pytest.raises(ValueError, match=r"config.credit.learning_rate=0.0; it must be > 0"):
+    credit.make("critic", learning_rate=0.0).check(2, 2)
 
 
 def _reruns_for(estimator, R, B=4):
@@ -157,7 +233,7 @@ def _reruns_for(estimator, R, B=4):
 def test_every_registered_estimator_keeps_the_contract(name):
   estimator = credit.make(name)
   estimator.check(2, 2)
-  state = estimator.init(jax.random.PRNGKey(0), LAYOUT)
+  state = init(estimator)
   # Both run inside the sharded step (here, on one device).
   adv_xB, metrics = sharded(estimator.advantages)(state, OUTCOME, _reruns_for(estimator, 2))
   chex.assert_shape(adv_xB, (None if estimator.per_turn else 2, 4))

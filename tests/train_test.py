@@ -142,6 +142,67 @@ def test_counterfactual_keeps_the_turns_that_cannot_react():
   np.testing.assert_array_equal(cf_RxKxBxT[..., :P], np.broadcast_to(tokens_BxT[:, :P], (3, 2, B, P)))
 
 
+def test_replace_reruns_free_only_the_coalitions_own_turns():
+  # Solver-verifier over two rounds: prompt 0..6 | S 7, answer 8..9 | V 10, verdict 11..13 |
+  # S 14, answer 15..16 | V 17, verdict 18..20 (engine_test).
+  task = Arithmetic(num_ops=2)
+  layout = protocols.make("solver_verifier", task, rounds=2).layout(task, (0, 1))
+  coalitions = ((True, False), (False, True))
+  positions = lambda free_T: np.flatnonzero(free_T).tolist()
+  # replace: only the role's own turns are re-drawn; the other role's, the prompt and markers forced.
+  free_CxT, absent_CxT, _ = rollout.rerun_masks(layout, credit.Reruns(coalitions, "replace", 2))
+  assert positions(free_CxT[0]) == [8, 9, 15, 16]
+  assert positions(free_CxT[1]) == [11, 12, 13, 18, 19, 20]
+  assert not absent_CxT.any()
+  # resample: also every later turn that reads them.
+  free_CxT, _, _ = rollout.rerun_masks(layout, credit.Reruns(coalitions, "resample", 2))
+  assert positions(free_CxT[0]) == [8, 9, 11, 12, 13, 15, 16, 18, 19, 20]
+  assert positions(free_CxT[1]) == [11, 12, 13, 15, 16, 18, 19, 20]
+
+
+def test_critic_baseline_does_not_depend_on_the_roles_own_message():
+  """The critic's baseline for role r is the mean of Q over r's re-drawn messages, the other turns as
+  they were: swapping the solver's sampled answer between rows changes Q(z) but not the solver's
+  baseline (same keys); it does change the verifier's, whose re-runs keep the solver's answer, so a
+  baseline that read the role's own message, or the wrong role's re-runs, fails here."""
+  messages = [[D(3), ACCEPT], [D(5), ACCEPT], [D(3), REJECT(4)], [D(5), REJECT(3)]]
+  _, _, problems, tokens_BxT = _sv_transcript(1, [3] * 4, messages)
+  # The solver's answers moved one row down: every row's answer changes, nothing else does.
+  swapped_BxT = _sv_transcript(1, [3] * 4, [[m[0], s[1]] for m, s in zip(messages[-1:] + messages[:-1],
+                                                                        messages)])[3]
+  config = tiny_config(**{"protocol.name": "solver_verifier", "protocol.rounds": 1, "task.num_ops": 1,
+                          "credit": configs.credit_config("critic")})
+  config.credit.outcome_weight = 0.0  # advantages are then A_r = Q(z) - baseline_r
+  exp = experiment.build(config)
+  SOLVER, VERIFIER, B = 0, 1, 4
+
+  @jax.jit
+  def baseline_q_and_reruns(tokens_2BxT):
+    # Both sets of transcripts in one re-run, each row with the same keys as its twin.
+    init = state.init_state(exp, jax.random.PRNGKey(0))  # random policies and critic
+    both = lambda x: jnp.concatenate([x, x])
+    cf = rollout.rerun(exp, init.params, jax.tree.map(both, problems), tokens_2BxT,
+                       both(jax.random.split(jax.random.PRNGKey(3), B)), exp.credit.reruns(2))
+    outcome = credit.Outcome(tokens_2BxT, jnp.zeros(2 * B), jnp.zeros((2, 2 * B)), config.rl.group_size)
+    adv_RxB, _ = exp.credit.advantages(init.credit, outcome, cf)
+    q_B = exp.credit.q(init.credit["params"], tokens_2BxT)
+    return q_B[None] - adv_RxB, q_B, cf.tokens_CxKxBxT
+
+  baseline_Rx2B, q_2B, cf_CxKx2BxT = map(np.asarray, baseline_q_and_reruns(
+      jnp.concatenate([tokens_BxT, swapped_BxT])))
+  baseline_RxB, swapped_baseline_RxB = baseline_Rx2B[:, :B], baseline_Rx2B[:, B:]
+  np.testing.assert_allclose(swapped_baseline_RxB[SOLVER], baseline_RxB[SOLVER], atol=1e-6)
+  assert np.all(np.abs(q_2B[B:] - q_2B[:B]) > 1e-6)  # while the critic does read the answer
+  assert np.all(np.abs(swapped_baseline_RxB[VERIFIER] - baseline_RxB[VERIFIER]) > 1e-6)
+  # Each role's re-runs keep the other's turn as it was.
+  answer, verdict = (slice(*s) for s in exp.layout.turn_slices)
+  tokens_2BxT = np.concatenate([tokens_BxT, swapped_BxT])
+  np.testing.assert_array_equal(cf_CxKx2BxT[SOLVER][..., verdict],
+                                np.broadcast_to(tokens_2BxT[:, verdict], (2, 2 * B, 3)))
+  np.testing.assert_array_equal(cf_CxKx2BxT[VERIFIER][..., answer],
+                                np.broadcast_to(tokens_2BxT[:, answer], (2, 2 * B, 2)))
+
+
 # ---------------------------------------------------------------------------------------------
 # The compiled step.
 
@@ -225,15 +286,20 @@ def _restore(workdir, exp, step):
   return jax.tree.map(np.asarray, checkpoint.restore(workdir, state.abstract_state(exp), step))
 
 
+# The updates a stateful estimator has counted: role_baseline's moving average, the critic's Adam.
+CREDIT_UPDATES = {"role_baseline": lambda c: c["updates"], "critic": lambda c: c["opt_state"][0].count}
+
+
 @pytest.mark.slow
-def test_resume_is_exact(tmp_path):
+@pytest.mark.parametrize("credit_name", sorted(CREDIT_UPDATES))
+def test_resume_is_exact(tmp_path, credit_name):
   """2 steps, stop, resume for 2 more == 4 uninterrupted steps, bit for bit (CPU, constant lr)."""
   # Random init with an entropy bonus, so every step moves the parameters (and Adam's moments) even
   # while rewards are all zero; evaluation only at step 0, to keep to three compiles per run.
-  # The stateful role_baseline estimator: its moving average is part of the state that must resume.
+  # Stateful estimators: a moving average, or a critic and its optimiser, must resume too.
   overrides = {"sft.steps": 0, "rl.entropy_coef": 0.01, "optim.schedule": "constant", "eval.size": 16,
                "eval_every": 100, "log_every": 2, "checkpoint_every": 2, "steps_per_call": 2,
-               "credit": configs.credit_config("role_baseline")}
+               "credit": configs.credit_config(credit_name)}
   straight, interrupted = str(tmp_path / "straight"), str(tmp_path / "interrupted")
   loop.train_and_evaluate(tiny_config(total_steps=4, **overrides), straight)
   loop.train_and_evaluate(tiny_config(total_steps=2, **overrides), interrupted)
@@ -243,7 +309,7 @@ def test_resume_is_exact(tmp_path):
   exp = experiment.build(tiny_config(total_steps=4, **overrides))
   a, b = _restore(straight, exp, 4), _restore(interrupted, exp, 4)
   chex.assert_trees_all_equal(a, b)  # params, optimiser state, credit state, key and step
-  assert int(a.step[0]) == 4 and int(a.credit["updates"][0]) == 4
+  assert int(a.step[0]) == 4 and int(CREDIT_UPDATES[credit_name](a.credit)[0]) == 4
   assert not np.array_equal(a.params["embed"]["embedding"],
                             _restore(straight, exp, 2).params["embed"]["embedding"])
   rows_a, rows_b = metrics.read(straight), metrics.read(interrupted)

@@ -11,6 +11,8 @@ per estimator (see `base.py` for the interface):
                  standardised per role over the global batch.
   shapley:       outcome advantage + Shapley credit phi_r in the game v(S) = team outcome with the
                  roles outside S absent; exact over 2^R coalitions, Monte Carlo over orders above a limit.
+  critic:        outcome advantage + COMA credit A_r = Q(z) - mean_K Q(role r's messages re-drawn, the
+                 other turns as they were), Q a learned centralised critic (a stateful estimator).
 The pure `shapley_values(value_fn, n)` and `difference_rewards(value_fn, n)` work on any game.
 """
 import dataclasses
