@@ -1,21 +1,71 @@
-"""Orbax checkpoints under DIR/checkpoints; a step is only visible once completely written."""
+"""Orbax checkpoints under DIR/checkpoints; a step is only visible once completely written.
+
+Orbax writes a step into a temporary directory and renames it when complete, so a process killed
+mid-save leaves the previous steps intact and an unfinished temporary directory, which the next run's
+manager removes.  Besides the latest steps, the one with the best evaluation accuracy is kept (its
+`BEST` value is saved with it)."""
+import math
 import os
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from etils import epath
 
+BEST = "eval_accuracy"  # mean over seeds; ranks the checkpoints saved with it
+_TMP = ".orbax-checkpoint-tmp"  # how orbax names a step that is still being written
 
-def manager(workdir: str, max_to_keep: int = 3) -> ocp.CheckpointManager:
+
+def _best_value(metrics) -> float:
+  return (metrics or {}).get(BEST, -math.inf)
+
+
+def manager(workdir: str, max_to_keep: int = 3, read_only: bool = False) -> ocp.CheckpointManager:
+  """The run's own manager removes unfinished saves of a killed run and keeps the `max_to_keep`
+  latest steps and the best-evaluated one.  A `read_only` one (for reading, e.g. another run's
+  workdir through `init_from`) creates and removes nothing."""
+  policies = ocp.checkpoint_managers
+  keep = policies.AnyPreservationPolicy([
+      policies.LatestN(max_to_keep),
+      policies.BestN(get_metric_fn=_best_value, n=1, keep_checkpoints_without_metrics=False)])
   return ocp.CheckpointManager(
       os.path.abspath(os.path.join(workdir, "checkpoints")),
-      options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
+      options=ocp.CheckpointManagerOptions(
+          best_fn=_best_value, best_mode="max", preservation_policy=keep, create=not read_only,
+          cleanup_tmp_directories=not read_only))
 
 
 def latest_step(workdir: str) -> int | None:
   if not os.path.isdir(os.path.join(workdir, "checkpoints")):
     return None
-  return manager(workdir).latest_step()
+  with manager(workdir, read_only=True) as mngr:
+    return mngr.latest_step()
+
+
+def best_value(mngr: ocp.CheckpointManager) -> float:
+  """The best `BEST` value saved with a checkpoint; -inf when none was saved with one."""
+  step = mngr.best_step()
+  return -math.inf if step is None else _best_value(mngr.metrics(step))
+
+
+def best_step(workdir: str) -> int | None:
+  """The step saved with the best `BEST` value (the latest of equals); None when none has one."""
+  with manager(workdir, read_only=True) as mngr:
+    return mngr.best_step() if best_value(mngr) > -math.inf else None
+
+
+def check_entries(workdir: str) -> None:
+  """Refuses a checkpoints/ directory holding anything but complete steps and unfinished saves (a
+  corrupt step, or another program's files), which this run could neither read nor write over."""
+  path = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(path):
+    return
+  with manager(workdir, read_only=True) as mngr:
+    steps = {str(s) for s in mngr.all_steps()}
+  other = sorted(e for e in os.listdir(path) if e not in steps and _TMP not in e)
+  if other:
+    raise ValueError(f"{path} holds {other}, which are not complete checkpoints (a corrupt step, or "
+                     f"files of another program): move them out of the workdir, or give a new workdir")
 
 
 def _step(mngr: ocp.CheckpointManager, workdir: str, step: int | None) -> int:
@@ -27,34 +77,51 @@ def _step(mngr: ocp.CheckpointManager, workdir: str, step: int | None) -> int:
 
 def restore(workdir: str, abstract_state, step: int | None = None):
   """Restores into the structure, shapes and shardings of `abstract_state`; a clear error otherwise."""
-  mngr = manager(workdir)
-  step = _step(mngr, workdir, step)
-  try:
-    return mngr.restore(step, args=ocp.args.StandardRestore(abstract_state))
-  except Exception as e:  # orbax raises several types for missing/corrupt/mismatched files
-    raise ValueError(
-        f"checkpoint {step} in {workdir} cannot be restored into this config's state: it is corrupt, "
-        f"or was written by a different model / roles / credit config, or by a marl_jax older than "
-        f"the credit-estimator state (TrainState.credit, added after commit bbf80e3). Start a new "
-        f"workdir; --config.init_from={workdir} starts one from its parameters. ({e})") from e
+  with manager(workdir, read_only=True) as mngr:
+    step = _step(mngr, workdir, step)
+    try:
+      return mngr.restore(step, args=ocp.args.StandardRestore(abstract_state))
+    except Exception as e:  # orbax raises several types for missing/corrupt/mismatched files
+      earlier = [s for s in mngr.all_steps() if s < step]
+      fallback = (f" If it is corrupt, moving {os.path.join(workdir, 'checkpoints', str(step))} out "
+                  f"of the workdir resumes from step {earlier[-1]}." if earlier else "")
+      raise ValueError(
+          f"checkpoint {step} in {workdir} cannot be restored into this config's state: it is corrupt, "
+          f"or was written by a different model / roles / credit config, or by a marl_jax older than "
+          f"the credit-estimator state (TrainState.credit, added after commit bbf80e3). Start a new "
+          f"workdir; --config.init_from={workdir} starts one from its parameters.{fallback} "
+          f"({e})") from e
 
 
 def restore_as_saved(workdir: str, sharding, step: int | None = None) -> dict:
   """The whole saved tree (as nested dicts) with every array placed by `sharding`, whatever state
   layout wrote it: how `init_from` reads parameters from any run."""
-  mngr = manager(workdir)
-  step = _step(mngr, workdir, step)
-  try:
-    # The saved tree's shapes and dtypes, placed by `sharding` rather than by the devices that wrote it.
-    saved = ocp.StandardCheckpointHandler().metadata(
-        epath.Path(os.path.abspath(workdir)) / "checkpoints" / str(step) / "default")
-    saved = getattr(saved, "tree", saved)
-    abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding), saved)
-    return mngr.restore(step, args=ocp.args.StandardRestore(abstract))
-  except Exception as e:
-    raise ValueError(f"checkpoint {step} in {workdir} cannot be read (corrupt or not a marl_jax "
-                     f"checkpoint): {e}") from e
+  with manager(workdir, read_only=True) as mngr:
+    step = _step(mngr, workdir, step)
+    try:
+      # The saved tree's shapes and dtypes, placed by `sharding` rather than by the devices that wrote it.
+      saved = ocp.StandardCheckpointHandler().metadata(
+          epath.Path(os.path.abspath(workdir)) / "checkpoints" / str(step) / "default")
+      saved = getattr(saved, "tree", saved)
+      abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding), saved)
+      return mngr.restore(step, args=ocp.args.StandardRestore(abstract))
+    except Exception as e:
+      raise ValueError(f"checkpoint {step} in {workdir} cannot be read (corrupt or not a marl_jax "
+                       f"checkpoint): {e}") from e
 
 
-def save(mngr: ocp.CheckpointManager, step: int, state) -> None:
-  mngr.save(step, args=ocp.args.StandardSave(state))
+@jax.jit
+def _finite(leaves):
+  return [jnp.isfinite(x).all() for x in leaves]
+
+
+def save(mngr: ocp.CheckpointManager, step: int, state, metrics: dict | None = None) -> None:
+  """Saves `state` with `metrics` (JSON values such as `BEST`; `mngr.metrics(step)` reads them back).
+  Refuses a state holding a non-finite value: the last guard behind the step's (`train.nonfinite`)."""
+  leaves = [(path, x) for path, x in jax.tree_util.tree_leaves_with_path(state)
+            if jnp.issubdtype(x.dtype, jnp.inexact)]
+  bad = [jax.tree_util.keystr(path) for (path, _), ok in zip(leaves, _finite([x for _, x in leaves]))
+         if not ok]
+  if bad:
+    raise FloatingPointError(f"checkpoint {step} not written: non-finite values in {', '.join(bad)}")
+  mngr.save(step, args=ocp.args.StandardSave(state), metrics=metrics or {})

@@ -1,6 +1,7 @@
 """Config -> Experiment: every validation, the role map, the credit estimator, the loss and the
 optimiser.  Everything a run closes over is built here, before anything compiles or is written."""
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import jax
@@ -10,6 +11,38 @@ import optax
 from marl_jax import credit, losses, parallel, protocols, tasks
 from marl_jax import model as model_lib
 from marl_jax.protocols import engine
+
+
+class ConfigError(ValueError):
+  """A config, `init_from` or workdir the run refuses, before anything is compiled or written; the
+  command line prints its message alone, without a traceback."""
+
+
+# What a non-finite reward, advantage, loss or gradient does (`config.rl.on_nonfinite`): the update is
+# skipped either way; `skip` counts it and goes on, `stop` ends the run with the step, role and quantity.
+ON_NONFINITE = ("skip", "stop")
+
+# Integer settings that others divide by or loop over, with the least value each allows.
+_AT_LEAST = {"num_seeds": 1, "total_steps": 0, "steps_per_call": 1, "log_every": 1, "eval_every": 1,
+             "checkpoint_every": 1, "num_devices": 0, "model.d_model": 1, "model.n_layers": 1,
+             "model.n_heads": 1, "model.d_ff": 1, "model.max_len": 1, "rl.batch_size": 1,
+             "rl.group_size": 1, "rl.epochs": 1, "rl.minibatches": 1, "optim.warmup_steps": 0,
+             "sft.steps": 0, "sft.batch_size": 1, "eval.size": 1}
+# Real settings that must be above a bound.
+_ABOVE = {"rl.temperature": 0.0, "optim.learning_rate": 0.0, "optim.max_grad_norm": 0.0}
+
+
+def check_ranges(config: ml_collections.ConfigDict) -> None:
+  """The numeric settings are in range, before anything divides by them."""
+  get = lambda key: functools.reduce(getattr, key.split("."), config)
+  for key, low in _AT_LEAST.items():
+    value = get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+      raise ValueError(f"config.{key}={value!r}; allowed: an integer >= {low}")
+  for key, low in _ABOVE.items():
+    value = get(key)
+    if not isinstance(value, (int, float)) or not value > low:
+      raise ValueError(f"config.{key}={value!r}; allowed: a number > {low}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +117,10 @@ def _sub_config(group: ml_collections.ConfigDict) -> tuple[str, dict]:
 
 def build(config: ml_collections.ConfigDict) -> Experiment:
   """Validates the config and builds the static pieces; raises a clear error before any compile."""
+  check_ranges(config)
+  if config.rl.on_nonfinite not in ON_NONFINITE:
+    raise ValueError(f"config.rl.on_nonfinite={config.rl.on_nonfinite!r} is unknown; allowed: "
+                     f"{list(ON_NONFINITE)}")
   task_name, task_knobs = _sub_config(config.task)
   task = tasks.make(task_name, **task_knobs)
   protocol_name, protocol_knobs = _sub_config(config.protocol)
@@ -94,21 +131,22 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
     raise ValueError(f"config.roles.sharing={list(role_set_R)} names parameter sets "
                      f"{sorted(set(role_set_R))}; sets must be numbered 0..n-1 without gaps")
   trainable = str(config.roles.trainable)
-  trainable_R = (tuple(t.strip().lower() in ("1", "true") for t in trainable.split(",")) if trainable
-                 else (True,) * num_sets)
-  if len(trainable_R) != num_sets:
-    raise ValueError(f"config.roles.trainable has {len(trainable_R)} entries; there are {num_sets} "
-                     f"parameter sets (from config.roles.sharing)")
+  flags = [t.strip().lower() for t in trainable.split(",")] if trainable else ["1"] * num_sets
+  if len(flags) != num_sets or not set(flags) <= {"1", "0", "true", "false"}:
+    raise ValueError(f"config.roles.trainable={trainable!r} for {num_sets} parameter sets (from "
+                     f"config.roles.sharing); allowed: '' (all trainable) or one 1 or 0 per set, "
+                     f"such as {','.join(['1'] * num_sets)!r}")
+  trainable_R = tuple(f in ("1", "true") for f in flags)
   layout = protocol.layout(task, role_set_R)
   if layout.length > config.model.max_len:
-    raise ValueError(f"prompt plus messages take {layout.length} tokens but config.model.max_len="
-                     f"{config.model.max_len}; raise config.model.max_len or shrink the task")
+    raise ValueError(f"config.model.max_len={config.model.max_len} is too short: prompt plus messages "
+                     f"take {layout.length} tokens; allowed: >= {layout.length}")
   if config.model.d_model % config.model.n_heads:
-    raise ValueError(f"config.model.d_model={config.model.d_model} must divide by "
-                     f"config.model.n_heads={config.model.n_heads}")
+    raise ValueError(f"config.model.d_model={config.model.d_model} does not divide by "
+                     f"config.model.n_heads={config.model.n_heads}; allowed: multiples of it")
   rl = config.rl
   loss = losses.get(rl.algorithm)
-  if rl.group_size < 1 or rl.batch_size % rl.group_size:
+  if rl.batch_size % rl.group_size:
     raise ValueError(f"config.rl.batch_size={rl.batch_size} must divide by config.rl.group_size="
                      f"{rl.group_size}")
   credit_name, credit_knobs = _sub_config(config.credit)
@@ -121,11 +159,11 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
     raise ValueError(f"config.rl.batch_size={rl.batch_size} must split into {devices} devices with "
                      f"whole groups of config.rl.group_size={rl.group_size} on each")
   if local_batch % rl.minibatches:
-    raise ValueError(f"the per-device batch {local_batch} must divide by config.rl.minibatches="
-                     f"{rl.minibatches}")
+    raise ValueError(f"config.rl.minibatches={rl.minibatches} does not divide the per-device batch "
+                     f"{local_batch}; allowed: its divisors")
   if config.eval.size % devices:
-    raise ValueError(f"config.eval.size={config.eval.size} must divide by the {devices} devices "
-                     f"(evaluation is sharded like training)")
+    raise ValueError(f"config.eval.size={config.eval.size} does not split over the {devices} devices "
+                     f"(evaluation is sharded like training); allowed: multiples of {devices}")
   for key in ("log_every", "eval_every", "checkpoint_every", "total_steps"):
     if config[key] % config.steps_per_call:
       raise ValueError(f"config.{key}={config[key]} must be a multiple of config.steps_per_call="

@@ -1,33 +1,53 @@
-"""The host loop: initialise or resume, run compiled calls, evaluate, log, checkpoint."""
+"""The host loop: check the config and workdir, initialise or resume, run compiled calls, evaluate,
+log, checkpoint (the latest and the best); stop cleanly on SIGTERM / SIGINT, and skip or stop at a
+non-finite update."""
+import contextlib
+import math
 import os
+import signal
+import threading
 import time
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from absl import logging
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from marl_jax import checkpoint, evaluate, experiment, metrics as metrics_lib, parallel, state, train
 from marl_jax import model as model_lib
+from marl_jax import workdir as workdir_lib
 
 
-def load_params(exp: experiment.Experiment, workdir: str, step: int | None = None):
-  """params_S from a checkpoint (the latest by default) of another run, e.g. a warm start.  The run
-  may have used any credit estimator or optimiser; its parameters must fit `config.model` and the
-  number of parameter sets, and hold 1 seed or `config.num_seeds`."""
+class NonFiniteError(FloatingPointError):
+  """A non-finite reward, advantage, loss or gradient under `config.rl.on_nonfinite='stop'`."""
+
+
+def load_params(exp: experiment.Experiment, init_from: str, step: int | None = None):
+  """params_S from a checkpoint of another run, e.g. a warm start: `DIR` (its latest checkpoint, or
+  `step`) or `DIR:best` (its best-evaluated one).  The run may have used any credit estimator or
+  optimiser; its parameters must fit `config.model` and the number of parameter sets, and hold 1
+  seed or `config.num_seeds`."""
+  workdir = init_from.removesuffix(":best")
   if not os.path.exists(os.path.join(workdir, "config.json")) or checkpoint.latest_step(workdir) is None:
-    raise FileNotFoundError(f"config.init_from={workdir!r} holds no config.json and checkpoint")
+    raise FileNotFoundError(f"config.init_from={init_from!r} holds no config.json and checkpoint")
+  if workdir != init_from:
+    step = checkpoint.best_step(workdir)
+    if step is None:
+      raise FileNotFoundError(f"config.init_from={init_from!r}: no checkpoint there was saved with its "
+                              f"evaluation accuracy (it was written before best-checkpoint tracking)")
   saved = checkpoint.restore_as_saved(workdir, NamedSharding(exp.mesh, P()), step)
   params_S = saved.get("params") if isinstance(saved, dict) else None
   expected = jax.eval_shape(lambda: model_lib.init_stack(exp.model, jax.random.PRNGKey(0), exp.num_sets))
   shapes = lambda tree, drop: jax.tree.map(lambda p: tuple(p.shape[drop:]), tree)
   if params_S is None or shapes(expected, 0) != shapes(params_S, 1):
-    raise ValueError(f"config.init_from={workdir!r} holds a model whose shapes or parameter sets "
+    raise ValueError(f"config.init_from={init_from!r} holds a model whose shapes or parameter sets "
                      f"differ from config.model / config.roles")
   S = jax.tree.leaves(params_S)[0].shape[0]
   if S not in (1, exp.config.num_seeds):
-    raise ValueError(f"config.init_from={workdir!r} holds {S} seeds; config.num_seeds="
+    raise ValueError(f"config.init_from={init_from!r} holds {S} seeds; config.num_seeds="
                      f"{exp.config.num_seeds} needs 1 or the same number")
   return jax.tree.map(lambda p: jnp.broadcast_to(p, (exp.config.num_seeds,) + p.shape[1:]), params_S)
 
@@ -38,29 +58,102 @@ def summarize(metrics_SxN) -> dict:
   return {k: np.nanmean(np.asarray(v), -1) for k, v in metrics_SxN.items()}
 
 
+def _setup(config: ml_collections.ConfigDict, workdir: str):
+  """Everything that can refuse the run, before anything is compiled or written: the config, the
+  workdir, its latest checkpoint (restored) and the warm start `init_from` (for a new run).  Returns
+  (exp, start, state_S, init_params_S) with start None for a new run; raises ConfigError."""
+  try:
+    exp = experiment.build(config)
+    workdir_lib.check(config, workdir)
+    checkpoint.check_entries(workdir)
+    start = checkpoint.latest_step(workdir)
+    state_S = None if start is None else checkpoint.restore(workdir, state.abstract_state(exp))
+    init_params_S = load_params(exp, config.init_from) if config.init_from and start is None else None
+  except (ValueError, OSError) as e:
+    raise experiment.ConfigError(str(e)) from e
+  return exp, start, state_S, init_params_S
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+  """Yields an Event that SIGTERM (preemption) or SIGINT (Ctrl-C) sets, read by the host loop between
+  compiled calls; a second signal gets the handler there was before (Ctrl-C twice: stop at once)."""
+  requested = threading.Event()
+  if threading.current_thread() is not threading.main_thread():  # only the main thread has handlers
+    yield requested
+    return
+  previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+  def restore():
+    for s, handler in previous.items():
+      signal.signal(s, signal.SIG_DFL if handler is None else handler)
+
+  def handler(signum, frame):
+    if requested.is_set():
+      restore()
+      signal.raise_signal(signum)
+      return
+    requested.set()
+    os.write(2, f"\n{signal.Signals(signum).name}: finishing the current call, then writing a "
+                f"checkpoint (send it again to stop at once)\n".encode())
+
+  for s in previous:
+    signal.signal(s, handler)
+  try:
+    yield requested
+  finally:
+    restore()
+
+
+def _stop_agreed(requested: threading.Event) -> bool:
+  """Whether any process was signalled: all stop after the same call, as saving is collective."""
+  if jax.process_count() == 1:
+    return requested.is_set()
+  return bool(multihost_utils.process_allgather(np.int32(requested.is_set())).any())
+
+
+def _skipped_updates(exp: experiment.Experiment, nonfinite_SxNxQxR, first_step: int) -> np.ndarray:
+  """skipped_S: the updates of a call that the step skipped (a non-finite quantity).  The first one
+  names its step, seed, quantity and roles: with `config.rl.on_nonfinite='stop'` it ends the run
+  (NonFiniteError), else a warning."""
+  skipped_SxN = nonfinite_SxNxQxR.any((2, 3))
+  if skipped_SxN.any():
+    n, s = np.argwhere(skipped_SxN.T)[0]  # the earliest step, then the lowest seed
+    q = int(np.argmax(nonfinite_SxNxQxR[s, n].any(1)))  # the first quantity the step computes
+    roles = ", ".join(exp.layout.roles[r] for r in np.flatnonzero(nonfinite_SxNxQxR[s, n, q]))
+    message = (f"non-finite {train.NONFINITE[q]} at step {first_step + n + 1} (seed {s}, role {roles}): "
+               f"the update was skipped")
+    if exp.config.rl.on_nonfinite == "stop":
+      raise NonFiniteError(f"{message}; config.rl.on_nonfinite='stop' ends the run (its checkpoints hold "
+                           f"finite values only; 'skip' skips such updates and goes on)")
+    logging.warning("%s (%d updates skipped in this call)", message, skipped_SxN.sum())
+  return skipped_SxN.sum(1)
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   if config.distributed:
     parallel.initialize_distributed()
-  exp = experiment.build(config)  # every config error surfaces here, before the workdir is touched
-  # A bad warm-start directory fails here too, before anything is written.
-  init_params_S = load_params(exp, config.init_from) if config.init_from else None
+  exp, start, state_S, init_params_S = _setup(config, workdir)
   lead = jax.process_index() == 0
   if lead:
     os.makedirs(workdir, exist_ok=True)
-  mngr = checkpoint.manager(workdir)
-  start = mngr.latest_step()
-  if start is None:
-    state_S = state.initial_state(exp, init_params_S)
-  else:
-    state_S = checkpoint.restore(workdir, state.abstract_state(exp))
-  if lead:
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-      f.write(config.to_json(indent=2))
-  writer = metrics_lib.Writer(workdir, config.total_steps, start or 0, enabled=lead)
+    workdir_lib.write_atomically(os.path.join(workdir, "config.json"), config.to_json(indent=2))
+  mngr = checkpoint.manager(workdir)  # removes the unfinished save of a killed run
+  # Carried over from the checkpoint resumed: skipped updates so far, and the best evaluation.
+  saved = {} if start is None else mngr.metrics(start) or {}
+  skipped_S = np.asarray(saved.get("skipped_updates", [0] * config.num_seeds), np.int64)
+  peak = checkpoint.best_value(mngr)
+  writer = metrics_lib.Writer(workdir, config.total_steps, start, enabled=lead)
   evaluate_greedy = evaluate.make_evaluate(exp)
 
-  def eval_scalars(state_S):
-    return {f"eval_{k}": v for k, v in state.to_host(evaluate_greedy(state_S.params)).items()}
+  def evaluation(state_S) -> tuple[dict, float]:
+    """Greedy evaluation scalars with the drop of their mean accuracy from the best so far (the best
+    checkpoint's), and that mean accuracy."""
+    nonlocal peak
+    scalars = {f"eval_{k}": v for k, v in state.to_host(evaluate_greedy(state_S.params)).items()}
+    accuracy = float(np.mean(scalars["eval_accuracy"]))
+    peak = max(peak, accuracy)  # a NaN accuracy leaves the peak as it was
+    return {**scalars, "eval_drop_from_peak": np.asarray(peak - accuracy)}, accuracy
 
   def log(step, scalars_S):
     row = {}
@@ -68,32 +161,60 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
       row.update(metrics_lib.per_seed(name, values_S))
     writer.write(step, row)
 
-  if start is None:
-    start = 0
-    sampled = state.to_host(evaluate.make_evaluate(exp, greedy=False)(state_S.params))
-    log(0, {"accuracy": sampled["accuracy"], **eval_scalars(state_S)})
-    checkpoint.save(mngr, 0, state_S)  # the base model, reusable through config.init_from
+  def save(step, state_S, accuracy=None):
+    values = {"skipped_updates": skipped_S.tolist()}
+    if accuracy is not None and math.isfinite(accuracy):
+      values[checkpoint.BEST] = accuracy
+    checkpoint.save(mngr, step, state_S, values)
 
-  train_call = train.make_train_call(exp)
-  tokens, train_seconds = 0.0, 0.0
-  for step in range(start + config.steps_per_call, config.total_steps + 1, config.steps_per_call):
-    clock = time.perf_counter()
-    state_S, metrics_SxN = train_call(state_S)
-    jax.block_until_ready(state_S)  # never queue many collective-heavy calls on the CPU backend
-    summary = summarize(state.to_host(metrics_SxN))
-    # Throughput counts the compiled calls' time only, from the second call on (the first compiles).
-    if step > start + config.steps_per_call:
-      train_seconds += time.perf_counter() - clock
-      tokens += float(summary["tokens"].sum()) * config.steps_per_call
-    writer.advance(step)
-    if step % config.log_every == 0 or step % config.eval_every == 0:
-      row = dict(summary)
-      if train_seconds > 0:
-        row["tokens_per_s"] = np.asarray(tokens / train_seconds)
-      if step % config.eval_every == 0:
-        row.update(eval_scalars(state_S))
-      log(step, row)
-    if step % config.checkpoint_every == 0 or step == config.total_steps:
-      checkpoint.save(mngr, step, state_S)
-  mngr.wait_until_finished()
-  writer.close()
+  def stopped(step):
+    logging.warning("stopped at step %d by a signal, checkpoint %d written; run again with the same "
+                    "--workdir=%s to resume", step, step, workdir)
+
+  with stop_on_signals() as requested:
+    try:
+      if start is None:
+        start = 0
+        state_S = state.initial_state(exp, init_params_S)
+        sampled = state.to_host(evaluate.make_evaluate(exp, greedy=False)(state_S.params))
+        evals, accuracy = evaluation(state_S)
+        log(0, {"accuracy": sampled["accuracy"], **evals, "skipped_updates": skipped_S})
+        save(0, state_S, accuracy)  # the base model, reusable through config.init_from
+      if _stop_agreed(requested):  # signalled before training (during the warm start, say)
+        stopped(start)
+        return
+
+      train_call = train.make_train_call(exp)
+      tokens, train_seconds = 0.0, 0.0
+      for step in range(start + config.steps_per_call, config.total_steps + 1, config.steps_per_call):
+        clock = time.perf_counter()
+        state_S, metrics_SxN = train_call(state_S)
+        jax.block_until_ready(state_S)  # never queue many collective-heavy calls on the CPU backend
+        metrics_SxN = state.to_host(metrics_SxN)
+        skipped_S += _skipped_updates(exp, metrics_SxN.pop("nonfinite_QxR"), step - config.steps_per_call)
+        summary = summarize(metrics_SxN)
+        # Throughput counts the compiled calls' time only, from the second call on (the first compiles).
+        if step > start + config.steps_per_call:
+          train_seconds += time.perf_counter() - clock
+          tokens += float(summary["tokens"].sum()) * config.steps_per_call
+        writer.advance(step)
+        accuracy, best = None, False
+        if step % config.log_every == 0 or step % config.eval_every == 0:
+          row = {**summary, "skipped_updates": skipped_S}
+          if train_seconds > 0:
+            row["tokens_per_s"] = np.asarray(tokens / train_seconds)
+          if step % config.eval_every == 0:
+            before = peak
+            evals, accuracy = evaluation(state_S)
+            best = accuracy > before
+            row.update(evals)
+          log(step, row)
+        stopping = _stop_agreed(requested)
+        if step % config.checkpoint_every == 0 or step == config.total_steps or best or stopping:
+          save(step, state_S, accuracy)
+        if stopping:
+          stopped(step)
+          return
+    finally:
+      mngr.wait_until_finished()
+      writer.close()

@@ -1,19 +1,75 @@
 """python -m marl_jax.main --config=experiments/NAME.py[:ARG] --workdir=DIR [--config.KEY=VALUE ...]"""
+import os
+import re
+import sys
+
+import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from marl_jax import loop
+from marl_jax import experiment, loop
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (with :ARG).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory; an existing checkpoint is resumed.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+def _unknown_key(argv) -> str | None:
+  """The first --config.KEY=VALUE whose KEY the config lacks, with the keys allowed there."""
+  config_file = next((a.partition("=")[2] for a in argv if a.startswith("--config=")), None)
+  if config_file is None:
+    return None
+  # The value is unset when an override failed: parse the file again.
+  config = flags.FLAGS["config"].value or flags.FLAGS["config"].parser.parse(config_file)
+  for arg in argv:
+    names = arg.partition("=")[0].removeprefix("--").split(".")
+    if names[0] != "config":
+      continue
+    group = config
+    for depth, name in enumerate(names[1:], 1):
+      if not isinstance(group, ml_collections.ConfigDict) or name not in group:
+        allowed = sorted(group) if isinstance(group, ml_collections.ConfigDict) else []
+        return f"flag {arg}: {'.'.join(names[:depth + 1])} is not a key; allowed: {allowed}"
+      group = group[name]
+  return None
+
+
+def _parse_flags(argv):
+  """absl's flag parsing with each error on one line: a config file's own error without the
+  traceback ml_collections puts in the message, and an unknown --config.KEY with the allowed keys."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    lines = [line.strip() for line in str(e).strip().splitlines()]
+    message = " ".join(dict.fromkeys([lines[0], lines[-1]]))
+  except (AttributeError, KeyError):
+    message = _unknown_key(argv)
+    if message is None:
+      raise
+  sys.exit(f"FATAL Flags parsing error: {message}")
+
+
+def _origin(message: str, argv) -> str:
+  """` (from FLAGS)`: where the config keys `message` names were set, by --config.KEY flags or else
+  by the config file; '' when it names none (a workdir's problem, say)."""
+  keys = set(re.findall(r"config\.([\w.]+\w)", message)) - {"json"}
+  given = [a for a in argv if a.partition("=")[0].removeprefix("--config.") in keys]
+  config_file = [a for a in argv if a.startswith("--config=")][-1:]
+  return f" (from {', '.join(given or config_file)})" if keys else ""
+
+
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
-  loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  try:
+    loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  except (experiment.ConfigError, loop.NonFiniteError) as e:
+    sys.stdout.flush()
+    print(f"FATAL {type(e).__name__}: {e}{_origin(str(e), sys.argv)}", file=sys.stderr, flush=True)
+    # At once: after a failed restore, tensorstore's pending reads would print tracebacks of orbax's
+    # closed event loop while the interpreter shuts down.  Metrics and saves are already closed.
+    os._exit(1)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)

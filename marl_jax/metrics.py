@@ -6,6 +6,8 @@ import numpy as np
 import tqdm
 from tensorboardX import SummaryWriter
 
+from marl_jax import workdir as workdir_lib
+
 
 def per_seed(name: str, values_S) -> dict:
   """`name` is the mean over seeds; with several seeds `name/seed{i}` holds each seed's value."""
@@ -17,15 +19,23 @@ def per_seed(name: str, values_S) -> dict:
 
 
 class Writer:
-  """Appends to metrics.jsonl (a resumed run continues the file; never truncates it)."""
+  """Writes metrics.jsonl and TensorBoard events.  A run resumed from checkpoint `resume_step` (None:
+  a run from scratch) first drops the rows past it, which a killed run logged after its last
+  checkpoint and this run logs again, so the file holds each step once; TensorBoard hides those
+  events (`purge_step`)."""
 
-  def __init__(self, workdir: str, total_steps: int, initial_step: int, enabled: bool = True):
+  def __init__(self, workdir: str, total_steps: int, resume_step: int | None, enabled: bool = True):
     self.enabled = enabled
     if not enabled:
       return
-    self.jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
-    self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
-    self.bar = tqdm.tqdm(total=total_steps, initial=initial_step, dynamic_ncols=True, desc="train")
+    path = os.path.join(workdir, "metrics.jsonl")
+    kept = [r for r in (read(workdir) if os.path.exists(path) else [])
+            if resume_step is not None and r["step"] <= resume_step]
+    workdir_lib.write_atomically(path, "".join(json.dumps(r) + "\n" for r in kept))
+    self.jsonl = open(path, "a")
+    first = 0 if resume_step is None else resume_step + 1
+    self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=first)
+    self.bar = tqdm.tqdm(total=total_steps, initial=resume_step or 0, dynamic_ncols=True, desc="train")
 
   def write(self, step: int, scalars: dict):
     if not self.enabled:
@@ -50,10 +60,13 @@ class Writer:
 
 
 def read(workdir: str) -> list[dict]:
-  """Rows of metrics.jsonl; when a resumed run logged a step again, its later row wins."""
+  """Rows of metrics.jsonl by step.  A line cut short by a killed process is skipped, and where a
+  file written before resumed runs dropped their repeated rows (see `Writer`) holds a step twice,
+  the later row wins."""
   rows = {}
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     for line in f:
-      row = json.loads(line)
-      rows[row["step"]] = {**rows.get(row["step"], {}), **row}
+      if line.endswith("\n"):
+        row = json.loads(line)
+        rows[row["step"]] = {**rows.get(row["step"], {}), **row}
   return [rows[s] for s in sorted(rows)]

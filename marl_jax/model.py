@@ -28,9 +28,12 @@ class ModelConfig:
 
 def compute_dtype(name: str):
   """'auto' is float32 on CPU (exact tests) and bfloat16 on accelerators (speed)."""
+  dtypes = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
   if name == "auto":
     return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
-  return {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[name]
+  if name not in dtypes:
+    raise ValueError(f"config.model.dtype={name!r} is unknown; allowed: {['auto', *dtypes]}")
+  return dtypes[name]
 
 
 class Block(nn.Module):

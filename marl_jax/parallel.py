@@ -12,7 +12,8 @@ def make_mesh(num_devices: int = 0) -> jax.sharding.Mesh:
   available = jax.device_count()
   n = available if num_devices in (0, None) else num_devices
   if n > available:
-    raise ValueError(f"config.num_devices={num_devices} but only {available} devices are visible")
+    raise ValueError(f"config.num_devices={num_devices} but only {available} devices are visible; "
+                     f"allowed: 0 (all of them) to {available}")
   return jax.make_mesh((n,), (DATA,), axis_types=(AxisType.Auto,), devices=jax.devices()[:n])
 
 

@@ -68,6 +68,26 @@ def step_metrics(exp: Experiment, scored, episodes: rollout.Episodes, devices, r
   return {k: jax.lax.pmean(v, parallel.DATA) for k, v in metrics.items()}
 
 
+NONFINITE = ("reward", "advantage", "loss", "gradient", "credit state")  # in the step's order
+
+
+def nonfinite(exp: Experiment, outcome: credit.Outcome, adv_xB, aux, credit_state) -> jax.Array:
+  """nonfinite_QxR: whether quantity q of NONFINITE was non-finite for role r on any device (per-turn
+  values count for the turn's role, a set's gradient for every role that uses the set, the credit
+  estimator's updated state for every role)."""
+  R = len(exp.layout.roles)
+  turn_role_NxR = np.asarray(exp.layout.turn_roles)[:, None] == np.arange(R)
+  by_turn = lambda bad_N: (bad_N[:, None] & turn_role_NxR).any(0)
+  bad = lambda x_xB: ~jnp.isfinite(x_xB).all(-1)
+  reward_R = bad(outcome.role_RxB) | bad(outcome.team_B)
+  adv_R = by_turn(bad(adv_xB)) if exp.credit.per_turn else bad(adv_xB)
+  gradient_R = ~aux["finite_grad_S"][np.asarray(exp.role_set_R)]
+  credit_ok = jnp.array([jnp.isfinite(x).all() for x in jax.tree.leaves(credit_state)
+                         if jnp.issubdtype(x.dtype, jnp.inexact)] + [True]).all()
+  nonfinite_QxR = jnp.stack([reward_R, adv_R, ~aux["finite_loss_R"], gradient_R, jnp.full(R, ~credit_ok)])
+  return jax.lax.pmax(nonfinite_QxR.astype(jnp.int32), parallel.DATA) > 0
+
+
 def local_step(exp: Experiment, state: TrainState, problem_key_B, sample_key_B, rerun_key_B,
                diagnose):
   """One seed, this device's rows: rollout, score, credit, update.  `diagnose` (a scalar bool, the
@@ -99,12 +119,19 @@ def local_step(exp: Experiment, state: TrainState, problem_key_B, sample_key_B, 
     role_metrics["kl_to_base"] = aux["kl_to_base"]
   metrics = step_metrics(exp, scored, episodes, devices, role_metrics,
                          {**credit_metrics, **credit_update_metrics})
+  # A non-finite reward, advantage, loss or gradient skips the update: parameters, optimiser and
+  # credit state stay as they were, so no NaN enters the state (the host counts it, or stops).
+  nonfinite_QxR = nonfinite(exp, outcome, adv_xB, aux, credit_state)
+  params, opt_state, credit_state = jax.tree.map(
+      lambda new, old: jnp.where(nonfinite_QxR.any(), old, new),
+      (params, opt_state, credit_state), (state.params, state.opt_state, state.credit))
   state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, credit=credit_state)
-  return state, metrics
+  return state, {**metrics, "nonfinite_QxR": nonfinite_QxR}
 
 
 def make_train_call(exp: Experiment):
-  """`train_call(state_S) -> (state_S, metrics_SxN)`: N = steps_per_call steps in one program.
+  """`train_call(state_S) -> (state_S, metrics_SxN)`: N = steps_per_call steps in one program
+  (`nonfinite_QxR` per step and seed: SxNxQxR).
 
   Diagnostics that cost extra compute (per-role gradient norms of shared sets) are measured on the
   last step of each call and are NaN on the others (`loop.summarize` averages the steps that have
@@ -130,6 +157,6 @@ def make_train_call(exp: Experiment):
   @functools.partial(jax.jit, donate_argnums=0)
   def train_call(state_S):
     state_S, metrics_NxS = jax.lax.scan(one_step, state_S, jnp.arange(config.steps_per_call))
-    return state_S, jax.tree.map(lambda m: m.T, metrics_NxS)
+    return state_S, jax.tree.map(lambda m: jnp.swapaxes(m, 0, 1), metrics_NxS)
 
   return train_call

@@ -58,8 +58,9 @@ def minibatch_rows(exp, batch_size: int) -> np.ndarray:
 
 def apply(exp, params_R, opt_state, batch: Batch, devices: int):
   """Epochs of minibatch updates over this device's rows: (params_R, opt_state, aux), where aux holds
-  per-role diagnostics of the last minibatch, summed over devices, and the norm of each parameter
-  set's gradient there (`grad_norm_S`)."""
+  per-role diagnostics of the last minibatch, summed over devices, the norm of each parameter set's
+  gradient there (`grad_norm_S`), and whether every minibatch's loss and gradient were finite
+  (`finite_loss_R`, `finite_grad_S`)."""
   R = len(exp.layout.roles)
   trainable_R = np.asarray(exp.trainable_R)
 
@@ -77,9 +78,12 @@ def apply(exp, params_R, opt_state, batch: Batch, devices: int):
   def epoch(carry, _):
     return jax.lax.scan(minibatch_update, carry, minibatch_rows(exp, batch.tokens_BxT.shape[0]))
 
-  (params_R, opt_state), aux = jax.lax.scan(epoch, (params_R, opt_state), None,
-                                            length=exp.config.rl.epochs)
-  return params_R, opt_state, jax.tree.map(lambda x: x[-1, -1], aux)
+  (params_R, opt_state), aux_ExM = jax.lax.scan(epoch, (params_R, opt_state), None,
+                                                length=exp.config.rl.epochs)
+  aux = jax.tree.map(lambda x: x[-1, -1], aux_ExM)
+  aux["finite_loss_R"] = jnp.isfinite(aux_ExM["loss"]).all((0, 1))
+  aux["finite_grad_S"] = jnp.isfinite(aux_ExM["grad_norm_S"]).all((0, 1))
+  return params_R, opt_state, aux
 
 
 def role_grad_norms(exp, params_R, batch: Batch, devices: int):

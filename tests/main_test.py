@@ -34,20 +34,6 @@ def _steps(workdir):
     return [json.loads(line)["step"] for line in f]
 
 
-BAD_INPUT = [
-    # (flag, what the message must name: the key, the bad value and the allowed values)
-    ("--config.task.name=nope", ["config.task.name='nope'", "'arithmetic'"]),
-    ("--config.rl.algorithm=nope", ["config.rl.algorithm='nope'", "'ppo'", "'reinforce'"]),
-    ("--config.optim.name=nope", ["config.optim.name='nope'", "'adam'", "'sgd'"]),
-    ("--config.credit.name=nope", ["config.credit.name='nope'", "'difference'", "'team'"]),
-    ("--config.credit.baseline=nope", ["config.credit.baseline='nope'", "'dr_grpo'", "'rloo'"]),
-    ("--config.sft.schedule=nope", ["config.sft.schedule='nope'", "'constant'", "'cosine'"]),
-    # '<bos>a+b*c=' (7) + marker (1) + 'dd' answer slot (2) = 10 tokens on the canvas.
-    ("--config.model.max_len=8", ["config.model.max_len=8", "10 tokens"]),
-    ("--config.rl.batch_size=30", ["config.rl.batch_size=30", "config.rl.group_size=4"]),
-]
-
-
 def _check_rejected(result, expected):
   assert result.returncode != 0
   for piece in expected:
@@ -95,20 +81,9 @@ def test_train_resume_and_refuse_bad_input(tmp_path):
   assert checkpoint.latest_step(str(workdir)) == 8
   assert json.loads((workdir / "config.json").read_text())["total_steps"] == 8
 
-  # Bad input against this real workdir: refused, and not one byte of it changes.
+  # Bad input against this real workdir: refused, and not one byte of it changes (more bad input in
+  # tests/reliability_test.py).
   before = _snapshot(workdir)
-  flag, expected = BAD_INPUT[2]
-  _check_rejected(_main(workdir, flag, "--config.total_steps=10", timeout=300), expected)
+  _check_rejected(_main(workdir, "--config.optim.name=nope", "--config.total_steps=10", timeout=300),
+                  ["config.optim.name='nope'", "'adam'", "'sgd'"])
   assert _snapshot(workdir) == before
-
-
-@pytest.mark.parametrize("flag, expected", BAD_INPUT, ids=[f.split("=")[0][9:] for f, _ in BAD_INPUT])
-def test_bad_input_is_refused_before_compiling(tmp_path, flag, expected):
-  # A workdir that a previous run left behind (files are stand-ins: nothing may read or write them).
-  (tmp_path / "checkpoints" / "4").mkdir(parents=True)
-  (tmp_path / "checkpoints" / "4" / "state").write_bytes(b"\x00checkpoint bytes")
-  (tmp_path / "metrics.jsonl").write_text('{"step": 0, "accuracy": 0.5}\n')
-  (tmp_path / "config.json").write_text('{"total_steps": 4}')
-  before = _snapshot(tmp_path)
-  _check_rejected(_main(tmp_path, flag, timeout=300), expected)
-  assert _snapshot(tmp_path) == before

@@ -1,0 +1,323 @@
+"""Runs that survive what preemptible machines do to them: SIGTERM, a kill during a checkpoint save,
+non-finite updates, foreign or read-only workdirs and malformed configs.  The end-to-end tests run
+the real command line at size=tiny in subprocesses, with the fault injected by a patch applied
+before `marl_jax.main` runs."""
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import chex
+import jax
+import numpy as np
+import pytest
+from tensorboardX.proto import event_pb2
+
+from marl_jax import checkpoint, configs, experiment, loop, state, train
+from main_test import _snapshot, _steps
+from train_test import tiny_config
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+# size=tiny, shorter still: no warm start, 16 evaluation problems, 2 calls of 2 steps with an
+# evaluation after each, and a checkpoint only at the end, so a checkpoint at step 2 is a stop's.
+FLAGS = (f"--config={REPO / 'experiments' / 'single_agent.py'}:size=tiny", "--config.sft.steps=0",
+         "--config.eval.size=16", "--config.checkpoint_every=4")
+OVERRIDES = {"sft.steps": 0, "eval.size": 16, "checkpoint_every": 4}
+
+# Patches run in the subprocess before the command line.
+SIGTERM_IN_FIRST_CALL = """
+import os, signal, threading
+from marl_jax import train
+make_train_call, calls = train.make_train_call, []
+def signalled(exp):
+  call = make_train_call(exp)
+  def first_call_signalled(state_S):
+    if not calls:  # from another thread, so the signal lands while the main thread is in the call
+      threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGTERM)).start()
+    calls.append(1)
+    return call(state_S)
+  return first_call_signalled
+train.make_train_call = signalled
+"""
+# Saving step 4 hangs just before orbax renames its finished temporary directory: the test kills
+# the process there with SIGKILL.
+SLOW_SAVE_OF_STEP_4 = """
+import time
+from orbax.checkpoint._src.path import atomicity
+finalize = atomicity.AtomicRenameTemporaryPath.finalize
+async def slow_finalize(self):
+  if self.get_final().name == "4":
+    print("saving step 4", flush=True)
+    time.sleep(600)
+  await finalize(self)
+atomicity.AtomicRenameTemporaryPath.finalize = slow_finalize
+"""
+# The team reward of the first row is NaN from the update to step 3 on (`state.step` counts updates).
+NAN_REWARD = """
+import jax.numpy as jnp
+from marl_jax import train
+local_step, score = train.local_step, train.score
+def nan_reward_step(exp, state, *args):
+  def nan_score(*a, **k):
+    scored, outcome = score(*a, **k)
+    team_B = outcome.team_B.at[0].set(jnp.where(state.step >= 2, jnp.nan, outcome.team_B[0]))
+    return scored, outcome.replace(team_B=team_B)
+  train.score = nan_score
+  try:
+    return local_step(exp, state, *args)
+  finally:
+    train.score = score
+train.local_step = nan_reward_step
+"""
+
+
+def _command(workdir, *flags, patch=""):
+  code = f"{patch}\nimport runpy\nrunpy.run_module('marl_jax.main', run_name='__main__')"
+  return [sys.executable, "-c", code, *FLAGS, f"--workdir={workdir}", *flags]
+
+
+def _env(**extra):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", **extra)
+  env.pop("XLA_FLAGS", None)  # one CPU device, whatever another test set in this process
+  return env
+
+
+def _run(workdir, *flags, patch="", timeout=600):
+  return subprocess.run(_command(workdir, *flags, patch=patch), cwd=REPO, env=_env(), capture_output=True,
+                        text=True, timeout=timeout)
+
+
+def _start(workdir, *flags, patch="", stderr=subprocess.PIPE, **env):
+  return subprocess.Popen(_command(workdir, *flags, patch=patch), cwd=REPO, env=_env(**env), text=True,
+                          stdout=subprocess.PIPE, stderr=stderr)
+
+
+def _tensorboard_steps(workdir):
+  """The steps with scalars in the TensorBoard event files (records: length, crc, event, crc)."""
+  steps = set()
+  for path in pathlib.Path(workdir, "tensorboard").iterdir():
+    data, i = path.read_bytes(), 0
+    while i < len(data):
+      n = int.from_bytes(data[i:i + 8], "little")
+      event = event_pb2.Event.FromString(data[i + 12:i + 12 + n])
+      steps |= {event.step} if event.summary.value else set()
+      i += 16 + n
+  return steps
+
+
+def _restore(workdir, step):
+  exp = experiment.build(tiny_config(**OVERRIDES))
+  return jax.tree.map(np.asarray, checkpoint.restore(str(workdir), state.abstract_state(exp), step))
+
+
+@pytest.mark.slow
+def test_sigterm_then_kill_during_a_save_resume_exactly(tmp_path):
+  workdir = tmp_path / "run"
+  # SIGTERM during the first call: it finishes, a checkpoint is written at step 2 (not a checkpoint
+  # step), metrics and TensorBoard are flushed, and the run exits 0.
+  stopped = _run(workdir, patch=SIGTERM_IN_FIRST_CALL)
+  assert stopped.returncode == 0, stopped.stderr[-3000:]
+  assert "SIGTERM: finishing the current call" in stopped.stderr
+  assert "stopped at step 2" in stopped.stderr
+  assert checkpoint.latest_step(str(workdir)) == 2 and _steps(workdir) == [0, 2]
+  assert _tensorboard_steps(workdir) == {0, 2}
+
+  # Resumed, then killed with SIGKILL while saving step 4, after logging it: step 2 stays the latest
+  # complete checkpoint, beside the unfinished temporary directory.
+  with open(tmp_path / "killed.stderr", "w") as stderr:  # a file: a full pipe would block the run
+    killed = _start(workdir, patch=SLOW_SAVE_OF_STEP_4, stderr=stderr)
+    assert killed.stdout.readline() == "saving step 4\n", (tmp_path / "killed.stderr").read_text()[-3000:]
+    killed.kill()
+    killed.communicate()
+  assert checkpoint.latest_step(str(workdir)) == 2 and _steps(workdir) == [0, 2, 4]
+  assert [p.name for p in (workdir / "checkpoints").iterdir() if ".orbax-checkpoint-tmp" in p.name]
+
+  # Resumed again: from step 2, the unfinished save removed, each step logged once, and the same
+  # parameters, optimiser state and key as 4 uninterrupted steps (computed here).
+  resumed = _run(workdir)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["0", "2", "4"]
+  assert _steps(workdir) == [0, 2, 4]
+  exp = experiment.build(tiny_config(**OVERRIDES))
+  straight_S, train_call = state.initial_state(exp), train.make_train_call(exp)
+  for _ in range(2):
+    straight_S, _ = train_call(straight_S)
+  chex.assert_trees_all_equal(_restore(workdir, 4), jax.tree.map(np.asarray, straight_S))
+
+  # init_from names the latest checkpoint or the best-evaluated one (the latest of the best).
+  rows = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
+  best = max(rows, key=lambda r: (r["eval_accuracy"], r["step"]))
+  assert checkpoint.best_step(str(workdir)) == best["step"]
+  assert rows[-1]["eval_drop_from_peak"] == pytest.approx(best["eval_accuracy"] - rows[-1]["eval_accuracy"])
+  chex.assert_trees_all_equal(jax.tree.map(np.asarray, loop.load_params(exp, f"{workdir}:best")),
+                              _restore(workdir, best["step"]).params)
+
+
+@pytest.mark.slow
+def test_nonfinite_reward_skips_the_update_or_stops_the_run(tmp_path):
+  # The same program both ways (the step skips a non-finite update; the host counts it or stops),
+  # so the second run reuses the first one's compilation.
+  skip, stop = tmp_path / "skip", tmp_path / "stop"
+  skipped = _run(skip, "--config.checkpoint_every=2", patch=NAN_REWARD)
+  assert skipped.returncode == 0, skipped.stderr[-3000:]
+  assert "non-finite reward at step 3 (seed 0, role agent): the update was skipped" in skipped.stderr
+  # The updates to steps 3 and 4 are skipped and counted: parameters, optimiser and credit state
+  # stay at step 2's.
+  assert [r["skipped_updates"] for r in map(json.loads, open(skip / "metrics.jsonl"))] == [0, 0, 2]
+  at_2, at_4 = _restore(skip, 2), _restore(skip, 4)
+  chex.assert_trees_all_equal(at_4.replace(step=at_2.step), at_2)
+
+  # With on_nonfinite=stop the run ends with one line naming the step, seed, quantity and role;
+  # nothing past step 2 is saved or logged.
+  stopped = _run(stop, "--config.checkpoint_every=2", "--config.rl.on_nonfinite=stop", patch=NAN_REWARD)
+  assert stopped.returncode == 1
+  assert stopped.stderr.strip().splitlines()[-1].startswith(
+      "FATAL NonFiniteError: non-finite reward at step 3 (seed 0, role agent)"), stopped.stderr[-3000:]
+  assert "Traceback" not in stopped.stderr
+  assert checkpoint.latest_step(str(stop)) == 2 and _steps(stop) == [0, 2]
+
+
+def test_checkpoint_refuses_a_nonfinite_state(tmp_path):
+  mngr = checkpoint.manager(str(tmp_path))
+  with pytest.raises(FloatingPointError, match=r"non-finite values in \['b'\]$"):
+    checkpoint.save(mngr, 1, {"a": np.ones(2, np.float32), "b": np.array([0.0, np.nan], np.float32),
+                              "n": np.arange(2)})
+  mngr.wait_until_finished()
+  assert mngr.all_steps() == [] and os.listdir(tmp_path / "checkpoints") == []
+
+
+def _workdir_of_a_run(workdir):
+  """A workdir as a run leaves it (config.json, metrics.jsonl, a checkpoint at steps 0 and 2), made
+  without training."""
+  config = tiny_config(**OVERRIDES)
+  exp = experiment.build(config)
+  mngr = checkpoint.manager(str(workdir))
+  state_S = state.initial_state(exp)
+  for step in (0, 2):
+    checkpoint.save(mngr, step, state_S.replace(step=state_S.step + step))
+  mngr.wait_until_finished()
+  (workdir / "config.json").write_text(config.to_json())
+  (workdir / "metrics.jsonl").write_text('{"step": 0, "accuracy": 0.5}\n{"step": 2, "accuracy": 0.5}\n')
+
+
+def _read_only(command, workdir):
+  """`command` with `workdir` read-only: by permissions, or for root (whom they do not stop) by a
+  read-only bind mount in a new user and mount namespace."""
+  if os.geteuid() != 0:
+    os.chmod(workdir, 0o555)
+    return command
+  if subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0:
+    pytest.skip("root, and no user namespaces for a read-only mount")
+  return ["unshare", "-rm", "sh", "-c", 'mount --bind -o ro "$0" "$0" && exec "$@"', str(workdir), *command]
+
+
+@pytest.mark.slow
+def test_foreign_corrupt_or_read_only_workdirs_are_refused_untouched(tmp_path):
+  cases = {  # name: (change to the workdir, flags, what the one-line error says)
+      "other_config": (lambda w: None, ["--config.task.num_ops=1"], "config.task.num_ops: 2 there, 1 now"),
+      "corrupt_step": (lambda w: [p.write_bytes(b"") for p in (w / "checkpoints" / "2").rglob("d/*")],
+                       [], "moving " + str(tmp_path / "corrupt_step" / "checkpoints" / "2")),
+      "foreign_entry": (lambda w: (w / "checkpoints" / "notes").mkdir(), [], "holds ['notes']"),
+      "no_config_json": (lambda w: (w / "config.json").unlink(), [], "but no config.json"),
+      "read_only": (lambda w: None, [], "is not writable"),
+  }
+  _workdir_of_a_run(tmp_path / "run")
+  runs, before = {}, {}
+  for name, (change, flags, _) in cases.items():
+    workdir = tmp_path / name
+    shutil.copytree(tmp_path / "run", workdir)
+    change(workdir)
+    before[name] = _snapshot(workdir)
+    command = _command(workdir, *flags)
+    if name == "read_only":
+      command = _read_only(command, workdir)
+    runs[name] = subprocess.Popen(command, cwd=REPO, env=_env(), text=True, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE)
+  for name, run in runs.items():
+    _, err = run.communicate(timeout=300)
+    assert run.returncode == 1, (name, err[-3000:])
+    *before_it, line = err.strip().splitlines()
+    assert line.startswith("FATAL ConfigError: ") and cases[name][2] in line, (name, err[-3000:])
+    # Only a failed restore may come with tracebacks of tensorstore reads still pending (orbax's).
+    assert name == "corrupt_step" or not before_it, (name, err[-3000:])
+    os.chmod(tmp_path / name, 0o755)
+    assert _snapshot(tmp_path / name) == before[name], name
+
+
+# ---------------------------------------------------------------------------------------------
+# Malformed configs: each refused with its key and the allowed values, before the workdir is touched.
+
+MALFORMED = [  # (group, overrides, what the message names)
+    ("model", {"model.max_len": 8}, ["config.model.max_len=8", "10 tokens", "allowed: >= 10"]),
+    ("model", {"model.d_model": 31}, ["config.model.d_model=31", "config.model.n_heads=2", "multiples"]),
+    ("model", {"model.dtype": "float8"}, ["config.model.dtype='float8'", "'bfloat16'"]),
+    ("model", {"model.n_layers": 0}, ["config.model.n_layers=0", "allowed: an integer >= 1"]),
+    ("task", {"task.name": "nope"}, ["config.task.name='nope'", "'arithmetic'"]),
+    ("task", {"task.nope": 1}, ["config.task has keys ['nope']", "'num_ops'"]),
+    ("protocol", {"protocol.name": "nope"}, ["config.protocol.name='nope'", "'solver_verifier'"]),
+    ("protocol", {"protocol.name": "solver_verifier", "protocol.rounds": 0},
+     ["config.protocol.rounds=0", ">= 1"]),
+    ("roles", {"roles.sharing": "nope"}, ["config.roles.sharing='nope'", "'isolated'", "'shared'"]),
+    ("roles", {"roles.trainable": "1,0"}, ["config.roles.trainable='1,0'", "'' (all trainable)", "'1'"]),
+    ("roles", {"roles.trainable": "x"}, ["config.roles.trainable='x'", "one 1 or 0 per set"]),
+    ("credit", {"credit.name": "nope"}, ["config.credit.name='nope'", "'team'", "'difference'"]),
+    ("credit", {"credit.baseline": "nope"}, ["config.credit.baseline='nope'", "'rloo'"]),
+    ("credit", {"credit": configs.credit_config("difference"), "credit.samples": 0},
+     ["config.credit.samples=0", ">= 1"]),
+    ("rl", {"rl.algorithm": "nope"}, ["config.rl.algorithm='nope'", "'ppo'", "'reinforce'"]),
+    ("rl", {"rl.batch_size": 30}, ["config.rl.batch_size=30", "config.rl.group_size=4"]),
+    ("rl", {"rl.minibatches": 0}, ["config.rl.minibatches=0", "allowed: an integer >= 1"]),
+    ("rl", {"rl.minibatches": 3}, ["config.rl.minibatches=3", "batch 32", "its divisors"]),
+    ("rl", {"rl.on_nonfinite": "ignore"}, ["config.rl.on_nonfinite='ignore'", "'skip'", "'stop'"]),
+    ("rl", {"rl.temperature": 0.0}, ["config.rl.temperature=0.0", "allowed: a number > 0.0"]),
+    ("optim", {"optim.name": "nope"}, ["config.optim.name='nope'", "'adam'", "'sgd'"]),
+    ("optim", {"optim.schedule": "nope"}, ["config.optim.schedule='nope'", "'constant'", "'cosine'"]),
+    ("optim", {"optim.learning_rate": -1.0}, ["config.optim.learning_rate=-1.0", "> 0.0"]),
+    ("sft", {"sft.schedule": "nope"}, ["config.sft.schedule='nope'", "'constant'", "'cosine'"]),
+    ("sft", {"sft.steps": -1}, ["config.sft.steps=-1", "allowed: an integer >= 0"]),
+    ("eval", {"eval.size": 0}, ["config.eval.size=0", "allowed: an integer >= 1"]),
+    ("devices", {"num_devices": 1000}, ["config.num_devices=1000", "allowed: 0 (all of them) to"]),
+    ("devices", {"num_devices": -1}, ["config.num_devices=-1", "allowed: an integer >= 0"]),
+    ("steps", {"steps_per_call": 0}, ["config.steps_per_call=0", "allowed: an integer >= 1"]),
+    ("steps", {"log_every": 3}, ["config.log_every=3", "multiple of config.steps_per_call=2"]),
+    ("init_from", {"init_from": "/nonexistent/run:best"}, ["config.init_from='/nonexistent/run:best'"]),
+]
+
+
+@pytest.mark.parametrize("group, overrides, expected", MALFORMED,
+                         ids=[f"{g}-{'-'.join(map(str, o.values()))}" for g, o, _ in MALFORMED])
+def test_malformed_config_is_refused_before_the_workdir_is_touched(tmp_path, group, overrides, expected):
+  # A workdir a run of the good config left behind (stand-in files: nothing may write them).
+  (tmp_path / "checkpoints").mkdir()
+  (tmp_path / "metrics.jsonl").write_text('{"step": 0, "accuracy": 0.5}\n')
+  (tmp_path / "config.json").write_text(tiny_config().to_json())
+  before = _snapshot(tmp_path)
+  with pytest.raises(experiment.ConfigError) as error:
+    loop.train_and_evaluate(tiny_config(**overrides), str(tmp_path))
+  for piece in expected:
+    assert piece in str(error.value), (piece, str(error.value))
+  assert _snapshot(tmp_path) == before
+
+
+def test_command_line_config_errors_are_one_line(tmp_path):
+  """A config error from the config file, an unknown key or a bad value: one line naming the flag,
+  exit status 1, no traceback, nothing compiled, the workdir untouched."""
+  cases = [  # (flags, the start of the one line, what it names)
+      ([f"--config={REPO / 'experiments' / 'single_agent.py'}:size=huge"],
+       "FATAL Flags parsing error: flag --config=", "size='huge' is unknown; allowed: ['tiny', 'cpu',"),
+      (["--config.rl.nope=3"], "FATAL Flags parsing error: flag --config.rl.nope=3: ",
+       "config.rl.nope is not a key; allowed: ['algorithm',"),
+      (["--config.rl.minibatches=0"], "FATAL ConfigError: config.rl.minibatches=0; ",
+       "allowed: an integer >= 1 (from --config.rl.minibatches=0)"),
+  ]
+  (tmp_path / "metrics.jsonl").write_text('{"step": 0, "accuracy": 0.5}\n')
+  before = _snapshot(tmp_path)
+  runs = [_start(tmp_path, *flags, JAX_LOG_COMPILES="1") for flags, _, _ in cases]
+  for run, (flags, start, piece) in zip(runs, cases):
+    _, err = run.communicate(timeout=300)
+    assert run.returncode == 1, err[-3000:]
+    assert len(err.strip().splitlines()) == 1 and err.startswith(start) and piece in err, err[-3000:]
+    assert "Compiling" not in err
+  assert _snapshot(tmp_path) == before
