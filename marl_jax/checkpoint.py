@@ -55,8 +55,9 @@ def best_step(workdir: str) -> int | None:
 
 
 def check_entries(workdir: str) -> None:
-  """Refuses a checkpoints/ directory holding anything but complete steps and unfinished saves (a
-  corrupt step, or another program's files), which this run could neither read nor write over."""
+  """Refuses a checkpoints/ directory holding anything but step directories and unfinished saves
+  (another program's files), which this run could neither read nor write over.  A step directory
+  that is not a complete checkpoint fails `restore` with its own message."""
   path = os.path.join(workdir, "checkpoints")
   if not os.path.isdir(path):
     return
@@ -64,8 +65,8 @@ def check_entries(workdir: str) -> None:
     steps = {str(s) for s in mngr.all_steps()}
   other = sorted(e for e in os.listdir(path) if e not in steps and _TMP not in e)
   if other:
-    raise ValueError(f"{path} holds {other}, which are not complete checkpoints (a corrupt step, or "
-                     f"files of another program): move them out of the workdir, or give a new workdir")
+    raise ValueError(f"{path} holds {other}, which are not checkpoints (files of another program?): "
+                     f"move them out of the workdir, or give a new workdir")
 
 
 def _step(mngr: ocp.CheckpointManager, workdir: str, step: int | None) -> int:
