@@ -88,6 +88,17 @@ def nonfinite(exp: Experiment, outcome: credit.Outcome, adv_xB, aux, credit_stat
   return jax.lax.pmax(nonfinite_QxR.astype(jnp.int32), parallel.DATA) > 0
 
 
+def assign_credit(exp: Experiment, params_R, credit_state, problems, outcome: credit.Outcome, rerun_key_B):
+  """The credit estimator on this device's rows: the counterfactual re-runs it asks for (if any, in one
+  batched re-run), its advantages (adv_RxB, or adv_NxB per turn) and its updated state and metrics."""
+  reruns = exp.credit.reruns(len(exp.layout.roles))
+  counterfactuals = None if reruns is None else rollout.rerun(
+      exp, params_R, problems, outcome.tokens_BxT, rerun_key_B, reruns)
+  adv_xB, metrics = exp.credit.advantages(credit_state, outcome, counterfactuals)
+  credit_state, update_metrics = exp.credit.update(credit_state, outcome)
+  return adv_xB, credit_state, {**metrics, **update_metrics}
+
+
 def local_step(exp: Experiment, state: TrainState, problem_key_B, sample_key_B, rerun_key_B,
                diagnose):
   """One seed, this device's rows: rollout, score, credit, update.  `diagnose` (a scalar bool, the
@@ -97,12 +108,8 @@ def local_step(exp: Experiment, state: TrainState, problem_key_B, sample_key_B, 
   problems = jax.vmap(exp.task.sample)(problem_key_B)
   episodes = rollout.sample(exp, state.params, problems, sample_key_B)
   scored, outcome = score(exp, problems, episodes)
-  # Credit: the counterfactual re-runs the estimator asks for (if any), in one batched re-run.
-  reruns = exp.credit.reruns(R)
-  counterfactuals = None if reruns is None else rollout.rerun(
-      exp, state.params, problems, episodes.tokens_BxT, rerun_key_B, reruns)
-  adv_xB, credit_metrics = exp.credit.advantages(state.credit, outcome, counterfactuals)
-  credit_state, credit_update_metrics = exp.credit.update(state.credit, outcome)
+  adv_xB, credit_state, credit_metrics = assign_credit(exp, state.params, state.credit, problems, outcome,
+                                                       rerun_key_B)
   batch = update_batch(exp, state, episodes, adv_xB)
   params, opt_state, aux = update.apply(exp, state.params, state.opt_state, batch, devices)
   # Per-role gradient norms: free with isolated sets (a set's gradient is its role's); otherwise a
@@ -118,7 +125,7 @@ def local_step(exp: Experiment, state: TrainState, problem_key_B, sample_key_B, 
   if exp.config.rl.kl_coef > 0:
     role_metrics["kl_to_base"] = aux["kl_to_base"]
   metrics = step_metrics(exp, scored, episodes, devices, role_metrics,
-                         {**credit_metrics, **credit_update_metrics})
+                         credit_metrics)
   # A non-finite reward, advantage, loss or gradient skips the update: parameters, optimiser and
   # credit state stay as they were, so no NaN enters the state (the host counts it, or stops).
   nonfinite_QxR = nonfinite(exp, outcome, adv_xB, aux, credit_state)

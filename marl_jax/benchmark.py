@@ -1,0 +1,428 @@
+r"""Credit-assignment benchmark: fidelity against exact contributions, and learning, for every estimator.
+
+  python -m marl_jax.benchmark --config=experiments/credit_benchmark.py:size=cpu --workdir=DIR
+
+Fidelity (`DIR/fidelity/GAME-rR.json`, one per game x number of roles): a policy warm-started on the
+`contribution` task plays a batch; every estimator credits the same episodes (stateful ones first
+adapt on `adapt_steps` batches of the same policy), and its per-role credit is compared with the exact
+Shapley value (roles outside a coalition absent) and the exact expected difference credit (a role's
+message resampled from its policy), both computed from the success mask and the policy's exact success
+probabilities.  Per estimator: bias and standard deviation of credit − exact, Spearman rank
+correlation, and cost (re-runs and turns generated per episode); each over seeds with a 95% interval.
+
+Learning (`DIR/learning/SCENARIO/ESTIMATOR/`, an ordinary run directory): each scenario is warm-started
+once (`SCENARIO/base`) and every estimator trains from that base, seeds vmapped; final and peak eval
+accuracy, the peak-to-final drop, steps to reach `learning.target`, wall time.
+
+A finished cell is not re-run: rerunning the command resumes the grid.  `DIR/report/` gets
+`fidelity.csv`, `learning.csv`, `report.md` and the plots (learning curves with 95% bands; fidelity
+against cost).
+"""
+import csv
+import dataclasses
+import functools
+import json
+import math
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import matplotlib
+import ml_collections
+import numpy as np
+import tqdm
+from absl import app, flags, logging
+from jax.sharding import PartitionSpec as P
+from ml_collections import config_flags
+
+from marl_jax import checkpoint, configs, credit, experiment, loop, metrics, parallel, report, rollout
+from marl_jax import protocols, sampling, sft, state as state_lib, tasks, train
+from marl_jax.credit import exact
+
+matplotlib.use("Agg")
+from matplotlib import pyplot as plt  # noqa: E402  (after choosing the headless backend)
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Benchmark config (experiments/credit_benchmark.py).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Benchmark directory; finished cells are kept.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def names(csv_list: str) -> list[str]:
+  return [n.strip() for n in str(csv_list).split(",") if n.strip()]
+
+
+def credit_group(name: str, **settings) -> ml_collections.ConfigDict:
+  """`config.credit` for an estimator, with those of `settings` it takes."""
+  group = configs.credit_config(name)
+  group.update({k: v for k, v in settings.items() if k in group})
+  return group
+
+
+def check(config: ml_collections.ConfigDict) -> None:
+  """Every name in the benchmark config exists, before anything compiles."""
+  for name in names(config.estimators):
+    if name not in credit.REGISTRY:
+      raise ValueError(f"config.estimators has {name!r}; allowed: {sorted(credit.REGISTRY)}")
+  for game in names(config.fidelity.games):
+    if game not in tasks.contribution.GAMES:
+      raise ValueError(f"config.fidelity.games has {game!r}; allowed: {list(tasks.contribution.GAMES)}")
+  for scenario in names(config.learning.scenarios):
+    if scenario not in config.runs:
+      raise ValueError(f"config.learning.scenarios has {scenario!r}; allowed: {sorted(config.runs)}")
+
+
+# Fidelity.
+
+def fidelity_config(config, game: str, num_roles: int, estimator: str) -> ml_collections.ConfigDict:
+  """A `contribution` run config whose credit term stands alone (`outcome_weight` 0 where it exists)."""
+  fid = config.fidelity
+  c = configs.base_config()
+  configs.apply_size(c, "tiny" if config.size == "tiny" else "cpu")
+  c.seed, c.num_seeds = config.seed, fid.num_seeds
+  task_knobs = dict(num_roles=num_roles, game=game, demo_error_rate=fid.demo_error_rate)
+  c.task = ml_collections.ConfigDict(dict(name="contribution", **task_knobs))
+  c.protocol = ml_collections.ConfigDict(dict(name="contribution"))
+  task = tasks.make("contribution", **task_knobs)
+  layout = protocols.make("contribution", task).layout(task, (0,) * num_roles)
+  c.model.max_len = max(c.model.max_len, layout.length)
+  c.rl.batch_size = fid.batch_size
+  c.sft.steps = fid.sft_steps
+  c.credit = credit_group(estimator, outcome_weight=0.0)
+  return c
+
+
+def cost(exp) -> dict:
+  """Re-runs (counterfactual episodes) and turns generated per episode, from the estimator's request."""
+  turns = len(exp.layout.turn_slices)
+  reruns = exp.credit.reruns(len(exp.layout.roles))
+  if reruns is None:
+    return {"reruns": 0, "turns": turns}
+  free_CxT, absent_CxT, _ = rollout.rerun_masks(exp.layout, reruns)
+  generated_CxT = free_CxT & ~absent_CxT
+  redrawn = sum(generated_CxT[:, start:stop].any(1).sum() for start, stop in exp.layout.turn_slices)
+  C = len(reruns.changed_CxR)
+  return {"reruns": C * reruns.samples, "turns": turns + int(redrawn) * reruns.samples}
+
+
+def success_probabilities(exp, params_R, problems):
+  """Each role's exact probability of success (its message starts with its digit): p_BxR."""
+  right = dataclasses.replace(exp.task, demo_error_rate=0.0)
+  B = problems["prompt"].shape[0]
+  tokens_BxT = exp.protocol.demonstrate(right, exp.layout, problems,
+                                        jax.random.split(jax.random.PRNGKey(0), B))
+  logp_BxT, _ = sampling.token_log_probs(exp.model, exp.layout, params_R, tokens_BxT,
+                                         exp.config.rl.temperature)
+  first_R = [exp.layout.turn_slices[exp.layout.role_turns(r)[0]][0] for r in range(len(exp.layout.roles))]
+  return jnp.exp(logp_BxT[:, first_R])
+
+
+def make_fidelity(exp, adapt_steps: int):
+  """`fidelity(params_S, credit_S, keys_SxAxB x 3) -> (credit_SxBxR, shapley_SxBxR, difference_SxBxR)`:
+  the estimator's state adapts on the first `adapt_steps` batches, the last one is credited."""
+  def local(params_R, credit_state, problem_key_AxB, sample_key_AxB, rerun_key_AxB):
+    def play(problem_key_B, sample_key_B):
+      problems = jax.vmap(exp.task.sample)(problem_key_B)
+      episodes = rollout.sample(exp, params_R, problems, sample_key_B)
+      return problems, episodes, train.score(exp, problems, episodes)[1]
+
+    def adapt(credit_state, keys):
+      problems, episodes, outcome = play(*keys[:2])
+      _, credit_state, _ = train.assign_credit(exp, params_R, credit_state, problems, outcome, keys[2])
+      return credit_state, None
+
+    keys = (problem_key_AxB, sample_key_AxB, rerun_key_AxB)
+    credit_state, _ = jax.lax.scan(adapt, credit_state, jax.tree.map(lambda k: k[:adapt_steps], keys))
+    problems, episodes, outcome = play(problem_key_AxB[-1], sample_key_AxB[-1])
+    adv_xB, _, _ = train.assign_credit(exp, params_R, credit_state, problems, outcome, rerun_key_AxB[-1])
+    success_BxR = outcome.role_RxB.T
+    p_BxR = success_probabilities(exp, params_R, problems)
+    shapley_BxR = exact.exact_shapley(exp.task.game_value, success_BxR)
+    difference_BxR = exact.exact_difference(exp.task.game_value, success_BxR, p_BxR)
+    return parallel.gather_rows((adv_xB.T, shapley_BxR, difference_BxR))
+
+  rows = P(None, parallel.DATA)
+  sharded = jax.shard_map(jax.vmap(local), mesh=exp.mesh,
+                          in_specs=(P(), P(), P(None, *rows), P(None, *rows), P(None, *rows)),
+                          out_specs=P(), check_vma=False)
+  return jax.jit(sharded)
+
+
+def spearman(x, y) -> float:
+  """Rank correlation with average ranks for ties (credit values are few and tie often)."""
+  def ranks(v):
+    order = np.argsort(v, kind="stable")
+    r = np.empty(len(v))
+    r[order] = np.arange(len(v))
+    _, inverse = np.unique(v, return_inverse=True)
+    return (np.bincount(inverse, r) / np.bincount(inverse))[inverse]
+  rx, ry = ranks(np.ravel(x)), ranks(np.ravel(y))
+  if rx.std() == 0 or ry.std() == 0:
+    return math.nan
+  return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def grade(credit_SxBxR, exact_SxBxR) -> dict:
+  """Per-seed bias, sd of the error and rank correlation, as {name: values_S}."""
+  error = np.asarray(credit_SxBxR) - np.asarray(exact_SxBxR)
+  return {"bias": error.mean((1, 2)), "error_sd": error.std((1, 2)),
+          "spearman": np.array([spearman(c, e) for c, e in zip(credit_SxBxR, exact_SxBxR)])}
+
+
+def run_fidelity_cell(config, game: str, num_roles: int, path: str) -> None:
+  """Every estimator on the same warm-started policy and episodes of one game and number of roles."""
+  fid = config.fidelity
+  exps = {name: experiment.build(fidelity_config(config, game, num_roles, name))
+          for name in names(config.estimators)}
+  first = next(iter(exps.values()))
+  keys_S = jax.random.split(jax.random.PRNGKey(config.seed), fid.num_seeds)
+  params_S = sft.warm_start(first, keys_S)
+  k_problem, k_sample, k_rerun = jax.random.split(jax.random.PRNGKey(config.seed + 1), 3)
+  shape = (fid.num_seeds, fid.adapt_steps + 1, fid.batch_size)
+  problem_keys = jax.random.split(k_problem, shape)
+  # Rows b*G .. b*G+G-1 share a problem, as in training (group baselines read groups).
+  G = first.config.rl.group_size
+  problem_keys = jnp.repeat(problem_keys[:, :, ::G], G, axis=2)
+  sample_keys, rerun_keys = jax.random.split(k_sample, shape), jax.random.split(k_rerun, shape)
+  results = {}
+  for name, exp in exps.items():
+    credit_S = jax.vmap(functools.partial(state_lib.init_state, exp))(keys_S, params_S).credit
+    credit_SxBxR, shapley_SxBxR, difference_SxBxR = make_fidelity(exp, fid.adapt_steps)(
+        params_S, credit_S, problem_keys, sample_keys, rerun_keys)
+    results[name] = {
+        **cost(exp),
+        **{f"shapley_{k}": v.tolist() for k, v in grade(credit_SxBxR, shapley_SxBxR).items()},
+        **{f"difference_{k}": v.tolist() for k, v in grade(credit_SxBxR, difference_SxBxR).items()},
+    }
+  _write_json(path, {"game": game, "roles": num_roles, "seeds": fid.num_seeds, "estimators": results})
+
+
+# Learning.
+
+def run_learning_cell(config, scenario: str, estimator: str, workdir: str, base: str) -> None:
+  """One estimator on one scenario from the scenario's shared warm start; records its wall time."""
+  c = learning_config(config, scenario, estimator)
+  c.init_from = base
+  clock = time.perf_counter()
+  loop.train_and_evaluate(c, workdir)
+  wall = os.path.join(workdir, "wall_seconds.json")
+  previous = json.load(open(wall))["seconds"] if os.path.exists(wall) else 0.0
+  _write_json(wall, {"seconds": previous + time.perf_counter() - clock})
+
+
+def learning_config(config, scenario: str, estimator: str) -> ml_collections.ConfigDict:
+  learn = config.learning
+  c = ml_collections.ConfigDict(config.runs[scenario].to_dict())
+  c.seed, c.num_seeds = config.seed, learn.num_seeds
+  c.total_steps, c.eval_every, c.checkpoint_every = learn.total_steps, learn.eval_every, learn.total_steps
+  c.log_every = c.steps_per_call
+  c.credit = credit_group(estimator)
+  return c
+
+
+def warm_start_base(config, scenario: str, base: str) -> None:
+  """The scenario's base model (step 0 only): every estimator of the scenario starts from it."""
+  c = learning_config(config, scenario, "team")
+  c.total_steps = 0
+  loop.train_and_evaluate(c, base)
+
+
+def finished(workdir: str, total_steps: int) -> bool:
+  return os.path.isdir(workdir) and checkpoint.latest_step(workdir) == total_steps
+
+
+def steps_to_target(workdir: str, target: float) -> np.ndarray:
+  """Per seed, the first eval step at which eval accuracy reaches `target` (inf if never)."""
+  rows = [r for r in metrics.read(workdir) if "eval_accuracy" in r]
+  acc_NxS = np.stack([report.seed_values(r, "eval_accuracy") for r in rows])
+  steps_N = np.array([r["step"] for r in rows], np.float64)
+  reached_NxS = acc_NxS >= target
+  return np.where(reached_NxS.any(0), steps_N[reached_NxS.argmax(0)], np.inf)
+
+
+def learning_curve(workdir: str):
+  rows = [r for r in metrics.read(workdir) if "eval_accuracy" in r]
+  return (np.array([r["step"] for r in rows]),
+          np.stack([report.seed_values(r, "eval_accuracy") for r in rows]))
+
+
+# The report.
+
+def ci_cells(prefix: str, values) -> dict:
+  values = np.asarray(values, np.float64)
+  values = values[np.isfinite(values)]
+  mean, half = report.mean_ci(values) if len(values) else (math.nan, math.nan)
+  return {prefix: mean, f"{prefix}_ci": half}
+
+
+def fidelity_rows(workdir: str) -> list[dict]:
+  rows = []
+  folder = os.path.join(workdir, "fidelity")
+  for file in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
+    cell = json.load(open(os.path.join(folder, file)))
+    for name, r in cell["estimators"].items():
+      row = {"game": cell["game"], "roles": cell["roles"], "estimator": name, "seeds": cell["seeds"],
+             "reruns": r["reruns"], "turns": r["turns"]}
+      for ref in ("shapley", "difference"):
+        for stat in ("bias", "error_sd", "spearman"):
+          row.update(ci_cells(f"{ref}_{stat}", r[f"{ref}_{stat}"]))
+      rows.append(row)
+  return rows
+
+
+def learning_rows(config, workdir: str) -> list[dict]:
+  rows = []
+  for scenario in names(config.learning.scenarios):
+    for name in names(config.estimators):
+      run = os.path.join(workdir, "learning", scenario, name)
+      if not finished(run, config.learning.total_steps):
+        continue
+      s = report.summarize(run)
+      to_target = steps_to_target(run, config.learning.target)
+      row = {"scenario": scenario, "estimator": name, "seeds": s["seeds"],
+             "reached_target": float(np.isfinite(to_target).mean()),
+             "wall_seconds": json.load(open(os.path.join(run, "wall_seconds.json")))["seconds"]}
+      for stat in ("final", "peak", "drop"):
+        row.update(ci_cells(stat, s[stat]))
+      row.update(ci_cells("steps_to_target", to_target))
+      rows.append(row)
+  return rows
+
+
+def write_csv(path: str, rows: list[dict]) -> None:
+  if not rows:
+    return
+  with open(path, "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+
+
+def fmt(row: dict, key: str, scale: float = 1.0, digits: int = 3) -> str:
+  mean, half = row[key] * scale, row[f"{key}_ci"] * scale
+  if not math.isfinite(mean):
+    return "n/a"
+  return f"{mean:.{digits}f} ± {half:.{digits}f}" if math.isfinite(half) else f"{mean:.{digits}f}"
+
+
+def markdown(config, fid_rows, learn_rows) -> str:
+  out = ["# Credit-assignment benchmark\n",
+         f"Config: size={config.size}, seed={config.seed}. Mean over seeds ± half-width of its 95% "
+         "interval (Student t, n − 1 dof).\n\n"]
+  if fid_rows:
+    out += ["\n## Fidelity: per-role credit against exact values\n",
+            "credit − exact: bias and sd over episodes and roles; ρ: Spearman rank correlation; cost: "
+            "counterfactual re-runs and turns generated per episode.\n\n",
+            report.row("game", "R", "estimator", "re-runs", "turns", "bias vs Shapley", "sd vs Shapley",
+                       "ρ Shapley", "bias vs difference", "sd vs difference", "ρ difference"),
+            "|---" * 11 + "|\n"]
+    out += [report.row(r["game"], r["roles"], r["estimator"], r["reruns"], r["turns"],
+                       fmt(r, "shapley_bias"), fmt(r, "shapley_error_sd"), fmt(r, "shapley_spearman", digits=2),
+                       fmt(r, "difference_bias"), fmt(r, "difference_error_sd"),
+                       fmt(r, "difference_spearman", digits=2)) for r in fid_rows]
+  if learn_rows:
+    out += [f"\n## Learning: eval accuracy (%), steps to {config.learning.target:.0%}\n\n",
+            report.row("scenario", "estimator", "seeds", "final", "peak", "drop", "steps to target",
+                       "reached", "wall (s)"),
+            "|---" * 9 + "|\n"]
+    out += [report.row(r["scenario"], r["estimator"], r["seeds"], fmt(r, "final", 100, 1),
+                       fmt(r, "peak", 100, 1), fmt(r, "drop", 100, 1), fmt(r, "steps_to_target", 1, 0),
+                       f"{r['reached_target']:.0%}", f"{r['wall_seconds']:.0f}") for r in learn_rows]
+  return "".join(out)
+
+
+def plot_learning(config, workdir: str, folder: str) -> None:
+  for scenario in names(config.learning.scenarios):
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in names(config.estimators):
+      run = os.path.join(workdir, "learning", scenario, name)
+      if not finished(run, config.learning.total_steps):
+        continue
+      steps_N, acc_NxS = learning_curve(run)
+      mean_half = [report.mean_ci(a) for a in acc_NxS]
+      mean, half = (np.array(x) for x in zip(*mean_half))
+      ax.plot(steps_N, 100 * mean, label=name)
+      if acc_NxS.shape[1] > 1:
+        ax.fill_between(steps_N, 100 * (mean - half), 100 * (mean + half), alpha=0.2)
+    ax.set(title=f"{scenario}: eval accuracy, 95% band over seeds", xlabel="step", ylabel="accuracy (%)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(folder, f"learning_{scenario}.png"), dpi=100)
+    plt.close(fig)
+
+
+def plot_fidelity(fid_rows: list[dict], folder: str) -> None:
+  if not fid_rows:
+    return
+  fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+  for ax, ref in zip(axes, ("shapley", "difference")):
+    for name in dict.fromkeys(r["estimator"] for r in fid_rows):
+      mine = [r for r in fid_rows if r["estimator"] == name]
+      ax.scatter([r["turns"] for r in mine], [r[f"{ref}_error_sd"] for r in mine], label=name, s=18)
+    ax.set(xscale="log", xlabel="turns generated per episode", ylabel=f"sd of credit − exact {ref}",
+           title=f"fidelity against cost ({ref})")
+  axes[0].legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(os.path.join(folder, "fidelity_vs_cost.png"), dpi=100)
+  plt.close(fig)
+
+
+def write_report(config, workdir: str) -> str:
+  folder = os.path.join(workdir, "report")
+  os.makedirs(folder, exist_ok=True)
+  fid_rows, learn_rows = fidelity_rows(workdir), learning_rows(config, workdir)
+  write_csv(os.path.join(folder, "fidelity.csv"), fid_rows)
+  write_csv(os.path.join(folder, "learning.csv"), learn_rows)
+  text = markdown(config, fid_rows, learn_rows)
+  with open(os.path.join(folder, "report.md"), "w") as f:
+    f.write(text)
+  plot_learning(config, workdir, folder)
+  plot_fidelity(fid_rows, folder)
+  return text
+
+
+def _write_json(path: str, obj) -> None:
+  """Written to a temporary file first, so an interrupted write never leaves a half cell."""
+  with open(path + ".tmp", "w") as f:
+    json.dump(obj, f)
+  os.replace(path + ".tmp", path)
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> str:
+  """Runs the missing cells of both grids, then writes the report (returns its markdown)."""
+  check(config)
+  for name in names(config.estimators):
+    for game in names(config.fidelity.games):  # every estimator setting is checked before compiling
+      for r in names(config.fidelity.roles):
+        experiment.build(fidelity_config(config, game, int(r), name))
+  os.makedirs(os.path.join(workdir, "fidelity"), exist_ok=True)
+  fid_cells = [(g, int(r)) for g in names(config.fidelity.games) for r in names(config.fidelity.roles)]
+  scenarios = names(config.learning.scenarios)
+  learn_cells = [(s, e) for s in scenarios for e in names(config.estimators)]
+  with tqdm.tqdm(total=len(fid_cells) + len(scenarios) + len(learn_cells), desc="benchmark") as bar:
+    for game, num_roles in fid_cells:
+      path = os.path.join(workdir, "fidelity", f"{game}-r{num_roles}.json")
+      if not os.path.exists(path):
+        run_fidelity_cell(config, game, num_roles, path)
+      bar.update()
+    for scenario in scenarios:
+      base = os.path.join(workdir, "learning", scenario, "base")
+      if not finished(base, 0):
+        warm_start_base(config, scenario, base)
+      bar.update()
+    for scenario, name in learn_cells:
+      run_dir = os.path.join(workdir, "learning", scenario, name)
+      if not finished(run_dir, config.learning.total_steps):
+        run_learning_cell(config, scenario, name, run_dir, os.path.join(workdir, "learning", scenario, "base"))
+      bar.update()
+  return write_report(config, workdir)
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  print(run(_CONFIG.value, _WORKDIR.value))
+
+
+if __name__ == "__main__":
+  app.run(main)

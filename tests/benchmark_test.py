@@ -1,0 +1,104 @@
+"""The credit benchmark: its grading statistics and costs by hand, bad names refused before compiling,
+and the tiny grid end to end through the CLI, resumed without re-running a finished cell."""
+import csv
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from marl_jax import benchmark, configs, credit, experiment
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+BENCH = REPO / "experiments" / "credit_benchmark.py"
+
+
+def _config(size="tiny"):
+  return configs.sibling(str(BENCH), "credit_benchmark").get_config(f"size={size}")
+
+
+def test_spearman_uses_average_ranks_for_ties():
+  # x ranks: 0.5, 0.5, 2, 3 (a tie at the bottom); y ranks 0..3.  Pearson of the ranks by hand:
+  # rank deviations x: -1, -1, 0.5, 1.5; y: -1.5, -0.5, 0.5, 1.5; cov 1.5 + 0.5 + 0.25 + 2.25 = 4.5;
+  # norms sqrt(1 + 1 + 0.25 + 2.25) = sqrt(4.5) and sqrt(5): rho = 4.5 / sqrt(22.5).
+  assert benchmark.spearman([0, 0, 1, 2], [0, 1, 2, 3]) == pytest.approx(4.5 / math.sqrt(22.5))
+  assert benchmark.spearman([3, 2, 1], [1, 2, 3]) == pytest.approx(-1.0)
+  assert math.isnan(benchmark.spearman([1, 1, 1], [1, 2, 3]))  # no ranking to correlate
+
+
+def test_grade_by_hand():
+  credit_SxBxR = np.array([[[1.0, 0.0], [0.5, 0.5]]])
+  exact_SxBxR = np.array([[[0.5, 0.0], [0.5, 0.0]]])
+  graded = benchmark.grade(credit_SxBxR, exact_SxBxR)
+  # errors 0.5, 0, 0, 0.5: mean 0.25, population sd 0.25.
+  assert graded["bias"] == pytest.approx([0.25])
+  assert graded["error_sd"] == pytest.approx([0.25])
+
+
+@pytest.mark.parametrize("estimator,reruns,turns", [
+    ("team", 0, 2),
+    ("difference", 4, 6),  # K = 2 re-draws of each of the 2 parallel turns: 2 + 2 * 2 * 1 turns
+    ("shapley", 3, 2),  # 2^2 - 1 coalitions; absent roles write nothing, the others keep their turns
+    ("critic", 4, 6),  # replace mode: K = 2 re-draws of each role's own turn
+])
+def test_cost_per_episode(estimator, reruns, turns):
+  exp = experiment.build(benchmark.fidelity_config(_config(), "synergy", 2, estimator))
+  assert benchmark.cost(exp) == {"reruns": reruns, "turns": turns}
+
+
+def test_fidelity_credit_is_the_credit_term_alone():
+  config = benchmark.fidelity_config(_config(), "additive", 3, "difference")
+  assert config.credit.outcome_weight == 0.0 and config.credit.credit_weight == 1.0
+  assert benchmark.fidelity_config(_config(), "additive", 8, "team").model.max_len >= 33  # 8 roles fit
+
+
+@pytest.mark.parametrize("key,value,allowed", [
+    ("estimators", "team,oracle", "'difference'"),
+    ("fidelity.games", "synergy,chaos", "'saboteur'"),
+    ("learning.scenarios", "free_rider,nope", "'penalty'"),
+])
+def test_unknown_names_are_refused_before_compiling(key, value, allowed, tmp_path):
+  config = _config()
+  group, _, field = key.rpartition(".")
+  (config[group] if group else config)[field] = value
+  with pytest.raises(ValueError, match=f"config.{key}") as error:
+    benchmark.run(config, str(tmp_path / "bench"))
+  assert allowed in str(error.value)
+  assert not (tmp_path / "bench").exists()
+
+
+def test_every_estimator_is_in_the_cpu_grid():
+  assert sorted(benchmark.names(_config("cpu").estimators)) == sorted(credit.REGISTRY)
+
+
+@pytest.mark.slow
+def test_tiny_benchmark_end_to_end_and_resume(tmp_path):
+  workdir = tmp_path / "bench"
+  # One estimator keeps it short: every estimator's cost and config are checked above.
+  cmd = [sys.executable, "-m", "marl_jax.benchmark", f"--config={BENCH}:size=tiny", f"--workdir={workdir}",
+         "--config.estimators=shapley"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  first = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+  assert first.returncode == 0, first.stderr[-3000:]
+  report = workdir / "report"
+  for name in ("fidelity.csv", "learning.csv", "report.md", "fidelity_vs_cost.png",
+               "learning_free_rider.png"):
+    assert (report / name).exists(), name
+  with open(report / "fidelity.csv") as f:
+    fidelity = {row["estimator"]: row for row in csv.DictReader(f)}
+  assert set(fidelity) == {"shapley"}
+  # The shapley estimator (exact below max_exact_roles) is the exact Shapley value.
+  assert abs(float(fidelity["shapley"]["shapley_bias"])) < 1e-6
+  assert float(fidelity["shapley"]["shapley_error_sd"]) < 1e-6
+  md = (report / "report.md").read_text()
+  assert "| free_rider | shapley | 2 |" in md
+  cells = sorted(p for p in workdir.rglob("*") if p.is_file() and "report" not in p.parts)
+  stamps = {p: p.stat().st_mtime_ns for p in cells}
+  second = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+  assert second.returncode == 0, second.stderr[-3000:]
+  assert "warm start" not in second.stdout  # nothing trained again
+  assert {p: p.stat().st_mtime_ns for p in cells} == stamps
