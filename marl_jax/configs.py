@@ -4,18 +4,28 @@ import os
 
 import ml_collections
 
-from marl_jax import credit
+from marl_jax import credit, protocols, tasks
 
 
 def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
-  """'size=cpu,credit=team' -> ConfigDict, checked against the allowed keys in `defaults`."""
+  """'size=cpu,credit=team' -> ConfigDict, checked against the allowed keys in `defaults`; a value
+  takes its default's type (an int, a float, or a bool written 'true' / 'false')."""
   out = dict(defaults)
   for item in filter(None, (arg or "").split(",")):
     key, _, value = item.partition("=")
     if key not in defaults:
       raise ValueError(f"config argument {key!r} is unknown; allowed: {sorted(defaults)}")
-    out[key] = value
+    out[key] = _typed(key, value, defaults[key])
   return ml_collections.ConfigDict(out)
+
+
+def _typed(key: str, value: str, default):
+  if isinstance(default, bool):
+    return check_choice(key, value, ("false", "true")) == "true"
+  try:
+    return type(default)(value)
+  except ValueError:
+    raise ValueError(f"config argument {key}={value!r} must be {type(default).__name__}") from None
 
 
 def sibling(config_file: str, name: str):
@@ -31,6 +41,35 @@ def check_choice(name: str, value: str, allowed) -> str:
   if value not in allowed:
     raise ValueError(f"config argument {name}={value!r} is unknown; allowed: {list(allowed)}")
   return value
+
+
+WORKFLOW_TASKS = ("arithmetic", "subset_sum", "stack_program")
+
+
+def workflow_config(config_file: str, args: ml_collections.ConfigDict, protocol: str, sharing: dict,
+                    **knobs) -> ml_collections.ConfigDict:
+  """A workflow experiment (experiments/vote.py, best_of_n.py, debate.py): the task suite's config of
+  `args.task` (experiments/tasks.py, beside `config_file`) on `protocol` with `knobs`, the estimator
+  `args.credit`, the role map `sharing[args.sharing]`, the results scale at size=cpu (10 vmapped
+  seeds, 300 steps) and a model long enough for the canvas."""
+  check_choice("task", args.task, WORKFLOW_TASKS)
+  check_choice("sharing", args.sharing, sharing)
+  c = sibling(config_file, "tasks").get_config(
+      f"task={args.task},size={args.size},protocol={protocol},credit={args.credit}")
+  c.protocol.update(knobs)
+  c.roles.sharing = sharing[args.sharing]
+  if args.size == "cpu":
+    c.num_seeds, c.total_steps, c.eval_every, c.checkpoint_every = 10, 300, 50, 300
+  fit_canvas(c)
+  return c
+
+
+def fit_canvas(c: ml_collections.ConfigDict) -> None:
+  """Raises `config.model.max_len` to the canvas of the config's task and protocol (the prompt and
+  every turn), so a protocol with more turns (voters, rounds) fits the model's positions."""
+  task = tasks.make(c.task.name, **{k: v for k, v in c.task.items() if k != "name"})
+  protocol = protocols.make(c.protocol.name, task, **{k: v for k, v in c.protocol.items() if k != "name"})
+  c.model.max_len = max(c.model.max_len, protocol.layout(task, (0,) * len(protocol.roles)).length)
 
 
 def credit_config(name: str) -> ml_collections.ConfigDict:

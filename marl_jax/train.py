@@ -17,12 +17,18 @@ from marl_jax.experiment import Experiment
 from marl_jax.state import TrainState
 
 
-def token_advantages(exp: Experiment, adv_xB, sampled_BxT):
-  """Spreads advantages per role (RxB), or per turn (NxB), over the tokens each sampled: adv_BxT."""
+def token_advantages(exp: Experiment, adv_xB, sampled_BxT, turn_NxB=None):
+  """Spreads advantages per role (RxB), or per turn (NxB), over the tokens each sampled, plus the
+  protocol's per-turn reward `turn_NxB` (if any) on each turn's tokens: adv_BxT."""
   layout = exp.layout
-  owner_T = np.where(layout.env_T, -1, layout.turn_T) if exp.credit.per_turn else layout.author_T
-  mask_xBxT = sampled_BxT[None] & (owner_T[None, None] == np.arange(adv_xB.shape[0])[:, None, None])
-  return jnp.einsum("xb,xbt->bt", adv_xB, mask_xBxT)
+  turn_T = np.where(layout.env_T, -1, layout.turn_T)
+
+  def spread(a_xB, owner_T):
+    mask_xBxT = sampled_BxT[None] & (owner_T[None, None] == np.arange(a_xB.shape[0])[:, None, None])
+    return jnp.einsum("xb,xbt->bt", a_xB, mask_xBxT)
+
+  adv_BxT = spread(adv_xB, turn_T if exp.credit.per_turn else layout.author_T)
+  return adv_BxT if turn_NxB is None else adv_BxT + spread(turn_NxB, turn_T)
 
 
 def score(exp: Experiment, problems, episodes: rollout.Episodes):
@@ -33,13 +39,16 @@ def score(exp: Experiment, problems, episodes: rollout.Episodes):
   scored = exp.protocol.rewards(exp.task, exp.layout, all_problems, all_tokens_BxT)
   outcome = credit.Outcome(tokens_BxT=episodes.tokens_BxT, team_B=parallel.own_rows(scored.team_B, B),
                            role_RxB=parallel.own_rows(scored.role_RxB, B),
-                           group_size=exp.config.rl.group_size)
+                           group_size=exp.config.rl.group_size,
+                           turn_NxB=jax.tree.map(lambda x: parallel.own_rows(x, B), scored.turn_NxB))
   return scored, outcome
 
 
-def update_batch(exp: Experiment, state: TrainState, episodes: rollout.Episodes, adv_xB) -> update.Batch:
-  """What the update reads: tokens, sampling and base-model log-probs, token advantages, role masks
-  and each row's problem (group) index in the global batch."""
+def update_batch(exp: Experiment, state: TrainState, episodes: rollout.Episodes, adv_xB,
+                 turn_NxB=None) -> update.Batch:
+  """What the update reads: tokens, sampling and base-model log-probs, token advantages (with the
+  protocol's per-turn rewards `turn_NxB`), role masks and each row's problem (group) index in the
+  global batch."""
   rl, layout = exp.config.rl, exp.layout
   B = episodes.tokens_BxT.shape[0]
   roles_R = np.arange(len(layout.roles))
@@ -49,8 +58,9 @@ def update_batch(exp: Experiment, state: TrainState, episodes: rollout.Episodes,
     ref_logp_BxT, _ = sampling.token_log_probs(exp.model, layout, state.ref_params, episodes.tokens_BxT,
                                                rl.temperature)
   first_row = jax.lax.axis_index(parallel.DATA) * B
+  adv_BxT = token_advantages(exp, adv_xB, episodes.sampled_BxT, turn_NxB)
   return update.Batch(tokens_BxT=episodes.tokens_BxT, old_logp_BxT=episodes.logp_BxT,
-                      ref_logp_BxT=ref_logp_BxT, adv_BxT=token_advantages(exp, adv_xB, episodes.sampled_BxT),
+                      ref_logp_BxT=ref_logp_BxT, adv_BxT=adv_BxT,
                       role_mask_BxRxT=role_mask_BxRxT, group_B=(first_row + jnp.arange(B)) // rl.group_size)
 
 
@@ -110,7 +120,7 @@ def local_step(exp: Experiment, state: TrainState, problem_key_B, sample_key_B, 
   scored, outcome = score(exp, problems, episodes)
   adv_xB, credit_state, credit_metrics = assign_credit(exp, state.params, state.credit, problems, outcome,
                                                        rerun_key_B)
-  batch = update_batch(exp, state, episodes, adv_xB)
+  batch = update_batch(exp, state, episodes, adv_xB, outcome.turn_NxB)
   params, opt_state, aux = update.apply(exp, state.params, state.opt_state, batch, devices)
   # Per-role gradient norms: free with isolated sets (a set's gradient is its role's); otherwise a
   # backward pass per role, so only when asked.

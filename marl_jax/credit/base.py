@@ -40,6 +40,10 @@ class Outcome:
   team_B: jax.Array  # team outcome
   role_RxB: jax.Array  # each role's own verifiable signal
   group_size: int = flax.struct.field(pytree_node=False)
+  # The protocol's per-turn reward (`Scored.turn_NxB`, debate's influence bonuses) or None.  The step
+  # adds it to the advantages of each turn's tokens whatever the estimator returns, so an estimator
+  # reads it only to report on it, never adds it itself.
+  turn_NxB: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)

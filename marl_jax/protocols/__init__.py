@@ -2,7 +2,9 @@
 import dataclasses
 import inspect
 
+from marl_jax.protocols.best_of_n import BestOfN
 from marl_jax.protocols.contribution import Contribution
+from marl_jax.protocols.debate import Debate
 from marl_jax.protocols.engine import Layout, Protocol, Scored, Turn
 from marl_jax.protocols.exchange import Exchange
 from marl_jax.protocols.matrix_game import MatrixGame
@@ -10,15 +12,19 @@ from marl_jax.protocols.orchestrator import Orchestrator
 from marl_jax.protocols.relay import Relay
 from marl_jax.protocols.single import Single
 from marl_jax.protocols.solver_verifier import SolverVerifier
+from marl_jax.protocols.vote import Vote
 
 REGISTRY: dict[str, type[Protocol]] = {
+    "best_of_n": BestOfN,
     "contribution": Contribution,
+    "debate": Debate,
     "exchange": Exchange,
     "matrix_game": MatrixGame,
     "orchestrator": Orchestrator,
     "relay": Relay,
     "single": Single,
     "solver_verifier": SolverVerifier,
+    "vote": Vote,
 }
 
 

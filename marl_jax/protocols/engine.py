@@ -2,11 +2,12 @@
 
 Canvas = the task's prompt segments, then one segment per turn: [role marker, message...].  Every
 position has a static segment, author (a role, or -1 for the environment) and a flag for whether the
-environment writes it.  A static visibility table (segment x role) decides what each role reads.
+environment writes it.  A static visibility table (segment x role) decides what each role reads; a
+turn may read less than its role (segment x turn), e.g. a debate round only the previous round.
 Authorship comes from this layout, never from tokens, and roles cannot write role markers, so no role
 can speak as another.
 
-Roles are mapped to parameter sets (`role_set_R`); roles with the same parameter set and the same
+Roles are mapped to parameter sets (`role_set_R`); turns with the same parameter set and the same
 visibility share one *view* (one forward pass, one KV cache), so a shared-parameter team with full
 visibility costs one model, not R.
 """
@@ -21,6 +22,7 @@ import numpy as np
 
 from marl_jax import text
 from marl_jax.tasks import Task
+from marl_jax.tasks.base import canonical
 
 ENV = -1
 
@@ -30,6 +32,9 @@ class Turn:
   role: str
   length: int  # most tokens the role may write, EOS included
   ends_episode_on: tuple[int, ...] = ()  # a first token from this set closes the message and episode
+  # Segments this turn does not read on top of those its role does not (`Protocol.hidden`): a debate
+  # round reads only the others' previous round.  The role's own messages stay visible.
+  hidden: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,10 +51,13 @@ class Layout:
   ends_episode_TxV: np.ndarray  # tokens that end the episode when written at this position
   turn_slices: tuple[tuple[int, int], ...]  # (start, stop) of each turn's message tokens
   turn_roles: tuple[int, ...]
-  visible_SxR: np.ndarray
+  visible_SxR: np.ndarray  # what each role reads
+  visible_SxN: np.ndarray  # what each turn reads: its role's row less the turn's own `hidden`
   view_set_V: tuple[int, ...]  # parameter set of each view
-  view_role_V: tuple[int, ...]  # a role whose visibility row the view uses
-  role_view_R: tuple[int, ...]
+  view_role_V: tuple[int, ...]  # a role that reads through the view
+  visible_SxV: np.ndarray  # what each view reads
+  role_view_R: tuple[int, ...]  # the view of each role's first turn
+  turn_view_N: tuple[int, ...]
 
   @property
   def length(self) -> int:
@@ -61,11 +69,11 @@ class Layout:
 
   @property
   def visible_VxT(self) -> np.ndarray:
-    return self.visible_SxR[self.segment_T][:, list(self.view_role_V)].T
+    return self.visible_SxV[self.segment_T].T
 
   @property
   def author_view_T(self) -> np.ndarray:
-    return np.where(self.author_T >= 0, np.asarray(self.role_view_R)[self.author_T], 0)
+    return np.where(self.author_T >= 0, np.asarray(self.turn_view_N)[self.turn_T], 0)
 
   def render(self, tokens_T) -> str:
     return text.render_transcript(tokens_T, self.segment_T, self.segment_names)
@@ -83,7 +91,7 @@ class Layout:
     prompt_segments = len(self.segment_names) - len(self.turn_roles)
     changed: list[int] = []
     for i, r in enumerate(self.turn_roles):
-      reads_changed = any(self.visible_SxR[prompt_segments + j, r] for j in changed)
+      reads_changed = any(self.visible_SxN[prompt_segments + j, i] for j in changed)
       ends_episode = any(self.ends_episode_TxV[slice(*self.turn_slices[j])].any() for j in changed)
       if r in coalition or reads_changed or ends_episode:
         changed.append(i)
@@ -96,6 +104,10 @@ class Scored:
   team_B: jax.Array  # the team outcome in [0, 1]: the task's score of the final answer
   role_RxB: jax.Array  # each role's own verifiable signal (the team outcome where none exists)
   metrics: dict[str, jax.Array]  # scalar rates over the batch; always holds "accuracy"
+  # A per-turn reward on top of any estimator's credit (debate's influence bonuses), or None: the
+  # step adds turn_NxB[n] to the advantage of every token turn n sampled (`train.token_advantages`),
+  # whatever the estimator, so it needs no estimator of its own and each one stays usable.
+  turn_NxB: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +121,7 @@ class Protocol:
     final_answer(layout, tokens_BxT)       the final-answer message, BxA
     rewards(task, layout, problems, tokens_BxT) -> Scored
     demonstrate(task, layout, problems, key_B) -> tokens_BxT   warm-start transcripts (noisy)
+  `hidden` lists (segment, role) pairs a role does not read; a `Turn.hidden` hides more from one turn.
   A message slot may hold `<absent>` then EOS (a counterfactual without that role, `text.ABSENT`):
   `final_answer` and `rewards` must treat it as "this role did nothing" (e.g. an absent verifier lets
   the answer stand).  At most `len(text.ROLE_MARKERS)` roles: each role has its own marker token.
@@ -171,18 +184,35 @@ def _layout(protocol: Protocol, task: Task, role_set_R: tuple[int, ...]) -> Layo
   for s, (name, _) in enumerate(task.prompt_segments):
     if not visible[s].any():
       raise ValueError(f"the visibility table hides prompt segment {name!r} from every role {roles}")
+  P = len(task.prompt_segments)
+  visible_SxN = visible[:, list(turn_roles)]
+  for i, t in enumerate(protocol.turns):
+    for segment in t.hidden:
+      if segment not in names:
+        raise ValueError(f"turn {i} ({t.role}) hides {segment!r}; segments are {list(names)}")
+      if names.index(segment) < P or turn_roles[names.index(segment) - P] != turn_roles[i]:
+        visible_SxN[names.index(segment), i] = False
 
-  # One view per distinct (parameter set, visibility row).
-  keys = [(role_set_R[r], visible[:, r].tobytes()) for r in range(len(roles))]
-  distinct = list(dict.fromkeys(keys))
+  # One view per distinct (parameter set, visibility) of a turn, or of a role that has no turn; in
+  # role order, so protocols without per-turn visibility get one view per distinct role row.
+  key = lambda r, visible_S: (role_set_R[r], visible_S.tobytes())
+  distinct = {}
+  for r in range(len(roles)):
+    for visible_S in [visible_SxN[:, i] for i, ri in enumerate(turn_roles) if ri == r] or [visible[:, r]]:
+      distinct.setdefault(key(r, visible_S), (r, visible_S))
+  views = list(distinct)
+  turn_view_N = tuple(views.index(key(r, visible_SxN[:, i])) for i, r in enumerate(turn_roles))
   return Layout(
       roles=roles, segment_names=names, segment_T=np.array(seg), author_T=np.array(author),
       env_T=np.array(env), marker_T=np.array(marker), turn_T=np.array(turn),
       turn_start_T=np.array(start), ends_episode_TxV=ends_TxV,
-      turn_slices=tuple(slices), turn_roles=turn_roles, visible_SxR=visible,
-      view_set_V=tuple(k[0] for k in distinct),
-      view_role_V=tuple(keys.index(k) for k in distinct),
-      role_view_R=tuple(distinct.index(k) for k in keys))
+      turn_slices=tuple(slices), turn_roles=turn_roles, visible_SxR=visible, visible_SxN=visible_SxN,
+      view_set_V=tuple(k[0] for k in views),
+      view_role_V=tuple(r for r, _ in distinct.values()),
+      visible_SxV=np.stack([v for _, v in distinct.values()], 1),
+      role_view_R=tuple(turn_view_N[turn_roles.index(r)] if r in turn_roles
+                        else views.index(key(r, visible[:, r])) for r in range(len(roles))),
+      turn_view_N=turn_view_N)
 
 
 def message(layout: Layout, tokens_BxT, turn: int):
@@ -202,3 +232,16 @@ def assemble(layout: Layout, prompt_BxP, messages):
     marker = jnp.full((B, 1), layout.marker_T[start - 1])
     pieces += [marker, jnp.full((B, stop - start), text.PAD) if msg is None else msg]
   return jnp.concatenate(pieces, axis=1).astype(jnp.int32)
+
+
+def same_messages(messages_KxBxL):
+  """same_KxKxB[i, j, b]: messages i and j of row b are the same (compared up to their first EOS)."""
+  canonical_KxBxL = jax.vmap(jax.vmap(canonical))(messages_KxBxL)
+  return jnp.all(canonical_KxBxL[:, None] == canonical_KxBxL[None], -1)
+
+
+def same_message_rate(messages_KxBxL):
+  """Role-collapse diagnostic of K parallel same-role agents: the fraction of (pair of agents, row)
+  where both wrote the same message on the same problem."""
+  K = messages_KxBxL.shape[0]
+  return same_messages(messages_KxBxL)[~np.eye(K, dtype=bool)].mean()

@@ -1,0 +1,363 @@
+"""The published workflows vote, best_of_n and debate: schedules, visibility, final-answer rules and
+rewards on hand-built transcripts, debate's influence bonuses worked out by hand, the role-collapse
+rate, bad input, and each experiment's tiny variant through the command line."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from marl_jax import configs, experiment, protocols, sampling, text, train
+from marl_jax import model as model_lib
+from marl_jax.protocols import debate, engine, vote
+from marl_jax.tasks import Arithmetic
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TASK = Arithmetic(num_ops=1)  # prompt '<bos>0+d=' (5 tokens), answers 'd<eos>'
+D = lambda d: [text.DIGIT0 + d, text.EOS]
+ABSENT = [text.ABSENT, text.EOS]
+
+
+def _transcript(name, targets, messages, **knobs):
+  """Problems whose answers are `targets` ('<bos>0+d=') and a canvas holding `messages[b][turn]`."""
+  protocol = protocols.make(name, TASK, **knobs)
+  layout = protocol.layout(TASK, tuple(range(len(protocol.roles))))
+  prompt_BxP = jnp.array([text.encode(f"<bos>0+{t}=") for t in targets])
+  problems = {"prompt": prompt_BxP, "answer": jnp.array([D(t) for t in targets])}
+  turns = [jnp.array([row[i] for row in messages]) for i in range(len(messages[0]))]
+  return protocol, layout, problems, engine.assemble(layout, prompt_BxP, turns)
+
+
+def _answers(*rows):
+  """answers_KxBxA from rows of digits (None: `<absent>`)."""
+  return jnp.array([[ABSENT if d is None else D(d) for d in row] for row in rows]).transpose(1, 0, 2)
+
+
+def _experiment(name):
+  return configs.sibling(str(ROOT / "experiments" / "tasks.py"), name)
+
+
+def _visible(layout, turn):
+  """The segments turn `turn` reads."""
+  return [name for name, seen in zip(layout.segment_names, layout.visible_SxN[:, turn]) if seen]
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared pieces: majority with its tie rule, the same-message rate.
+
+@pytest.mark.parametrize("votes, winner", [
+    ((5, 5, 7), 5),
+    ((7, 5, 5), 5),
+    ((5, 7, 9), 5),  # three-way tie: voter0's answer
+    ((9, 7, 5), 9),
+    ((7, 5, 5, 7), 7),  # 2-2 tie: the earliest voter among the tied answers wrote 7
+    ((5, 7, 7, 5), 5),
+    ((3, 7, 5, 5), 5),
+    ((None, 7, 5), 7),  # absent votes do not count: 7 and 5 tie, voter1 is earlier
+    ((None, 5, 7, 7), 7),
+    ((None, None, None), None),  # nothing to count: voter0's (absent) message
+])
+def test_majority_and_its_tie_rule(votes, winner):
+  final_BxA = vote.majority(_answers(votes))
+  np.testing.assert_array_equal(final_BxA[0], ABSENT if winner is None else D(winner))
+
+
+def test_majority_compares_answers_up_to_their_eos():
+  # '5<eos>7' and '5<eos><pad>' are the same answer; '7<eos>' is outvoted.
+  answers_KxBxA = jnp.array([[[text.DIGIT0 + 7, text.EOS, text.PAD]],
+                             [[text.DIGIT0 + 5, text.EOS, text.DIGIT0 + 7]],
+                             [[text.DIGIT0 + 5, text.EOS, text.PAD]]])
+  assert vote.majority(answers_KxBxA)[0, 0] == text.DIGIT0 + 5
+
+
+def test_same_message_rate_by_hand():
+  # Row 0: only voters 0 and 1 agree (1 pair of 3); row 1: all agree (3 of 3); row 2: none agree.
+  # (1 + 3 + 0) / 9 pairs.
+  rate = engine.same_message_rate(_answers((5, 5, 7), (4, 4, 4), (1, 2, 3)))
+  np.testing.assert_allclose(rate, 4 / 9, rtol=1e-6)
+  np.testing.assert_allclose(engine.same_message_rate(_answers((5, 5))), 1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# vote
+
+def test_vote_schedule_and_visibility():
+  protocol = protocols.make("vote", TASK, voters=3, aggregator=True)
+  layout = protocol.layout(TASK, (0, 0, 0, 1))
+  assert protocol.roles == ("voter0", "voter1", "voter2", "aggregator")
+  assert layout.segment_names == ("problem", "voter00", "voter10", "voter20", "aggregator0")
+  assert layout.turn_roles == (0, 1, 2, 3)
+  # Voters read the problem and their own answer, not another voter's (the aggregator writes after
+  # them); the aggregator reads everything.
+  for i in range(3):
+    assert _visible(layout, i) == ["problem", f"voter{i}0", "aggregator0"]
+  assert _visible(layout, 3) == list(layout.segment_names)
+  # One parameter set for the voters, but each reads differently: one view per voter, + aggregator.
+  assert layout.view_set_V == (0, 0, 0, 1) and layout.turn_view_N == (0, 1, 2, 3)
+  # Parallel voters: re-drawing voter0 re-draws only itself and the aggregator that read it.
+  assert layout.resampled_turns({0}) == [0, 3]
+
+
+def test_vote_rewards_by_hand():
+  # Every target is 3.  Voters' answers                 majority  team  voter signals
+  messages = [[D(3), D(3), D(5)],  # 2 of 3 right          3        1     1 1 0
+              [D(3), D(5), D(5)],  # majority wrong        5        0     1 0 0
+              [D(3), D(5), D(7)],  # all differ: voter0    3        1     1 0 0
+              [ABSENT, D(5), D(3)]]  # absent left out: tie 5-3, voter1   0     0 0 1
+  protocol, layout, problems, canvas_BxT = _transcript("vote", [3] * 4, messages)
+  out = protocol.rewards(TASK, layout, problems, canvas_BxT)
+  np.testing.assert_array_equal(out.team_B, [1, 0, 1, 0])
+  np.testing.assert_array_equal(out.role_RxB, [[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 1]])
+  np.testing.assert_allclose(out.metrics["accuracy"], 0.5)
+  np.testing.assert_allclose(out.metrics["majority_right"], 0.5)
+  np.testing.assert_allclose(out.metrics["voter_accuracy"], 5 / 12)
+  # Agreeing pairs: 1, 1, 0, 0 of 3 per row.
+  np.testing.assert_allclose(out.metrics["agreement"], 2 / 12, rtol=1e-6)
+  assert out.metrics["same_message_rate"] == out.metrics["agreement"]
+  assert out.turn_NxB is None
+
+
+def test_vote_with_an_aggregator():
+  # The aggregator's answer is final, right or wrong; an absent aggregator leaves the majority.
+  messages = [[D(5), D(5), D(3), D(3)],  # majority wrong, aggregator right    team 1
+              [D(3), D(3), D(5), D(5)],  # majority right, aggregator wrong    team 0
+              [D(3), D(3), D(5), ABSENT]]  # absent aggregator: the majority   team 1
+  protocol, layout, problems, canvas_BxT = _transcript("vote", [3] * 3, messages, aggregator=True)
+  out = protocol.rewards(TASK, layout, problems, canvas_BxT)
+  np.testing.assert_array_equal(out.team_B, [1, 0, 1])
+  np.testing.assert_array_equal(out.role_RxB[3], out.team_B)  # the aggregator's signal: team outcome
+  np.testing.assert_allclose(out.metrics["majority_right"], 2 / 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# best_of_n
+
+def test_best_of_n_schedule_and_visibility():
+  protocol = protocols.make("best_of_n", TASK, candidates=3)
+  layout = protocol.layout(TASK, (0, 0, 0, 1))
+  assert protocol.roles == ("solver0", "solver1", "solver2", "judge")
+  assert layout.segment_names == ("problem", "solver00", "solver10", "solver20", "judge0")
+  assert [t.length for t in protocol.turns] == [2, 2, 2, 2]  # the judge: one digit, then EOS
+  for i in range(3):
+    assert _visible(layout, i) == ["problem", f"solver{i}0", "judge0"]  # the judge writes later
+  assert _visible(layout, 3) == list(layout.segment_names)
+
+
+PICK = lambda i: [text.DIGIT0 + i, text.EOS]
+
+
+def test_best_of_n_pick_and_rewards_by_hand():
+  # Every target is 3; three candidates.  The judge's message     final   team  judge signal
+  messages = [[D(5), D(3), D(7), PICK(1)],  # picks the right one       3       1     1
+              [D(5), D(3), D(7), PICK(2)],  # picks a wrong one         7       0     0
+              [D(3), D(5), D(7), PICK(9)],  # no candidate 9: unreadable -> first   1     0
+              [D(3), D(5), D(7), [text.DIGIT0 + 1, text.DIGIT0 + 1]],  # no EOS: first   1  0
+              [D(5), D(3), D(7), ABSENT],  # absent judge: first       5       0     0
+              [D(5), D(6), D(7), PICK(2)],  # none right, readable pick 7      0     1
+              [D(5), D(6), D(7), PICK(7)]]  # none right, unreadable   5       0     0
+  protocol, layout, problems, canvas_BxT = _transcript("best_of_n", [3] * 7, messages, candidates=3)
+  pick_B, readable_B = protocol.pick(layout, canvas_BxT)
+  np.testing.assert_array_equal(pick_B, [1, 2, 0, 0, 0, 2, 0])
+  np.testing.assert_array_equal(readable_B, [1, 1, 0, 0, 0, 1, 0])
+  np.testing.assert_array_equal(protocol.final_answer(layout, canvas_BxT)[:, 0] - text.DIGIT0,
+                                [3, 7, 3, 3, 5, 7, 5])
+  out = protocol.rewards(TASK, layout, problems, canvas_BxT)
+  np.testing.assert_array_equal(out.team_B, [1, 0, 1, 1, 0, 0, 0])
+  np.testing.assert_array_equal(out.role_RxB[3], [1, 0, 0, 0, 0, 1, 0])
+  np.testing.assert_array_equal(out.role_RxB[:3].sum(0), [1, 1, 1, 1, 1, 0, 0])
+  m = out.metrics
+  np.testing.assert_allclose(m["oracle"], 5 / 7)
+  np.testing.assert_allclose(m["judge_precision"], 3 / 5)
+  np.testing.assert_allclose(m["candidate_accuracy"], 5 / 21, rtol=1e-6)
+  np.testing.assert_allclose(m["readable_pick"], 3 / 7)
+  np.testing.assert_allclose(m["same_message_rate"], 0.0)
+
+
+def test_best_of_n_demonstrations_pick_right_candidates():
+  # A judge without demo errors picks a right candidate whenever there is one.
+  task = Arithmetic(num_ops=1, demo_error_rate=0.5)
+  protocol = protocols.make("best_of_n", task, candidates=3, judge_demo_error_rate=0.0)
+  layout = protocol.layout(task, (0, 0, 0, 1))
+  keys = jax.random.split(jax.random.PRNGKey(0), 64)
+  problems = jax.vmap(task.sample)(keys)
+  out = protocol.rewards(task, layout, problems, protocol.demonstrate(task, layout, problems, keys))
+  assert 0 < out.metrics["oracle"] < 1
+  np.testing.assert_allclose(out.metrics["judge_precision"], 1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# debate
+
+def test_debate_schedule_and_per_turn_visibility():
+  protocol = protocols.make("debate", TASK, agents=3, rounds=2)
+  layout = protocol.layout(TASK, (0, 0, 0))
+  assert layout.segment_names == ("problem", "agent00", "agent10", "agent20", "agent01", "agent11",
+                                  "agent21", "agent02", "agent12", "agent22")
+  assert layout.turn_roles == (0, 1, 2) * 3  # round-major: turn n = round * K + agent
+  # Round 0: independent answers.
+  assert _visible(layout, 1) == ["problem", "agent10", "agent11", "agent12"]
+  # Round 1, agent 1: the round-0 answers of all and its own history; not agent0's round-1 answer
+  # written just before it.
+  assert _visible(layout, 4) == ["problem", "agent00", "agent10", "agent20", "agent11", "agent12"]
+  # Round 2, agent 0: only the others' round-1 answers, not their round-0 ones.
+  assert _visible(layout, 6) == ["problem", "agent00", "agent01", "agent11", "agent21", "agent02"]
+  # The role as a whole reads everything; each turn reads through its own view.
+  assert layout.visible_SxR.all() and layout.turn_view_N == (0, 3, 6, 1, 4, 7, 2, 5, 8)
+  assert layout.view_set_V == (0,) * 9
+  # Re-drawing agent0 re-draws its turns and every later turn that reads one of them.
+  assert layout.resampled_turns({0}) == [0, 3, 4, 5, 6, 7, 8]
+  assert protocols.make("debate", TASK, rounds=1).layout(TASK, (0, 1, 2)).resampled_turns({2}) == [2, 3, 4, 5]
+
+
+def test_debate_turns_read_only_what_their_round_allows():
+  # Teacher-forced log-probs under one shared parameter set, two agents, one revision round (turns:
+  # agent0 and agent1 answer, then agent0 and agent1 revise).  Changing agent0's first answer moves
+  # agent1's revision (which reads it) but not agent1's first answer (parallel); changing agent0's
+  # revision does not move agent1's revision (same round).
+  layout = protocols.make("debate", TASK, agents=2, rounds=1).layout(TASK, (0, 0))
+  cfg = model_lib.ModelConfig(d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=layout.length)
+  params_R = model_lib.init_stack(cfg, jax.random.PRNGKey(0), 1)
+  logp = jax.jit(lambda tokens_BxT: sampling.token_log_probs(cfg, layout, params_R, tokens_BxT, 1.0)[0])
+  prompt_BxP = jnp.array([text.encode("<bos>0+3=")] * 3)
+  answers = lambda first0, revision0: [jnp.array([D(d)] * 3) for d in (first0, 4, revision0, 6)]
+  logp_CxBxT = np.stack([logp(engine.assemble(layout, prompt_BxP, answers(*a)))
+                         for a in ((1, 2), (7, 2), (1, 8))])
+  moved = lambda c, turn: not np.allclose(logp_CxBxT[0][:, slice(*layout.turn_slices[turn])],
+                                          logp_CxBxT[c][:, slice(*layout.turn_slices[turn])], atol=1e-6)
+  assert moved(1, 3) and not moved(1, 1)  # agent0's first answer: read in round 1, not round 0
+  assert not moved(2, 3)  # agent0's revision: not read by agent1's revision
+  assert moved(1, 2)  # control: agent0's revision reads its own first answer
+
+
+def test_influence_bonus_by_hand():
+  # Two agents, two revision rounds; correctness c[round, agent]:
+  #   round 0: agent0 wrong, agent1 right
+  #   round 1: agent0 right (a fix), agent1 right
+  #   round 2: agent0 right, agent1 wrong (a break)
+  c_JxK = [[0, 1], [1, 1], [1, 0]]
+  alpha, beta = 0.5, 0.25
+  bonus_JxK = debate.influence_bonus(jnp.array(c_JxK, jnp.float32)[..., None], alpha, beta)[..., 0]
+  expected = [[0.0, beta],  # agent1's round-0 answer was read by agent0, who then went right
+              [alpha - beta, 0.0],  # agent0 fixed its answer; agent1 then went right -> wrong
+              [0.0, -alpha]]  # agent1 broke its answer (the last round influences nobody)
+  np.testing.assert_allclose(bonus_JxK, expected)
+  # No influence rewards: plain co-training.
+  np.testing.assert_array_equal(debate.influence_bonus(jnp.array(c_JxK, jnp.float32)[..., None], 0, 0), 0)
+
+
+def test_debate_rewards_by_hand():
+  # Three agents, one revision round, every target 3.  Row 0: agent0 is right alone, then agent1
+  # follows it (agent1 fixes) and agent2 stays wrong: last round 3,3,5 -> majority 3.  Row 1: all
+  # right, then agent2 breaks: majority still 3.
+  messages = [[D(3), D(5), D(5), D(3), D(3), D(5)],
+              [D(3), D(3), D(3), D(3), D(3), D(7)]]
+  protocol, layout, problems, canvas_BxT = _transcript("debate", [3, 3], messages, rounds=1, alpha=0.5,
+                                                       beta=0.25)
+  out = protocol.rewards(TASK, layout, problems, canvas_BxT)
+  np.testing.assert_array_equal(out.team_B, [1, 1])
+  np.testing.assert_array_equal(out.role_RxB, [[1, 1], [1, 1], [0, 0]])  # last-round answers
+  # Row 0: round-0 turns: agent0 +beta (agent1 went right), agent1 0, agent2 +beta; round 1: agent1
+  # fixed (+alpha).  Row 1: round 0: agents 0 and 1 -beta each (agent2 went wrong); agent2 broke.
+  np.testing.assert_allclose(out.turn_NxB.T, [[0.25, 0, 0.25, 0, 0.5, 0], [-0.25, -0.25, 0, 0, 0, -0.5]])
+  m = out.metrics
+  np.testing.assert_allclose(m["fix_rate"], 1 / 2)  # 1 fix of 2 wrong round-0 answers
+  np.testing.assert_allclose(m["break_rate"], 1 / 4)  # 1 break of 4 right ones
+  np.testing.assert_allclose(m["round0_accuracy"], 0.5)  # row 0's round-0 majority is 5
+  np.testing.assert_allclose(m["round1_accuracy"], 1.0)
+  np.testing.assert_allclose(m["agreement"], (1 / 3 + 1 / 3) / 2, rtol=1e-6)
+  np.testing.assert_allclose(m["same_message_rate"], (1 / 3 + 1) / 2, rtol=1e-6)
+
+
+def test_debate_final_answer_is_the_last_rounds_majority():
+  # Round 0 agrees on 3; the last round says 5, 5, 3: the final answer is 5.
+  messages = [[D(3), D(3), D(3), D(5), D(5), D(3)]]
+  protocol, layout, _, canvas_BxT = _transcript("debate", [3], messages)
+  np.testing.assert_array_equal(protocol.final_answer(layout, canvas_BxT), [D(5)])
+
+
+def _debate_experiment(**knobs):
+  config = _experiment("debate").get_config("size=tiny")
+  config.num_devices = 1
+  config.protocol.update(knobs)
+  return experiment.build(config)
+
+
+def test_turn_rewards_add_to_any_estimators_advantages():
+  # Debate, 2 agents x 2 rounds: a per-role estimator's adv_RxB goes to each role's tokens, and the
+  # protocol's turn_NxB on top of it to each turn's tokens.
+  exp = _debate_experiment(agents=2, rounds=1)
+  layout = exp.layout
+  sampled_BxT = jnp.ones((1, layout.length), bool)
+  adv_RxB = jnp.array([[1.0], [2.0]])
+  turn_NxB = jnp.array([[0.1], [0.2], [0.3], [0.4]])
+  adv_BxT = np.asarray(train.token_advantages(exp, adv_RxB, sampled_BxT, turn_NxB))
+  for n, (start, stop) in enumerate(layout.turn_slices):
+    np.testing.assert_allclose(adv_BxT[0, start:stop], adv_RxB[layout.turn_roles[n], 0] + turn_NxB[n, 0])
+  np.testing.assert_array_equal(adv_BxT[:, layout.env_T], 0)
+  np.testing.assert_array_equal(train.token_advantages(exp, adv_RxB, sampled_BxT),
+                                train.token_advantages(exp, adv_RxB, sampled_BxT, 0 * turn_NxB))
+
+
+# ---------------------------------------------------------------------------------------------
+# Engine: per-turn hidden segments; bad input.
+
+def test_turn_hidden_keeps_the_roles_own_messages():
+  protocol = engine.Protocol(roles=("a", "b"), turns=(engine.Turn("a", 2), engine.Turn("b", 2),
+                                                      engine.Turn("a", 2, hidden=("a0", "b0"))))
+  layout = protocol.layout(TASK, (0, 0))
+  assert _visible(layout, 2) == ["problem", "a0", "a1"]  # hides b0, not its own a0
+  with pytest.raises(ValueError, match=r"turn 0 \(a\) hides 'c0'; segments are \['problem', 'a0'\]"):
+    engine.Protocol(roles=("a",), turns=(engine.Turn("a", 2, hidden=("c0",)),)).layout(TASK, (0,))
+
+
+@pytest.mark.parametrize("name, knobs, match", [
+    ("vote", dict(voters=1), r"config.protocol.voters=1; allowed: 2..8"),
+    ("vote", dict(voters=8, aggregator=True), r"config.protocol.voters=8; allowed: 2..7 .*8 role markers"),
+    ("vote", dict(aggregator="yes"), r"config.protocol.aggregator='yes' is unknown; allowed: \[False, True\]"),
+    ("best_of_n", dict(candidates=8), r"config.protocol.candidates=8; allowed: 2..7"),
+    ("best_of_n", dict(candidates=1), r"config.protocol.candidates=1; allowed: 2..7"),
+    ("debate", dict(agents=9), r"config.protocol.agents=9; allowed: 2..8"),
+    ("debate", dict(rounds=0), r"config.protocol.rounds=0; it must be >= 1"),
+    ("debate", dict(beta=-1.0), r"config.protocol.beta=-1.0; it must be >= 0"),
+    ("debate", dict(gamma=1.0), r"keys \['gamma'\] that protocol 'debate' does not take; allowed: .*'alpha'"),
+])
+def test_bad_protocol_knobs(name, knobs, match):
+  with pytest.raises(ValueError, match=match):
+    protocols.make(name, TASK, **knobs)
+
+
+@pytest.mark.parametrize("name, arg, match", [
+    ("vote", "aggregator=maybe", r"aggregator='maybe' is unknown; allowed: \['false', 'true'\]"),
+    ("vote", "voters=1", r"config.protocol.voters=1; allowed: 2..8"),
+    ("vote", "voters=three", r"config argument voters='three' must be int"),
+    ("best_of_n", "task=matrix_game", r"task='matrix_game' is unknown; allowed: \['arithmetic', "),
+    ("best_of_n", "sharing=voters", r"sharing='voters' is unknown; allowed: \['solvers', 'shared', 'isolated'\]"),
+    ("debate", "alpha=-1", r"config.protocol.alpha=-1.0; it must be >= 0"),
+    ("debate", "credit=nope", r"credit='nope' is unknown"),
+])
+def test_bad_experiment_arguments(name, arg, match):
+  with pytest.raises(ValueError, match=match):
+    _experiment(name).get_config(arg)
+
+
+# ---------------------------------------------------------------------------------------------
+# Each experiment's tiny variant through the command line.
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arg", ["vote.py:size=tiny,aggregator=true,sharing=voters",
+                                 "best_of_n.py:size=tiny,task=subset_sum",
+                                 "debate.py:size=tiny,credit=difference"])
+def test_tiny_workflow_through_the_cli(tmp_path, arg):
+  proc = subprocess.run([sys.executable, "-m", "marl_jax.main", f"--config=experiments/{arg}",
+                         f"--workdir={tmp_path}"], cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  with open(tmp_path / "metrics.jsonl") as f:
+    rows = [json.loads(line) for line in f]
+  assert rows[-1]["step"] == 4 and 0 <= rows[-1]["eval_accuracy"] <= 1
+  assert "same_message_rate" in rows[-1]
