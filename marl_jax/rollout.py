@@ -65,10 +65,12 @@ def rerun_tokens(exp, params_R, tokens_BxT, key_B, reruns: Reruns):
   return tokens.reshape(C, K, B, T)
 
 
-def rerun(exp, params_R, problems, tokens_BxT, key_B, reruns: Reruns) -> Counterfactuals:
-  """Each coalition's re-drawn transcripts and their team outcomes."""
+def rerun(exp, params_R, problems, tokens_BxT, key_B, reruns: Reruns, step=None) -> Counterfactuals:
+  """Each coalition's re-drawn transcripts and their team outcomes (with the protocol's auxiliary
+  rewards weighted for training step `step`, as `train.score` gives the sampled episodes)."""
   tokens_CxKxBxT = rerun_tokens(exp, params_R, tokens_BxT, key_B, reruns)
   C, K, B, T = tokens_CxKxBxT.shape
   tiled = jax.tree.map(lambda x: jnp.tile(x, (C * K,) + (1,) * (x.ndim - 1)), problems)
   scored = exp.protocol.rewards(exp.task, exp.layout, tiled, tokens_CxKxBxT.reshape(C * K * B, T))
-  return Counterfactuals(tokens_CxKxBxT=tokens_CxKxBxT, team_CxKxB=scored.team_B.reshape(C, K, B))
+  team_B, _ = engine.training_rewards(exp.protocol, scored, step)
+  return Counterfactuals(tokens_CxKxBxT=tokens_CxKxBxT, team_CxKxB=team_B.reshape(C, K, B))

@@ -14,6 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 from marl_jax import credit, parallel, rollout, sampling, update
 from marl_jax.experiment import Experiment
+from marl_jax.protocols import engine
 from marl_jax.state import TrainState
 
 
@@ -31,14 +32,16 @@ def token_advantages(exp: Experiment, adv_xB, sampled_BxT, turn_NxB=None):
   return adv_BxT if turn_NxB is None else adv_BxT + spread(turn_NxB, turn_T)
 
 
-def score(exp: Experiment, problems, episodes: rollout.Episodes):
+def score(exp: Experiment, problems, episodes: rollout.Episodes, step=None):
   """Scores the global batch, so the protocol's metrics are rates over every row (e.g. false_accept:
-  accepted among wrong answers), not means of per-device rates; credit gets this device's rows."""
+  accepted among wrong answers), not means of per-device rates; credit gets this device's rows, with
+  the protocol's auxiliary rewards weighted for training step `step` (`engine.training_rewards`)."""
   B = episodes.tokens_BxT.shape[0]
   all_problems, all_tokens_BxT = parallel.gather_rows((problems, episodes.tokens_BxT))
   scored = exp.protocol.rewards(exp.task, exp.layout, all_problems, all_tokens_BxT)
-  outcome = credit.Outcome(tokens_BxT=episodes.tokens_BxT, team_B=parallel.own_rows(scored.team_B, B),
-                           role_RxB=parallel.own_rows(scored.role_RxB, B),
+  team_B, role_RxB = engine.training_rewards(exp.protocol, scored, step)
+  outcome = credit.Outcome(tokens_BxT=episodes.tokens_BxT, team_B=parallel.own_rows(team_B, B),
+                           role_RxB=parallel.own_rows(role_RxB, B),
                            group_size=exp.config.rl.group_size,
                            turn_NxB=jax.tree.map(lambda x: parallel.own_rows(x, B), scored.turn_NxB))
   return scored, outcome
@@ -98,12 +101,13 @@ def nonfinite(exp: Experiment, outcome: credit.Outcome, adv_xB, aux, credit_stat
   return jax.lax.pmax(nonfinite_QxR.astype(jnp.int32), parallel.DATA) > 0
 
 
-def assign_credit(exp: Experiment, params_R, credit_state, problems, outcome: credit.Outcome, rerun_key_B):
+def assign_credit(exp: Experiment, params_R, credit_state, problems, outcome: credit.Outcome, rerun_key_B,
+                  step=None):
   """The credit estimator on this device's rows: the counterfactual re-runs it asks for (if any, in one
   batched re-run), its advantages (adv_RxB, or adv_NxB per turn) and its updated state and metrics."""
   reruns = exp.credit.reruns(len(exp.layout.roles))
   counterfactuals = None if reruns is None else rollout.rerun(
-      exp, params_R, problems, outcome.tokens_BxT, rerun_key_B, reruns)
+      exp, params_R, problems, outcome.tokens_BxT, rerun_key_B, reruns, step)
   adv_xB, metrics = exp.credit.advantages(credit_state, outcome, counterfactuals)
   credit_state, update_metrics = exp.credit.update(credit_state, outcome)
   return adv_xB, credit_state, {**metrics, **update_metrics}
@@ -117,9 +121,9 @@ def local_step(exp: Experiment, state: TrainState, problem_key_B, sample_key_B, 
   devices = jax.lax.psum(1, parallel.DATA)
   problems = jax.vmap(exp.task.sample)(problem_key_B)
   episodes = rollout.sample(exp, state.params, problems, sample_key_B)
-  scored, outcome = score(exp, problems, episodes)
+  scored, outcome = score(exp, problems, episodes, state.step)
   adv_xB, credit_state, credit_metrics = assign_credit(exp, state.params, state.credit, problems, outcome,
-                                                       rerun_key_B)
+                                                       rerun_key_B, state.step)
   batch = update_batch(exp, state, episodes, adv_xB, outcome.turn_NxB)
   params, opt_state, aux = update.apply(exp, state.params, state.opt_state, batch, devices)
   # Per-role gradient norms: free with isolated sets (a set's gradient is its role's); otherwise a

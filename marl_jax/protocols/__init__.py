@@ -5,6 +5,7 @@ import inspect
 from marl_jax.protocols.best_of_n import BestOfN
 from marl_jax.protocols.contribution import Contribution
 from marl_jax.protocols.debate import Debate
+from marl_jax.protocols.delegate import Delegate
 from marl_jax.protocols.engine import Layout, Protocol, Scored, Turn
 from marl_jax.protocols.exchange import Exchange
 from marl_jax.protocols.matrix_game import MatrixGame
@@ -18,6 +19,7 @@ REGISTRY: dict[str, type[Protocol]] = {
     "best_of_n": BestOfN,
     "contribution": Contribution,
     "debate": Debate,
+    "delegate": Delegate,
     "exchange": Exchange,
     "matrix_game": MatrixGame,
     "orchestrator": Orchestrator,

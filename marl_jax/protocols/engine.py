@@ -104,6 +104,9 @@ class Scored:
   team_B: jax.Array  # the team outcome in [0, 1]: the task's score of the final answer
   role_RxB: jax.Array  # each role's own verifiable signal (the team outcome where none exists)
   metrics: dict[str, jax.Array]  # scalar rates over the batch; always holds "accuracy"
+  # Auxiliary reward terms (delegate's r_parallel, r_finish), or None: training adds
+  # `Protocol.aux_weights(step) @ aux_KxB` to the team outcome and every role's signal (`training_rewards`).
+  aux_KxB: jax.Array | None = None
   # A per-turn reward on top of any estimator's credit (debate's influence bonuses), or None: the
   # step adds turn_NxB[n] to the advantage of every token turn n sampled (`train.token_advantages`),
   # whatever the estimator, so it needs no estimator of its own and each one stays usable.
@@ -121,7 +124,13 @@ class Protocol:
     final_answer(layout, tokens_BxT)       the final-answer message, BxA
     rewards(task, layout, problems, tokens_BxT) -> Scored
     demonstrate(task, layout, problems, key_B) -> tokens_BxT   warm-start transcripts (noisy)
+  and, when `rewards` returns auxiliary terms (`Scored.aux_KxB`, e.g. PARL's shaping rewards):
+    aux_weights(step) -> weights_K         their weights at training step `step` (a traced scalar)
   `hidden` lists (segment, role) pairs a role does not read; a `Turn.hidden` hides more from one turn.
+  `rewards` does not take the training step: a reward that changes over training (delegate's annealed
+  auxiliaries) is returned as terms, and the step weights them where it knows the step
+  (`training_rewards`, called by `train.score` and `rollout.rerun`), so evaluation, `accuracy` and
+  every protocol without such terms are unchanged.
   A message slot may hold `<absent>` then EOS (a counterfactual without that role, `text.ABSENT`):
   `final_answer` and `rewards` must treat it as "this role did nothing" (e.g. an absent verifier lets
   the answer stand).  At most `len(text.ROLE_MARKERS)` roles: each role has its own marker token.
@@ -140,6 +149,15 @@ class Protocol:
 
   def layout(self, task: Task, role_set_R: tuple[int, ...]) -> Layout:
     return _layout(self, task, tuple(role_set_R))
+
+
+def training_rewards(protocol: Protocol, scored: Scored, step=None):
+  """(team_B, role_RxB) as credit sees them at training step `step`: the scored outcomes plus the
+  protocol's weighted auxiliary terms, if it has any; `step=None` (outside training): none."""
+  if scored.aux_KxB is None or step is None:
+    return scored.team_B, scored.role_RxB
+  bonus_B = protocol.aux_weights(step) @ scored.aux_KxB
+  return scored.team_B + bonus_B, scored.role_RxB + bonus_B[None]
 
 
 @functools.lru_cache(maxsize=None)

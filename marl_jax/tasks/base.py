@@ -54,8 +54,11 @@ class Task:
     """A decomposable task's independent sub-problems, as prompt segment names; () otherwise.
 
     A decomposable task also has `part_answer_len`, `combine(values_C)` (the answer's value from the
-    parts' values) and problems with `part_values` and `part_mistakes` (int[C]); part answers and the
-    answer are written as decimal numbers (`number_tokens`).
+    parts' values; a 0 adds nothing, so a subset of parts combines with the rest set to 0) and
+    problems with `part_values` and `part_mistakes` (int[C]); part answers and the answer are written
+    as decimal numbers (`number_tokens`).  A part's prompt segment is its sub-problem then one
+    separator token; `part_value(message_L) -> (value, ok)` reads a sub-problem written as a message
+    (those tokens, then EOS), e.g. an orchestrator's assignment to a worker.
     """
     return ()
 

@@ -9,10 +9,11 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from marl_jax import text
 from marl_jax.tasks import base
-from marl_jax.tasks.arithmetic import Arithmetic
+from marl_jax.tasks.arithmetic import OPS, Arithmetic
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)  # by name only: the base's demo_error_rate comes first
@@ -58,6 +59,20 @@ class MultiChain(base.Task):
 
   def combine(self, values_C):
     return values_C.sum() % self.modulus
+
+  def part_value(self, message_L):
+    """A sub-problem written as a message (one chain as in the prompt, then EOS): (value, ok); ok is
+    False unless the message is exactly that (operands, operations, EOS; PAD after)."""
+    chain, w = self.chain, self.chain.operand_width
+    L = (chain.num_ops + 1) * w + chain.num_ops  # the chain's tokens
+    op_pos = np.arange(L) % (w + 1) == w
+    digit_L = message_L[:L] - text.DIGIT0
+    op_match_LxO = message_L[:L, None] == jnp.asarray([text.TOKEN_ID[o] for o in OPS])
+    ok = (jnp.all(jnp.where(op_pos, op_match_LxO.any(-1), (digit_L >= 0) & (digit_L <= 9)))
+          & (message_L[L] == text.EOS) & jnp.all(message_L[L + 1:] == text.PAD))
+    operands_N = digit_L[~op_pos].reshape(-1, w) @ 10 ** jnp.arange(w - 1, -1, -1)
+    value, _ = chain.evaluate(operands_N, jnp.argmax(op_match_LxO[op_pos], -1))
+    return value, ok
 
   def sample(self, key) -> dict:
     tokens_CxL, values_C, mistakes_C = jax.vmap(self.chain.chain)(jax.random.split(key, self.num_chains))

@@ -1,0 +1,207 @@
+"""Delegate (orchestrator-workers, PARL): schedule and visibility, sub-problem parsing, rewards and
+metrics on hand-built transcripts, demonstrations, the annealing schedule, bad input, and a tiny run
+through the CLI whose frozen workers stay bit-identical."""
+import functools
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import chex
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from marl_jax import checkpoint, configs, experiment, protocols, state, tasks, text
+from marl_jax.protocols import engine
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+TASK = tasks.make("multi_chain", num_chains=2, num_ops=1)  # '<bos>3+4,2*3=' -> 3; a part is '3+4<eos>'
+ORCH, W0, W1 = 0, 1, 2
+
+
+def _setup(**knobs):
+  protocol = protocols.make("delegate", TASK, **knobs)
+  return protocol, protocol.layout(TASK, (0, 1, 1))
+
+
+@functools.cache
+def _jit_rewards(protocol):
+  """protocol.rewards as one compiled program (op-by-op, its many small ops are slow to dispatch)."""
+  layout = protocol.layout(TASK, (0, 1, 1))
+  return jax.jit(lambda problems, tokens_BxT: protocol.rewards(TASK, layout, problems, tokens_BxT))
+
+
+def test_schedule_and_visibility():
+  protocol, layout = _setup()
+  assert protocol.roles == ("orchestrator", "worker0", "worker1") and protocol.workers == 2
+  # prompt 0..8 | assignments (marker + 4) x 2 | reports (marker + 2) x 2 | final answer (marker + 2)
+  assert layout.segment_names == ("header", "chain0", "chain1", "orchestrator0", "orchestrator1",
+                                  "worker00", "worker10", "orchestrator2")
+  assert layout.turn_roles == (ORCH, ORCH, W0, W1, ORCH)
+  assert layout.turn_slices == ((10, 14), (15, 19), (20, 22), (23, 25), (26, 28))
+  # Worker s reads only its own assignment (and its own report); the orchestrator reads everything.
+  visible = dict(zip(layout.segment_names, layout.visible_SxR.astype(int).tolist()))
+  assert visible == {"header": [1, 0, 0], "chain0": [1, 0, 0], "chain1": [1, 0, 0],
+                     "orchestrator0": [1, 1, 0], "orchestrator1": [1, 0, 1], "worker00": [1, 1, 0],
+                     "worker10": [1, 0, 1], "orchestrator2": [1, 0, 0]}
+  worker0_T = layout.visible_VxT[layout.role_view_R[W0]]
+  np.testing.assert_array_equal(np.flatnonzero(worker0_T), list(range(9, 14)) + list(range(19, 22)))
+  # The workers share a parameter set but not a view (they read different slots).
+  assert layout.view_set_V == (0, 1, 1)
+  # Workers are parallel: a worker's counterfactual re-draws its report and the final answer only.
+  assert layout.resampled_turns({W0}) == [2, 4] and layout.resampled_turns({ORCH}) == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("message, expected", [
+    ("3+4<eos>", (7, True)), ("2*9<eos>", (8, True)), ("0-3<eos>", (7, True)),
+    ("3+<eos><pad>", (0, False)), ("3+45", (0, False)), ("<eos><pad><pad><pad>", (0, False)),
+    ("3=4<eos>", (0, False)), ("<absent><eos><pad><pad>", (0, False)),
+])
+def test_part_value(message, expected):
+  value, ok = jax.jit(TASK.part_value)(jnp.asarray(text.encode(message)))
+  assert bool(ok) == expected[1]
+  if expected[1]:
+    assert int(value) == expected[0]
+
+
+def _transcripts(rows):
+  """Problems '<bos>3+4,2*3=' (parts 7 and 6, answer 3) and canvases holding each row's messages."""
+  _, layout = _setup()
+  B = len(rows)
+  prompt_BxP = jnp.asarray([text.encode("<bos>3+4,2*3=")] * B)
+  problems = {"prompt": prompt_BxP, "answer": jnp.asarray([text.encode("3<eos>")] * B),
+              "part_values": jnp.asarray([[7, 6]] * B), "part_mistakes": jnp.asarray([[3, 2]] * B)}
+  pad = lambda msg, n: text.encode(msg) + [text.PAD] * (n - len(text.encode(msg)))
+  lengths = [stop - start for start, stop in layout.turn_slices]
+  messages = [jnp.asarray([pad(row[i], n) for row in rows]) for i, n in enumerate(lengths)]
+  return problems, engine.assemble(layout, prompt_BxP, messages)
+
+
+E = "<eos>"
+ROWS = [  # assignment 0, assignment 1, report 0, report 1, final answer
+    ["3+4" + E, "2*3" + E, "7" + E, "6" + E, "3" + E],  # a: delegates both, combines the reports
+    [E, E, E, E, "3" + E],  # b: assigns nothing, answers alone (serial collapse)
+    ["3+4" + E, "3+4" + E, "7" + E, "7" + E, "4" + E],  # c: a repeated slot; uses the reports
+    ["3+" + E, "2*3" + E, "5" + E, "6" + E, "3" + E],  # d: a malformed slot; ignores the right report
+    ["4+3" + E, "2*3" + E, "7" + E, "6" + E, "3" + E],  # e: rewrites chain0 (not an exact copy)
+    ["3+4" + E, "2*3" + E, "7" + E, "5" + E, "2" + E],  # f: one wrong report, combined as given
+]
+
+
+def test_rewards_and_metrics_by_hand():
+  protocol, layout = _setup()
+  problems, tokens_BxT = _transcripts(ROWS)
+  np.testing.assert_array_equal(protocol.final_answer(layout, tokens_BxT)[:, 0],
+                                [text.DIGIT0 + d for d in (3, 3, 4, 3, 3, 2)])
+  scored = _jit_rewards(protocol)(problems, tokens_BxT)
+  #                   a    b    c    d    e    f
+  team_B = np.array([1., 1., 0., 1., 1., 0.])
+  r_parallel_B = [1., 0., .5, .5, 1., 1.]  # well-formed slots that no earlier slot repeats
+  r_finish_B = [1., 0., 1., 1., 1., .5]  # right reports among well-formed assignments
+  np.testing.assert_allclose(scored.team_B, team_B)
+  np.testing.assert_allclose(scored.aux_KxB, [r_parallel_B, r_finish_B])
+  # Roles: the orchestrator's signal is the outcome, a worker's is a right report to a real sub-task.
+  np.testing.assert_allclose(scored.role_RxB, [team_B, [1, 0, 1, 0, 1, 1], [1, 0, 1, 1, 1, 0]])
+  expected = {
+      "accuracy": 4 / 6, "r_parallel": 4 / 6, "r_finish": 4.5 / 6,
+      "worker_accuracy": 8 / 9,  # a 2/2, c 2/2, d 1/1, e 2/2, f 1/2
+      "workers_used": 10 / 6,  # b used none
+      "spurious_parallelism": 2 / 10,  # c's repeat, d's malformed slot, among the 10 used slots
+      "serial_collapse": 2 / 6,  # b (no report) and d (final answer is not the report's 6)
+      # orchestrator tokens (assignments + final) + the longest report: a c e f 4+4+2+2, b 1+1+2+1,
+      # d 3+4+2+2
+      "critical_steps": (4 * 12 + 5 + 11) / 6,
+      "coverage": (1 + 0 + .5 + .5 + .5 + 1) / 6,  # e's rewrite covers chain1 only
+  }
+  assert set(scored.metrics) == set(expected)
+  for name, value in expected.items():
+    np.testing.assert_allclose(scored.metrics[name], value, rtol=1e-6, err_msg=name)
+
+
+def test_absent_orchestrator_and_workers_did_nothing():
+  protocol, _ = _setup()
+  absent = "<absent>" + E
+  rows = [[absent, absent, "7" + E, "6" + E, absent], ["3+4" + E, "2*3" + E, absent, absent, "3" + E]]
+  scored = _jit_rewards(protocol)(*_transcripts(rows * 3))  # 6 rows, as ROWS: the same program
+  np.testing.assert_allclose(scored.team_B, [0., 1.] * 3)
+  np.testing.assert_allclose(scored.aux_KxB, [[0., 1.] * 3, [0., 0.] * 3])
+  assert scored.metrics["workers_used"] == 1.0 and scored.metrics["serial_collapse"] == 1.0
+
+
+@pytest.mark.parametrize("delegate_rate, team, serial, used", [(1.0, 1.0, 0.0, 2.0), (0.0, 1.0, 1.0, 0.0)])
+def test_demonstrations_without_noise(delegate_rate, team, serial, used):
+  task = tasks.make("multi_chain", num_chains=2, num_ops=1, demo_error_rate=0.0)
+  protocol = protocols.make("delegate", task, demo_delegate_rate=delegate_rate, worker_demo_error_rate=0.0)
+  layout = protocol.layout(task, (0, 1, 1))
+  problems = tasks.eval_problems(task, 0, 32)
+  scored = jax.jit(lambda key_B: protocol.rewards(task, layout, problems, protocol.demonstrate(
+      task, layout, problems, key_B)))(jax.random.split(jax.random.PRNGKey(1), 32))
+  np.testing.assert_array_equal(scored.team_B, team)
+  assert scored.metrics["serial_collapse"] == serial and scored.metrics["workers_used"] == used
+  assert scored.metrics["r_parallel"] == delegate_rate and scored.metrics["r_finish"] == delegate_rate
+
+
+@pytest.mark.parametrize("anneal, steps, expected", [
+    ("linear", (0, 50, 100, 150), [[.4, .2], [.2, .1], [0., 0.], [0., 0.]]),
+    ("never", (0, 100, 10_000), [[.4, .2]] * 3),
+])
+def test_annealing_schedule(anneal, steps, expected):
+  protocol, _ = _setup(parallel_weight=0.4, finish_weight=0.2, anneal=anneal, anneal_steps=100)
+  np.testing.assert_allclose([protocol.aux_weights(jnp.asarray(t)) for t in steps], expected, atol=1e-7)
+
+
+def test_training_rewards_add_the_weighted_terms_at_the_step():
+  protocol, _ = _setup(parallel_weight=0.4, finish_weight=0.2, anneal_steps=100)
+  # The terms do not depend on the weights: score with the default protocol (compiled once).
+  scored = _jit_rewards(_setup()[0])(*_transcripts(ROWS))  # a: r = (1, 1); b: r = (0, 0)
+  team_B, role_RxB = engine.training_rewards(protocol, scored, jnp.asarray(50))
+  np.testing.assert_allclose(team_B[:2], [1 + .2 + .1, 1.])
+  np.testing.assert_allclose(role_RxB[1, :2], [1 + .3, 0.])
+  team_B, _ = engine.training_rewards(protocol, scored)  # outside training: the outcome alone
+  np.testing.assert_allclose(team_B, scored.team_B)
+
+
+def test_bad_input():
+  with pytest.raises(ValueError, match=r"config.task.name='arithmetic' has no parts; tasks with parts: "
+                                       r"\['multi_chain'\]"):
+    protocols.make("delegate", tasks.make("arithmetic"))
+  with pytest.raises(ValueError, match=r"config.protocol.anneal='cosine' is unknown; allowed: "
+                                       r"\['linear', 'never'\]"):
+    protocols.make("delegate", TASK, anneal="cosine")
+  with pytest.raises(ValueError, match=r"config.protocol.workers=8; allowed: 0 \(one per part\) or 1..7"):
+    protocols.make("delegate", TASK, workers=8)
+  delegate = configs.sibling(str(REPO / "experiments" / "x.py"), "delegate")
+  with pytest.raises(ValueError, match=r"config argument aux='half' is unknown; allowed: "
+                                       r"\['annealed', 'never', 'none'\]"):
+    delegate.get_config("aux=half")
+  config = delegate.get_config("size=tiny")
+  config.task = ml_collections.ConfigDict(dict(name="arithmetic"))
+  with pytest.raises(ValueError, match=r"config.task.name='arithmetic' has no parts"):
+    experiment.build(config)
+
+
+@pytest.mark.slow
+def test_tiny_run_keeps_the_frozen_workers_bit_identical(tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  result = subprocess.run(
+      [sys.executable, "-m", "marl_jax.main", f"--config={REPO / 'experiments' / 'delegate.py'}:size=tiny",
+       f"--workdir={tmp_path}", "--config.rl.entropy_coef=0.01"],  # entropy: a gradient in any case
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+  assert result.returncode == 0, result.stderr[-3000:]
+  with open(tmp_path / "metrics.jsonl") as f:
+    last = [json.loads(line) for line in f][-1]
+  assert last["step"] == 4 and {"serial_collapse", "critical_steps", "eval_workers_used"} <= set(last)
+  config = configs.sibling(str(REPO / "experiments" / "x.py"), "delegate").get_config("size=tiny")
+  config.num_devices = 1
+  exp = experiment.build(config)
+  assert exp.role_set_R == (0, 1, 1) and exp.trainable_R == (True, False)
+  params = {step: jax.tree.map(np.asarray, checkpoint.restore(str(tmp_path), state.abstract_state(exp),
+                                                              step).params) for step in (0, 4)}
+  chex.assert_trees_all_equal(*[jax.tree.map(lambda p: p[:, 1], params[s]) for s in (0, 4)])
+  moved = jax.tree.map(lambda a, b: np.abs(a[:, 0] - b[:, 0]).max(), params[4], params[0])
+  assert max(jax.tree.leaves(moved)) > 1e-4  # the orchestrator did learn
