@@ -93,6 +93,8 @@ def nonfinite(exp: Experiment, outcome: credit.Outcome, adv_xB, aux, credit_stat
   by_turn = lambda bad_N: (bad_N[:, None] & turn_role_NxR).any(0)
   bad = lambda x_xB: ~jnp.isfinite(x_xB).all(-1)
   reward_R = bad(outcome.role_RxB) | bad(outcome.team_B)
+  if outcome.turn_NxB is not None:
+    reward_R = reward_R | by_turn(bad(outcome.turn_NxB))
   adv_R = by_turn(bad(adv_xB)) if exp.credit.per_turn else bad(adv_xB)
   gradient_R = ~aux["finite_grad_S"][np.asarray(exp.role_set_R)]
   credit_ok = jnp.array([jnp.isfinite(x).all() for x in jax.tree.leaves(credit_state)
