@@ -382,7 +382,7 @@ def test_config_exposes_the_protocol_knobs():
   config.protocol.rounds, config.model.max_len, config.num_devices = 2, 48, 1
   assert len(experiment.build(config).layout.turn_slices) == 4
   config.model.max_len = 32  # two rounds do not fit: the error says how many tokens they need
-  with pytest.raises(ValueError, match="take 43 tokens but config.model.max_len=32"):
+  with pytest.raises(ValueError, match="config.model.max_len=32 is too short: prompt plus messages take 43 tokens"):
     experiment.build(config)
 
 
