@@ -75,7 +75,7 @@ class Debate(engine.Protocol):
         "agreement": engine.same_message_rate(answers_JxKxBxA[-1]),  # in the last round
         "same_message_rate": engine.same_message_rate(answers_JxKxBxA[0]),  # independent answers
         "turn_bonus": turn_NxB.mean(),
-        **{f"round{j}_accuracy": majority_right_JxB[j].mean() for j in range(J)},  # its majority's
+        **{f"round{j}_accuracy": majority_right_JxB[j].mean() for j in range(J)},  # round j's majority
     }
     return engine.Scored(team_B=team_B, role_RxB=right_JxKxB[-1], metrics=metrics, turn_NxB=turn_NxB)
 
