@@ -65,9 +65,14 @@ def main(argv):
     loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except (experiment.ConfigError, loop.NonFiniteError) as e:
     sys.stdout.flush()
-    print(f"FATAL {type(e).__name__}: {e}{_origin(str(e), sys.argv)}", file=sys.stderr, flush=True)
-    # At once: after a failed restore, tensorstore's pending reads would print tracebacks of orbax's
-    # closed event loop while the interpreter shuts down.  Metrics and saves are already closed.
+    sys.stderr.flush()
+    # After a failed restore, tensorstore's pending reads print tracebacks of orbax's closed event
+    # loop from their own threads: stderr goes quiet first, so the error is the last line (on a line
+    # of its own, should a traceback be cut mid-line), and the process ends at once (metrics and
+    # saves are already closed).
+    stderr_fd = os.dup(2)
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+    os.write(stderr_fd, f"\nFATAL {type(e).__name__}: {e}{_origin(str(e), sys.argv)}\n".encode())
     os._exit(1)
 
 

@@ -318,6 +318,6 @@ def test_command_line_config_errors_are_one_line(tmp_path):
   for run, (flags, start, piece) in zip(runs, cases):
     _, err = run.communicate(timeout=300)
     assert run.returncode == 1, err[-3000:]
-    assert len(err.strip().splitlines()) == 1 and err.startswith(start) and piece in err, err[-3000:]
+    assert len(err.strip().splitlines()) == 1 and err.strip().startswith(start) and piece in err, err[-3000:]
     assert "Compiling" not in err
   assert _snapshot(tmp_path) == before
