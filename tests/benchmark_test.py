@@ -81,7 +81,6 @@ def test_tiny_benchmark_end_to_end_and_resume(tmp_path):
   cmd = [sys.executable, "-m", "marl_jax.benchmark", f"--config={BENCH}:size=tiny", f"--workdir={workdir}",
          "--config.estimators=shapley"]
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
   first = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
   assert first.returncode == 0, first.stderr[-3000:]
   report = workdir / "report"

@@ -22,7 +22,7 @@ TINY = ["--config.sft.steps=0", "--config.rl.entropy_coef=0.01", "--config.rl.ba
 
 
 def launch(args, devices: int, **env):
-  env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+  env = {**os.environ, "XLA_FLAGS": f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count={devices}",
          "JAX_PLATFORMS": "cpu", **env}
   return subprocess.Popen([sys.executable, "-m", "marl_jax.main", *args], cwd=ROOT, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

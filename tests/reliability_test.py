@@ -80,7 +80,6 @@ def _command(workdir, *flags, patch=""):
 
 def _env(**extra):
   env = dict(os.environ, JAX_PLATFORMS="cpu", **extra)
-  env.pop("XLA_FLAGS", None)  # one CPU device, whatever another test set in this process
   return env
 
 
