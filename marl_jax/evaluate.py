@@ -1,9 +1,11 @@
 """Evaluation on the fixed evaluation set, sharded over the `data` axis like training: each device
 samples its rows, and the protocol's metrics are computed on the gathered set."""
 import jax
+import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from marl_jax import datasets, parallel, rollout, tasks
+from marl_jax import datasets, parallel, rollout, sampling, tasks
 from marl_jax.experiment import Experiment
 
 
@@ -27,10 +29,25 @@ def make_evaluate(exp: Experiment, greedy: bool = True):
       episodes = rollout.sample(exp, params_R, problems, key_B, greedy)
       scored = exp.protocol.rewards(exp.task, exp.layout,
                                     *parallel.gather_rows((problems, episodes.tokens_BxT)))
-      return scored.metrics
+      return {**scored.metrics, **role_divergence(exp, params_R, episodes.tokens_BxT)}
     return jax.vmap(one_seed)(params_S)
 
   rows = P(parallel.DATA)
   sharded = jax.shard_map(local, mesh=exp.mesh, in_specs=(P(), rows, rows), out_specs=P(),
                           check_vma=False)
   return jax.jit(lambda params_S: sharded(params_S, problems, keys))
+
+
+def role_divergence(exp: Experiment, params_R, tokens_BxT) -> dict:
+  """`ROLE/next_token_js`: the mean over the other roles of the Jensen-Shannon divergence between
+  their sets' next-token distributions and this role's own, on this role's messages (0 for roles that
+  share its set); nothing when every role shares one set."""
+  R = len(exp.layout.roles)
+  if len(set(exp.role_set_R)) < 2:
+    return {}
+  js_sum_RxS, count_R = jax.lax.psum(sampling.next_token_divergence(
+      exp.model, exp.layout, exp.role_set_R, params_R, tokens_BxT, exp.config.rl.temperature),
+      parallel.DATA)
+  js_RxR = (js_sum_RxS / jnp.maximum(count_R, 1)[:, None])[:, np.asarray(exp.role_set_R)]
+  others_R = (js_RxR.sum(1) - jnp.diagonal(js_RxR)) / (R - 1)
+  return {f"{role}/next_token_js": others_R[r] for r, role in enumerate(exp.layout.roles)}

@@ -110,3 +110,37 @@ def token_log_probs(cfg: model_lib.ModelConfig, layout: Layout, params_R, tokens
   entropy_BxT = -jnp.sum(jnp.exp(logp_TxBxV) * logp_TxBxV, -1).T
   zero = jnp.zeros((tokens_BxT.shape[0], 1))
   return jnp.concatenate([zero, logp_BxT], 1), jnp.concatenate([zero, entropy_BxT], 1)
+
+
+def js_divergence(logp_xN, logq_xN):
+  """Jensen-Shannon divergence (nats) between two distributions given as log-probs over the last axis."""
+  log_m = jnp.logaddexp(logp_xN, logq_xN) - jnp.log(2.0)
+  kl = lambda log_a: jnp.sum(jnp.exp(log_a) * (log_a - log_m), -1)
+  return 0.5 * (kl(logp_xN) + kl(logq_xN))
+
+
+def next_token_divergence(cfg: model_lib.ModelConfig, layout: Layout, role_set_R, params_S, tokens_BxT,
+                          temperature: float):
+  """Role-collapse diagnostic on the same inputs: at each message token of role r, the Jensen-Shannon
+  divergence between the next-token distribution of r's parameter set and that of every set s, all
+  reading the transcript through r's view there (so another set answers as if it were r).
+
+  Returns (js_sum_RxS, count_R): the divergences summed over role r's message tokens (rows of
+  `tokens_BxT`) and the number of those tokens, so devices can add theirs before dividing.
+  """
+  valid_BxT = tokens_BxT != text.PAD
+  key_ok_VxBxT = valid_BxT[None] & jnp.asarray(layout.visible_VxT)[:, None]
+  apply_S = jax.vmap(functools.partial(model_lib.apply, cfg), in_axes=(0, None, None, None))
+  logits_VxSxBxTxN = jax.vmap(lambda key_ok_BxT: apply_S(params_S, tokens_BxT, 0, key_ok_BxT)[0])(
+      key_ok_VxBxT)
+  # Position t (t >= 1) is predicted at t-1 through its author's view.
+  author_view_T, author_T = layout.author_view_T[1:], layout.author_T[1:]
+  T1 = len(author_T)
+  logp_TxSxBxN = policy_log_probs(logits_VxSxBxTxN[author_view_T, :, :, np.arange(T1)], temperature)
+  own_set_T = np.asarray(role_set_R)[np.maximum(author_T, 0)]
+  js_TxSxB = js_divergence(logp_TxSxBxN[np.arange(T1), own_set_T][:, None], logp_TxSxBxN)
+  message_TxR = ((~layout.env_T[1:] & (author_T >= 0))[:, None]
+                 & (author_T[:, None] == np.arange(len(role_set_R)))).astype(np.float32)
+  counted_TxB = valid_BxT[:, 1:].T.astype(jnp.float32)
+  js_sum_RxS = jnp.einsum("tsb,tb,tr->rs", js_TxSxB, counted_TxB, message_TxR)
+  return js_sum_RxS, jnp.einsum("tb,tr->r", counted_TxB, message_TxR)

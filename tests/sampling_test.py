@@ -228,3 +228,29 @@ def test_hidden_segment_does_not_affect_a_role():
   runs = [_generate(layout, _params(1), engine.assemble(layout, p, answer), force_BxT)
           for p in (prompts_a, prompts_b)]
   chex.assert_trees_all_close(*[jax.tree.map(lambda x: x[:, verifier[0]:], r) for r in runs], atol=1e-6)
+
+
+def test_js_divergence_by_hand():
+  # p = (1, 0), q = (1/2, 1/2): m = (3/4, 1/4), KL(p||m) = log(4/3), KL(q||m) = (log(2/3) + log 2) / 2.
+  log = lambda *x: jnp.log(jnp.array(x))
+  expected = 0.5 * (np.log(4 / 3) + 0.5 * (np.log(2 / 3) + np.log(2)))
+  np.testing.assert_allclose(sampling.js_divergence(log(1.0, 1e-30), log(0.5, 0.5)), expected, rtol=1e-6)
+  np.testing.assert_allclose(sampling.js_divergence(log(0.2, 0.8), log(0.2, 0.8)), 0.0, atol=1e-7)
+
+
+def test_next_token_divergence_compares_sets_on_each_roles_own_tokens():
+  layout = _layout("solver_verifier", (SOLVER, VERIFIER))
+  params_2 = _params(2)
+  tokens_BxT, _, _ = _generate(layout, params_2)
+  divergence = jax.jit(lambda p, t: sampling.next_token_divergence(CFG, layout, (0, 1), p, t, TEMP))
+  js_sum_RxS, count_R = divergence(params_2, tokens_BxT)
+  # The tokens counted are each role's own written tokens (EOS included, PAD after it not).
+  written_BxT = (tokens_BxT != text.PAD) & ~layout.env_T[None]
+  expected = [int((written_BxT & (layout.author_T == r)[None]).sum()) for r in (SOLVER, VERIFIER)]
+  np.testing.assert_array_equal(count_R, expected)
+  # A set against itself: 0; two different initialisations: a positive divergence for both roles.
+  np.testing.assert_allclose(np.diagonal(js_sum_RxS), 0.0, atol=1e-5)
+  assert (js_sum_RxS[[0, 1], [1, 0]] > 0.01 * count_R).all()
+  # Two copies of one set: nothing to tell the roles apart.
+  copies = jax.tree.map(lambda p: jnp.stack([p[0], p[0]]), params_2)
+  np.testing.assert_allclose(divergence(copies, tokens_BxT)[0], 0.0, atol=1e-5)

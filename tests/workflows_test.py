@@ -361,3 +361,5 @@ def test_tiny_workflow_through_the_cli(tmp_path, arg):
     rows = [json.loads(line) for line in f]
   assert rows[-1]["step"] == 4 and 0 <= rows[-1]["eval_accuracy"] <= 1
   assert "same_message_rate" in rows[-1]
+  if "sharing=voters" in arg:  # the voters share a set, the aggregator has its own
+    assert rows[-1]["eval_voter0/next_token_js"] > 0 and rows[-1]["eval_aggregator/next_token_js"] > 0
