@@ -28,7 +28,6 @@ import time
 
 import jax
 import jax.numpy as jnp
-import matplotlib
 import ml_collections
 import numpy as np
 import tqdm
@@ -39,9 +38,9 @@ from ml_collections import config_flags
 from marl_jax import checkpoint, configs, credit, experiment, loop, metrics, parallel, report, rollout
 from marl_jax import protocols, sampling, sft, state as state_lib, tasks, train
 from marl_jax.credit import exact
-
-matplotlib.use("Agg")
-from matplotlib import pyplot as plt  # noqa: E402  (after choosing the headless backend)
+# Figures without pyplot: no GUI backend is chosen, so the benchmark runs headless and a notebook that
+# imports it keeps its inline plots.
+from matplotlib.figure import Figure
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Benchmark config (experiments/credit_benchmark.py).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Benchmark directory; finished cells are kept.")
@@ -169,8 +168,9 @@ def grade(credit_SxBxR, exact_SxBxR) -> dict:
           "spearman": np.array([spearman(c, e) for c, e in zip(credit_SxBxR, exact_SxBxR)])}
 
 
-def run_fidelity_cell(config, game: str, num_roles: int, path: str) -> None:
-  """Every estimator on the same warm-started policy and episodes of one game and number of roles."""
+def fidelity_credits(config, game: str, num_roles: int) -> dict:
+  """Every estimator on the same warm-started policy and episodes of one game and number of roles:
+  {estimator: (exp, credit_SxBxR, exact Shapley_SxBxR, exact expected difference_SxBxR)}."""
   fid = config.fidelity
   exps = {name: experiment.build(fidelity_config(config, game, num_roles, name))
           for name in names(config.estimators)}
@@ -184,17 +184,27 @@ def run_fidelity_cell(config, game: str, num_roles: int, path: str) -> None:
   G = first.config.rl.group_size
   problem_keys = jnp.repeat(problem_keys[:, :, ::G], G, axis=2)
   sample_keys, rerun_keys = jax.random.split(k_sample, shape), jax.random.split(k_rerun, shape)
-  results = {}
+  credits = {}
   for name, exp in exps.items():
     credit_S = jax.vmap(functools.partial(state_lib.init_state, exp))(keys_S, params_S).credit
-    credit_SxBxR, shapley_SxBxR, difference_SxBxR = make_fidelity(exp, fid.adapt_steps)(
-        params_S, credit_S, problem_keys, sample_keys, rerun_keys)
+    credits[name] = (exp, *make_fidelity(exp, fid.adapt_steps)(params_S, credit_S, problem_keys,
+                                                                sample_keys, rerun_keys))
+  return credits
+
+
+def run_fidelity_cell(config, game: str, num_roles: int, path: str) -> None:
+  """One cell of the fidelity grid: each estimator's cost and its credit graded against both exact
+  references."""
+  results = {}
+  for name, (exp, credit_SxBxR, shapley_SxBxR, difference_SxBxR) in fidelity_credits(
+      config, game, num_roles).items():
     results[name] = {
         **cost(exp),
         **{f"shapley_{k}": v.tolist() for k, v in grade(credit_SxBxR, shapley_SxBxR).items()},
         **{f"difference_{k}": v.tolist() for k, v in grade(credit_SxBxR, difference_SxBxR).items()},
     }
-  _write_json(path, {"game": game, "roles": num_roles, "seeds": fid.num_seeds, "estimators": results})
+  _write_json(path, {"game": game, "roles": num_roles, "seeds": config.fidelity.num_seeds,
+                     "estimators": results})
 
 
 # Learning.
@@ -333,7 +343,8 @@ def markdown(config, fid_rows, learn_rows) -> str:
 
 def plot_learning(config, workdir: str, folder: str) -> None:
   for scenario in names(config.learning.scenarios):
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
     for name in names(config.estimators):
       run = os.path.join(workdir, "learning", scenario, name)
       if not finished(run, config.learning.total_steps):
@@ -348,13 +359,13 @@ def plot_learning(config, workdir: str, folder: str) -> None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(folder, f"learning_{scenario}.png"), dpi=100)
-    plt.close(fig)
 
 
 def plot_fidelity(fid_rows: list[dict], folder: str) -> None:
   if not fid_rows:
     return
-  fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+  fig = Figure(figsize=(10, 4))
+  axes = fig.subplots(1, 2)
   for ax, ref in zip(axes, ("shapley", "difference")):
     for name in dict.fromkeys(r["estimator"] for r in fid_rows):
       mine = [r for r in fid_rows if r["estimator"] == name]
@@ -364,7 +375,6 @@ def plot_fidelity(fid_rows: list[dict], folder: str) -> None:
   axes[0].legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(os.path.join(folder, "fidelity_vs_cost.png"), dpi=100)
-  plt.close(fig)
 
 
 def write_report(config, workdir: str) -> str:

@@ -1,4 +1,5 @@
-"""notebooks/quickstart.ipynb runs top to bottom at its tiny size (train, transcripts, plots)."""
+"""The notebooks run top to bottom at their tiny size: quickstart.ipynb (train, transcripts, plots) and
+credit_explorer.ipynb (a new estimator registered in the notebook, graded against exact Shapley)."""
 import os
 import pathlib
 import subprocess
@@ -10,12 +11,12 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
-def test_quickstart_notebook_runs(tmp_path):
-  # TMPDIR: the notebook's workdir (a tempfile.mkdtemp) lands in pytest's tmp_path, not in /tmp.
+@pytest.mark.parametrize("notebook", ["quickstart.ipynb", "credit_explorer.ipynb"])
+def test_notebook_runs(tmp_path, notebook):
+  # TMPDIR: a notebook's workdir (a tempfile.mkdtemp) lands in pytest's tmp_path, not in /tmp.
   env = {**os.environ, "MARL_JAX_NOTEBOOK_SIZE": "tiny", "TMPDIR": str(tmp_path)}
   result = subprocess.run(
-      [sys.executable, "-m", "pytest", "--nbmake", "--nbmake-timeout=600", "-q",
-       "notebooks/quickstart.ipynb"],
+      [sys.executable, "-m", "pytest", "--nbmake", "--nbmake-timeout=600", "-q", f"notebooks/{notebook}"],
       cwd=ROOT, env=env, capture_output=True, text=True)
   assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
 
