@@ -3,6 +3,7 @@
   python -m marl_jax.report DIR [DIR ...]           one row per run: mean ± CI half-width, then std
   python -m marl_jax.report --compare A B           B − A with a Welch interval: established or not
   python -m marl_jax.report --split SINGLE MULTI    gain split: base → single-agent RL → multi-agent RL
+  python -m marl_jax.report --seeds DIR             one row per seed, diverged seeds and the spread
 
 Each DIR is a workdir; its seeds are the vmapped runs (`NAME/seedI` in metrics.jsonl).  Intervals of
 a mean are Student t with n − 1 dof; of a difference of two runs' means, Welch (unequal variances,
@@ -10,7 +11,9 @@ Welch–Satterthwaite dof); of the split's shares, a percentile bootstrap over s
 interval is undefined and prints as n/a.  Accuracies print in %, drops and gains in points.
 """
 import argparse
+import json
 import math
+import os
 
 import numpy as np
 
@@ -119,6 +122,27 @@ def summarize(workdir: str) -> dict:
   return out
 
 
+# A seed diverged when one of these (or a role's loss, `ROLE/loss`) was logged non-finite, or when it
+# skipped an update for a non-finite value (`skipped_updates`).
+WATCHED = ("accuracy", "reward", "eval_accuracy")
+
+
+def seed_health(workdir: str, num_seeds: int) -> dict:
+  """Per seed: `skipped` (updates skipped for a non-finite value, as of the last row that counts them)
+  and `nonfinite` (a watched value was ever logged non-finite)."""
+  rows = metrics.read(workdir)
+  names = {key.rsplit("/seed", 1)[0] for r in rows for key in r}
+  watched = [n for n in names if n in WATCHED or n.endswith("/loss")]
+  nonfinite_S = np.zeros(num_seeds, bool)
+  for r in rows:
+    for name in watched:
+      if name in r or f"{name}/seed0" in r:
+        nonfinite_S |= ~np.isfinite(seed_values(r, name))
+  counted = [r for r in rows if "skipped_updates" in r]
+  skipped_S = seed_values(counted[-1], "skipped_updates") if counted else np.zeros(num_seeds)
+  return {"skipped": np.broadcast_to(skipped_S, (num_seeds,)), "nonfinite": nonfinite_S}
+
+
 # Printing (values ×100: % for accuracies, points for differences).
 
 def num(x: float, sign: bool = False) -> str:
@@ -197,6 +221,28 @@ def split(single: dict, multi: dict) -> str:
   return text
 
 
+def seeds_table(workdir: str) -> str:
+  """One row per seed, then how many diverged and the spread of the final accuracy."""
+  s = summarize(workdir)
+  health = seed_health(workdir, s["seeds"])
+  config_path = os.path.join(workdir, "config.json")  # seeds are config.seed, config.seed + 1, ...
+  first = json.load(open(config_path)).get("seed", 0) if os.path.exists(config_path) else 0
+  lines = [f"{workdir}: {s['seeds']} seeds, {s['steps']} steps; accuracies in %, drop in points:\n",
+           row("seed", "base", "final", "peak", "drop", "skipped updates", "non-finite"), "|---" * 7 + "|\n"]
+  for i in range(s["seeds"]):
+    lines.append(row(first + i, num(s["base"][i]), num(s["final"][i]), num(s["peak"][i]), num(s["drop"][i]),
+                     int(health["skipped"][i]), "yes" if health["nonfinite"][i] else "no"))
+  diverged = health["nonfinite"] | (health["skipped"] > 0)
+  final = s["final"]
+  lines.append(
+      f"\nDiverged: {int(diverged.sum())} of {s['seeds']} seeds ({int(health['nonfinite'].sum())} logged a "
+      f"non-finite accuracy, reward or loss; {int((health['skipped'] > 0).sum())} skipped an update). "
+      f"Ended below their base: {int((final < s['base']).sum())}. Final accuracy: min {num(final.min())}, "
+      f"median {num(np.median(final))}, max {num(final.max())}, sd "
+      f"{num(np.std(final, ddof=1)) if len(final) > 1 else 'n/a'}, mean {pm(*mean_ci(final))} (95% CI).\n")
+  return "".join(lines)
+
+
 def main(argv: list[str] | None = None):
   parser = argparse.ArgumentParser(prog="python -m marl_jax.report", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -204,9 +250,10 @@ def main(argv: list[str] | None = None):
   parser.add_argument("--compare", nargs=2, metavar=("A", "B"), help="print B − A with a Welch interval")
   parser.add_argument("--split", nargs=2, metavar=("SINGLE", "MULTI"),
                       help="split the gain: base → single-agent RL (SINGLE) → multi-agent RL (MULTI)")
+  parser.add_argument("--seeds", metavar="DIR", help="one row per seed of DIR, diverged seeds, spread")
   args = parser.parse_args(argv)
-  if not (args.workdirs or args.compare or args.split):
-    parser.error("give workdirs, --compare A B or --split SINGLE MULTI")
+  if not (args.workdirs or args.compare or args.split or args.seeds):
+    parser.error("give workdirs, --compare A B, --split SINGLE MULTI or --seeds DIR")
   outputs = []
   if args.workdirs:
     outputs.append(table([summarize(w) for w in args.workdirs]))
@@ -214,6 +261,8 @@ def main(argv: list[str] | None = None):
     outputs.append(compare(*map(summarize, args.compare)))
   if args.split:
     outputs.append(split(*map(summarize, args.split)))
+  if args.seeds:
+    outputs.append(seeds_table(args.seeds))
   print("\n".join(outputs), end="")
 
 

@@ -151,3 +151,25 @@ def test_cli_split(runs, capsys):
 def test_cli_needs_a_run():
   with pytest.raises(SystemExit):
     report.main([])
+
+
+def test_cli_seeds(tmp_path, capsys):
+  # Three seeds from config.seed = 1000: the second logs a NaN reward once and skips an update, the
+  # third ends below its base.
+  run = str(tmp_path / "sweep")
+  write_run(run, {0: [0.30, 0.30, 0.30], 50: [0.45, 0.35, 0.25], 100: [0.40, 0.42, 0.20]},
+            extra={"skipped_updates": [0, 1, 0]})
+  with open(os.path.join(run, "metrics.jsonl"), "a") as f:
+    f.write(json.dumps({"step": 101, "reward": 0.1, "reward/seed0": 0.1, "reward/seed1": float("nan"),
+                        "reward/seed2": 0.1}) + "\n")
+  with open(os.path.join(run, "config.json"), "w") as f:
+    json.dump({"seed": 1000}, f)
+  report.main(["--seeds", run])
+  out = capsys.readouterr().out
+  assert "| 1000 | 30.0 | 40.0 | 45.0 | 5.0 | 0 | no |" in out
+  assert "| 1001 | 30.0 | 42.0 | 42.0 | 0.0 | 1 | yes |" in out
+  assert "| 1002 | 30.0 | 20.0 | 25.0 | 5.0 | 0 | no |" in out
+  # Final [40, 42, 20]: median 40, sd 12.2; mean 34.0 ± 4.3027 * 12.166 / sqrt(3) = 30.2.
+  assert ("Diverged: 1 of 3 seeds (1 logged a non-finite accuracy, reward or loss; 1 skipped an update). "
+          "Ended below their base: 1. Final accuracy: min 20.0, median 40.0, max 42.0, sd 12.2, "
+          "mean 34.0 ± 30.2 (95% CI).") in out
