@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# Reproduces the README's task-suite table (CPU scale, 3 vmapped seeds, 200 steps per run).
-# Usage: scripts/task_results.sh [OUT]
+# Reproduces the README's task-suite table: every task alone (single agent) and on its workflows,
+# 10 vmapped seeds per run, 200 steps, on two disjoint seed sets (0 and 1000), then the report per
+# seed set and each workflow's Welch comparison with the single agent on its task.
+# A finished run is not re-run; an interrupted one resumes.  Usage: scripts/task_results.sh [OUT]
 set -euo pipefail
 out=${1:-workdirs/tasks}
-common="--config.num_seeds=3 --config.eval_every=50"
-run() {  # run NAME TASK PROTOCOL [FLAGS...]
+common="--config.num_seeds=10 --config.eval_every=50"
+names=()
+run() {  # run NAME TASK PROTOCOL [FLAGS...]: both seed sets
   local name=$1 task=$2 protocol=$3
   shift 3
-  python -m marl_jax.main --config=experiments/tasks.py:task=$task,size=cpu,protocol=$protocol \
-    --workdir=$out/$name $common "$@"
+  names+=("$name")
+  for seed in 0 1000; do
+    python -m marl_jax.main --config=experiments/tasks.py:task=$task,size=cpu,protocol=$protocol \
+      --workdir=$out/seed$seed/$name --config.seed=$seed $common "$@"
+  done
 }
 run subset_sum_single subset_sum single
 run subset_sum_sv subset_sum solver_verifier --config.roles.sharing=shared
@@ -25,4 +31,11 @@ run stack_program_single stack_program single
 run stack_program_sv stack_program solver_verifier --config.roles.sharing=shared
 run matrix_game_single matrix_game single
 run matrix_game_two_players matrix_game matrix_game
-python -m marl_jax.report "$out"/*
+for seed in 0 1000; do
+  echo "## seeds $seed.."
+  python -m marl_jax.report "${names[@]/#/$out/seed$seed/}"
+  for name in "${names[@]}"; do
+    task=$(sed -E 's/_(single|sv.*|exchange|orchestrator.*|two_players)$//' <<< "$name")
+    [[ $name == "${task}_single" ]] || python -m marl_jax.report --compare "$out/seed$seed/${task}_single" "$out/seed$seed/$name"
+  done
+done
