@@ -127,10 +127,9 @@ def summarize(workdir: str) -> dict:
 WATCHED = ("accuracy", "reward", "eval_accuracy")
 
 
-def seed_health(workdir: str, num_seeds: int) -> dict:
-  """Per seed: `skipped` (updates skipped for a non-finite value, as of the last row that counts them)
-  and `nonfinite` (a watched value was ever logged non-finite)."""
-  rows = metrics.read(workdir)
+def seed_health(rows: list[dict], num_seeds: int) -> dict:
+  """Per seed, from a run's metrics rows: `skipped` (updates skipped for a non-finite value, as of the
+  last row that counts them) and `nonfinite` (a watched value was ever logged non-finite)."""
   names = {key.rsplit("/seed", 1)[0] for r in rows for key in r}
   watched = [n for n in names if n in WATCHED or n.endswith("/loss")]
   nonfinite_S = np.zeros(num_seeds, bool)
@@ -224,9 +223,12 @@ def split(single: dict, multi: dict) -> str:
 def seeds_table(workdir: str) -> str:
   """One row per seed, then how many diverged and the spread of the final accuracy."""
   s = summarize(workdir)
-  health = seed_health(workdir, s["seeds"])
-  config_path = os.path.join(workdir, "config.json")  # seeds are config.seed, config.seed + 1, ...
-  first = json.load(open(config_path)).get("seed", 0) if os.path.exists(config_path) else 0
+  health = seed_health(metrics.read(workdir), s["seeds"])
+  first = 0  # seeds are config.seed, config.seed + 1, ...
+  config_path = os.path.join(workdir, "config.json")
+  if os.path.exists(config_path):
+    with open(config_path) as f:
+      first = json.load(f).get("seed", 0)
   lines = [f"{workdir}: {s['seeds']} seeds, {s['steps']} steps; accuracies in %, drop in points:\n",
            row("seed", "base", "final", "peak", "drop", "skipped updates", "non-finite"), "|---" * 7 + "|\n"]
   for i in range(s["seeds"]):
