@@ -73,13 +73,14 @@ def check(config: ml_collections.ConfigDict) -> None:
 
 # Fidelity.
 
-def fidelity_config(config, game: str, num_roles: int, estimator: str) -> ml_collections.ConfigDict:
-  """A `contribution` run config whose credit term stands alone (`outcome_weight` 0 where it exists)."""
+def fidelity_config(config, num_roles: int, estimator: str) -> ml_collections.ConfigDict:
+  """A `contribution` run config whose credit term stands alone (`outcome_weight` 0 where it exists).
+  Its game is a placeholder: the fidelity program plays every game as data (`Contribution.game_value`)."""
   fid = config.fidelity
   c = configs.base_config()
   configs.apply_size(c, "tiny" if config.size == "tiny" else "cpu")
   c.seed, c.num_seeds = config.seed, fid.num_seeds
-  task_knobs = dict(num_roles=num_roles, game=game, demo_error_rate=fid.demo_error_rate)
+  task_knobs = dict(num_roles=num_roles, demo_error_rate=fid.demo_error_rate)
   c.task = ml_collections.ConfigDict(dict(name="contribution", **task_knobs))
   c.protocol = ml_collections.ConfigDict(dict(name="contribution"))
   task = tasks.make("contribution", **task_knobs)
@@ -117,11 +118,14 @@ def success_probabilities(exp, params_R, problems):
 
 
 def make_fidelity(exp, adapt_steps: int):
-  """`fidelity(params_S, credit_S, keys_SxAxB x 3) -> (credit_SxBxR, shapley_SxBxR, difference_SxBxR)`:
-  the estimator's state adapts on the first `adapt_steps` batches, the last one is credited."""
-  def local(params_R, credit_state, problem_key_AxB, sample_key_AxB, rerun_key_AxB):
+  """`fidelity(params_S, credit_SxG, game_GxM, keys_SxAxB x 3) -> (credit, shapley, difference)`, each
+  _SxGxBxR: for every game (a value table, `Contribution.game_values`) the same episodes are scored
+  under that game, the estimator's state adapts on the first `adapt_steps` batches, the last one is
+  credited.  Games are vmapped, so one program serves them all."""
+  def one_game(params_R, credit_state, game_M, problem_key_AxB, sample_key_AxB, rerun_key_AxB):
     def play(problem_key_B, sample_key_B):
       problems = jax.vmap(exp.task.sample)(problem_key_B)
+      problems["game_M"] = jnp.broadcast_to(game_M, (problem_key_B.shape[0],) + game_M.shape)
       episodes = rollout.sample(exp, params_R, problems, sample_key_B)
       return problems, episodes, train.score(exp, problems, episodes)[1]
 
@@ -136,13 +140,15 @@ def make_fidelity(exp, adapt_steps: int):
     adv_xB, _, _ = train.assign_credit(exp, params_R, credit_state, problems, outcome, rerun_key_AxB[-1])
     success_BxR = outcome.role_RxB.T
     p_BxR = success_probabilities(exp, params_R, problems)
-    shapley_BxR = exact.exact_shapley(exp.task.game_value, success_BxR)
-    difference_BxR = exact.exact_difference(exp.task.game_value, success_BxR, p_BxR)
+    game_value = functools.partial(exp.task.game_value, values_M=game_M)
+    shapley_BxR = exact.exact_shapley(game_value, success_BxR)
+    difference_BxR = exact.exact_difference(game_value, success_BxR, p_BxR)
     return parallel.gather_rows((adv_xB.T, shapley_BxR, difference_BxR))
 
+  every_game = jax.vmap(one_game, in_axes=(None, 0, 0, None, None, None))
   rows = P(None, parallel.DATA)
-  sharded = jax.shard_map(jax.vmap(local), mesh=exp.mesh,
-                          in_specs=(P(), P(), P(None, *rows), P(None, *rows), P(None, *rows)),
+  sharded = jax.shard_map(jax.vmap(every_game, in_axes=(0, 0, None, 0, 0, 0)), mesh=exp.mesh,
+                          in_specs=(P(), P(), P(), P(None, *rows), P(None, *rows), P(None, *rows)),
                           out_specs=P(), check_vma=False)
   return jax.jit(sharded)
 
@@ -168,13 +174,16 @@ def grade(credit_SxBxR, exact_SxBxR) -> dict:
           "spearman": np.array([spearman(c, e) for c, e in zip(credit_SxBxR, exact_SxBxR)])}
 
 
-def fidelity_credits(config, game: str, num_roles: int) -> dict:
-  """Every estimator on the same warm-started policy and episodes of one game and number of roles:
-  {estimator: (exp, credit_SxBxR, exact Shapley_SxBxR, exact expected difference_SxBxR)}."""
+def fidelity_credits(config, num_roles: int, games: list[str]) -> dict:
+  """Every estimator on the same warm-started policy and episodes, scored under every game:
+  {game: {estimator: (exp, credit_SxBxR, exact Shapley_SxBxR, exact expected difference_SxBxR)}}.
+  The policy does not depend on the game (each role copies its own digit), so one warm start and one
+  program per estimator serve every game."""
   fid = config.fidelity
-  exps = {name: experiment.build(fidelity_config(config, game, num_roles, name))
+  exps = {name: experiment.build(fidelity_config(config, num_roles, name))
           for name in names(config.estimators)}
   first = next(iter(exps.values()))
+  game_GxM = jnp.stack([dataclasses.replace(first.task, game=g).game_values() for g in games])
   keys_S = jax.random.split(jax.random.PRNGKey(config.seed), fid.num_seeds)
   params_S = sft.warm_start(first, keys_S)
   k_problem, k_sample, k_rerun = jax.random.split(jax.random.PRNGKey(config.seed + 1), 3)
@@ -184,27 +193,35 @@ def fidelity_credits(config, game: str, num_roles: int) -> dict:
   G = first.config.rl.group_size
   problem_keys = jnp.repeat(problem_keys[:, :, ::G], G, axis=2)
   sample_keys, rerun_keys = jax.random.split(k_sample, shape), jax.random.split(k_rerun, shape)
-  credits = {}
+  credits = {game: {} for game in games}
   for name, exp in exps.items():
     credit_S = jax.vmap(functools.partial(state_lib.init_state, exp))(keys_S, params_S).credit
-    credits[name] = (exp, *make_fidelity(exp, fid.adapt_steps)(params_S, credit_S, problem_keys,
-                                                                sample_keys, rerun_keys))
+    credit_SxG = jax.tree.map(lambda x: jnp.repeat(x[:, None], len(games), 1), credit_S)
+    outputs = make_fidelity(exp, fid.adapt_steps)(params_S, credit_SxG, game_GxM, problem_keys,
+                                                  sample_keys, rerun_keys)
+    for g, game in enumerate(games):
+      credits[game][name] = (exp, *(np.asarray(x[:, g]) for x in outputs))
   return credits
 
 
-def run_fidelity_cell(config, game: str, num_roles: int, path: str) -> None:
-  """One cell of the fidelity grid: each estimator's cost and its credit graded against both exact
-  references."""
-  results = {}
-  for name, (exp, credit_SxBxR, shapley_SxBxR, difference_SxBxR) in fidelity_credits(
-      config, game, num_roles).items():
-    results[name] = {
-        **cost(exp),
-        **{f"shapley_{k}": v.tolist() for k, v in grade(credit_SxBxR, shapley_SxBxR).items()},
-        **{f"difference_{k}": v.tolist() for k, v in grade(credit_SxBxR, difference_SxBxR).items()},
-    }
-  _write_json(path, {"game": game, "roles": num_roles, "seeds": config.fidelity.num_seeds,
-                     "estimators": results})
+def run_fidelity_cell(config, num_roles: int, games: list[str], folder: str) -> None:
+  """The fidelity cells of one number of roles (`GAME-rR.json`, one per game): each estimator's cost
+  and its credit graded against both exact references."""
+  for game, by_estimator in fidelity_credits(config, num_roles, games).items():
+    results = {}
+    for name, (exp, credit_SxBxR, shapley_SxBxR, difference_SxBxR) in by_estimator.items():
+      results[name] = {
+          **cost(exp),
+          **{f"shapley_{k}": v.tolist() for k, v in grade(credit_SxBxR, shapley_SxBxR).items()},
+          **{f"difference_{k}": v.tolist() for k, v in grade(credit_SxBxR, difference_SxBxR).items()},
+      }
+    _write_json(fidelity_path(folder, game, num_roles),
+                {"game": game, "roles": num_roles, "seeds": config.fidelity.num_seeds,
+                 "estimators": results})
+
+
+def fidelity_path(folder: str, game: str, num_roles: int) -> str:
+  return os.path.join(folder, f"{game}-r{num_roles}.json")
 
 
 # Learning.
@@ -401,19 +418,20 @@ def _write_json(path: str, obj) -> None:
 def run(config: ml_collections.ConfigDict, workdir: str) -> str:
   """Runs the missing cells of both grids, then writes the report (returns its markdown)."""
   check(config)
-  for name in names(config.estimators):
-    for game in names(config.fidelity.games):  # every estimator setting is checked before compiling
-      for r in names(config.fidelity.roles):
-        experiment.build(fidelity_config(config, game, int(r), name))
-  os.makedirs(os.path.join(workdir, "fidelity"), exist_ok=True)
-  fid_cells = [(g, int(r)) for g in names(config.fidelity.games) for r in names(config.fidelity.roles)]
+  games = names(config.fidelity.games)
+  for name in names(config.estimators):  # every estimator setting is checked before compiling
+    for r in names(config.fidelity.roles):
+      experiment.build(fidelity_config(config, int(r), name))
+  folder = os.path.join(workdir, "fidelity")
+  os.makedirs(folder, exist_ok=True)
+  roles = [int(r) for r in names(config.fidelity.roles)]
   scenarios = names(config.learning.scenarios)
   learn_cells = [(s, e) for s in scenarios for e in names(config.estimators)]
-  with tqdm.tqdm(total=len(fid_cells) + len(scenarios) + len(learn_cells), desc="benchmark") as bar:
-    for game, num_roles in fid_cells:
-      path = os.path.join(workdir, "fidelity", f"{game}-r{num_roles}.json")
-      if not os.path.exists(path):
-        run_fidelity_cell(config, game, num_roles, path)
+  with tqdm.tqdm(total=len(roles) + len(scenarios) + len(learn_cells), desc="benchmark") as bar:
+    for num_roles in roles:
+      missing = [g for g in games if not os.path.exists(fidelity_path(folder, g, num_roles))]
+      if missing:
+        run_fidelity_cell(config, num_roles, missing, folder)
       bar.update()
     for scenario in scenarios:
       base = os.path.join(workdir, "learning", scenario, "base")

@@ -45,14 +45,14 @@ def test_grade_by_hand():
     ("critic", 4, 6),  # replace mode: K = 2 re-draws of each role's own turn
 ])
 def test_cost_per_episode(estimator, reruns, turns):
-  exp = experiment.build(benchmark.fidelity_config(_config(), "synergy", 2, estimator))
+  exp = experiment.build(benchmark.fidelity_config(_config(), 2, estimator))
   assert benchmark.cost(exp) == {"reruns": reruns, "turns": turns}
 
 
 def test_fidelity_credit_is_the_credit_term_alone():
-  config = benchmark.fidelity_config(_config(), "additive", 3, "difference")
+  config = benchmark.fidelity_config(_config(), 3, "difference")
   assert config.credit.outcome_weight == 0.0 and config.credit.credit_weight == 1.0
-  assert benchmark.fidelity_config(_config(), "additive", 8, "team").model.max_len >= 33  # 8 roles fit
+  assert benchmark.fidelity_config(_config(), 8, "team").model.max_len >= 33  # 8 roles fit
 
 
 @pytest.mark.parametrize("key,value,allowed", [

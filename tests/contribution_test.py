@@ -37,6 +37,27 @@ def test_game_values_by_hand(name, kwargs, mask, value):
   assert float(jax.jit(game(name, **kwargs))(jnp.array(mask, bool))) == pytest.approx(value)
 
 
+def test_a_game_given_as_data_scores_like_the_task_game():
+  # The credit benchmark plays every game on the same episodes: the problems carry the game's value
+  # table (`game_M`), and the protocol scores them under it instead of the task's own game.
+  task = Contribution(num_roles=3, game="additive")
+  protocol = protocols.make("contribution", task)
+  layout = protocol.layout(task, (0, 0, 0))
+  problems = jax.vmap(task.sample)(jax.random.split(jax.random.PRNGKey(0), 8))
+  wrong = jnp.arange(8)[:, None] % 2 == jnp.arange(3)[None]  # a different success mask per row
+  answers = jnp.where(wrong, problems["mistake"][:, :3], problems["answer"][:, :3])
+  tokens = engine.assemble(layout, problems["prompt"], [
+      jnp.stack([answers[:, r], jnp.full(8, text.EOS)], 1) for r in range(3)])
+  for name in ("synergy", "saboteur", "weighted"):
+    own = Contribution(num_roles=3, game=name)
+    expected_B = protocol.rewards(own, layout, problems, tokens).team_B
+    as_data = {**problems, "game_M": jnp.broadcast_to(own.game_values(), (8, 8))}
+    np.testing.assert_allclose(protocol.rewards(task, layout, as_data, tokens).team_B, expected_B)
+    np.testing.assert_allclose(own.game_values(), [own.game_value(np.array(m) == 1) for m in
+                                                   [[b >> r & 1 for r in range(3)] for b in range(8)]])
+  assert float(Contribution(num_roles=3, game="synergy").game_values()[7]) == 1.0  # mask 0b111
+
+
 @pytest.mark.parametrize("name, kwargs, mask, phi", [
     ("additive", {}, [1, 1, 0], [1 / 3, 1 / 3, 0]),
     ("synergy", {}, [1, 1, 0], [0, 0, 0]),  # role 2 failed: no coalition is worth anything

@@ -2,7 +2,8 @@
 the header and its own digit only, writes that digit and EOS, and reads no other role's message, so a
 counterfactual re-run of one role holds every other role's message fixed (`Layout.resampled_turns`).
 
-The team outcome is the task's game value of the success mask; each role's own signal is its success.
+The team outcome is the task's game value of the success mask (under the problems' own game when they
+carry one, `game_M`); each role's own signal is its success.
 An `<absent>` (or unplayed) message is a failure: the role did nothing.
 """
 import dataclasses
@@ -37,7 +38,7 @@ class Contribution(engine.Protocol):
 
   def rewards(self, task, layout, problems, tokens_BxT):
     success_BxR = jax.vmap(task.success)(problems, self.final_answer(layout, tokens_BxT))
-    team_B = jax.vmap(task.game_value)(success_BxR)
+    team_B = jax.vmap(task.game_value)(success_BxR, problems.get("game_M"))
     metrics = {"accuracy": team_B.mean(), "success_rate": success_BxR.mean()}
     return engine.Scored(team_B=team_B, role_RxB=success_BxR.T.astype(jnp.float32), metrics=metrics)
 

@@ -69,24 +69,34 @@ class Contribution(base.Task):
     counted = np.arange(R) != ignored
     return counted / counted.sum()
 
-  def game_value(self, success_R) -> jax.Array:
-    """Team outcome in [0, 1] of a success mask (bool or 0/1 of shape [num_roles]); see the module doc."""
-    m_R = jnp.asarray(success_R, jnp.float32)
+  def game_values(self) -> np.ndarray:
+    """The game as data, values_M: the team outcome of every success mask m of the M = 2^R masks
+    (role r succeeded iff bit r of m is set); see the module doc."""
+    m_MxR = (np.arange(2 ** self.num_roles)[:, None] >> np.arange(self.num_roles)) & 1
     if self.game == "synergy":
-      return m_R.prod()
+      return m_MxR.prod(1).astype(np.float32)
     if self.game == "redundancy":
-      return m_R.max()
-    value = jnp.dot(jnp.asarray(self.weights(), jnp.float32), m_R)
+      return m_MxR.max(1).astype(np.float32)
+    value_M = m_MxR @ self.weights()
     if self.game == "saboteur":
-      value = value * (1.0 - m_R[self.saboteur_index])
-    return value
+      value_M = value_M * (1 - m_MxR[:, self.saboteur_index])
+    return value_M.astype(np.float32)
+
+  def game_value(self, success_R, values_M=None) -> jax.Array:
+    """Team outcome in [0, 1] of a success mask (bool or 0/1 of shape [num_roles]) under the task's
+    game, or under `values_M` (a game given as data, as `game_values` builds it): a problem that
+    carries `game_M` is scored under its own game, so one compiled program can play every game on
+    the same episodes (the credit benchmark does)."""
+    values_M = self.game_values() if values_M is None else values_M
+    index = jnp.dot(jnp.asarray(success_R, jnp.int32), 2 ** jnp.arange(self.num_roles))
+    return jnp.asarray(values_M, jnp.float32)[index]
 
   def success(self, problem: dict, message_A) -> jax.Array:
     """Which roles' digits a joint answer (one token per role, then EOS) copies right: bool[R]."""
     return message_A[:self.num_roles] == problem["answer"][:self.num_roles]
 
   def score(self, problem: dict, message_A) -> jax.Array:
-    return self.game_value(self.success(problem, message_A))
+    return self.game_value(self.success(problem, message_A), problem.get("game_M"))
 
   def sample(self, key) -> dict:
     digits_R = jax.random.randint(key, (self.num_roles,), 0, 10)
