@@ -73,4 +73,9 @@ def get_config(arg=None):
   # Every scenario's whole run config, so any of its keys can be set from the command line
   # (`--config.runs.penalty.rl.batch_size=64`); `learning.scenarios` picks the ones to run.
   c.runs = ml_collections.ConfigDict({name: scenario_config(name, size) for name in scenarios(size)})
+  if size == "cpu":
+    # 42 learning cells and 6 warm starts fit the 40-minute budget on 2 CPU cores only with smaller
+    # batches than the scenarios' own runs (8 problems x 8 samples per step, a 200-step warm start).
+    for run in c.runs.values():
+      run.rl.batch_size, run.sft.steps = 64, 200
   return c
