@@ -41,7 +41,7 @@ class Tokenizer:
     return self.tok.encode(text, add_special_tokens=False).ids
 
   def decode(self, ids) -> str:
-    return self.tok.decode(list(ids), skip_special_tokens=False)
+    return self.tok.decode(list(map(int, ids)), skip_special_tokens=False)
 
   def render_chat(self, turns: list[tuple[str, str]], next_role: str | None = None) -> list[int]:
     """Ids of the (role, text) turns in the chat layout; with `next_role`, followed by the header of
