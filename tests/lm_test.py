@@ -241,11 +241,13 @@ def test_tokenizer_matches_the_fixture_and_renders_chat(family):
   assert tok.render_chat([("user", "What is 4 + 9?")], next_role="assistant") == list(prompts[2])
   eot = {"qwen3": "<|im_end|>", "llama": "<|eot_id|>"}[family]
   assert tok.end_of_turn_id == tok.tok.token_to_id(eot)
-  ids = tok.render_chat([("system", "Add."), ("user", "1 + 2"), ("assistant", "3")])
+  turns = [("system", "Add."), ("user", "1 + 2"), ("assistant", "3")]
+  ids = tok.render_chat(turns)
   assert ids.count(tok.end_of_turn_id) == 3
-  lay = {"qwen3": "<|im_start|>{r}\n{t}<|im_end|>\n", "llama": "<|start_header_id|>{r}<|end_header_id|>\n\n{t}<|eot_id|>"}
-  expected = "".join(lay[family].format(r=r, t=t) for r, t in [("system", "Add."), ("user", "1 + 2"),
-                                                               ("assistant", "3")])
+  # The layouts as the issue states them, written out independently of tokenizer.py.
+  turn = {"qwen3": "<|im_start|>{r}\n{t}<|im_end|>\n",
+          "llama": "<|start_header_id|>{r}<|end_header_id|>\n\n{t}<|eot_id|>"}[family]
+  expected = "".join(turn.format(r=r, t=t) for r, t in turns)
   assert tok.decode(ids) == ("<|begin_of_text|>" if family == "llama" else "") + expected
 
 

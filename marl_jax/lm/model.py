@@ -56,7 +56,8 @@ class LMConfig:
     `rope_scaling`) or the transformers-5 one (`rope_parameters` holding both)."""
     model_type = hf.get("model_type")
     if model_type not in MODEL_TYPES:
-      raise ValueError(f"config.json model_type={model_type!r} is not supported; allowed: {list(MODEL_TYPES)}")
+      raise ValueError(f"config.json model_type={model_type!r} is not supported; "
+                       f"allowed: {list(MODEL_TYPES)}")
     missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                            "num_attention_heads") if k not in hf]
     if missing:
