@@ -140,7 +140,7 @@ class Layer(nn.Module):
   @nn.compact
   def __call__(self, x_BxLxD, start, positions_L, mask_BxLxT, cache):
     cfg = self.cfg
-    norm = lambda name: nn.RMSNorm(cfg.rms_norm_eps, dtype=cfg.dtype, name=name)
+    norm = lambda name: nn.RMSNorm(epsilon=cfg.rms_norm_eps, dtype=cfg.dtype, name=name)
     dense = lambda feats, name: nn.DenseGeneral(feats, use_bias=False, dtype=cfg.dtype, name=name)
     heads_q, heads_kv = (cfg.num_attention_heads, cfg.head_dim), (cfg.num_key_value_heads, cfg.head_dim)
     y_BxLxD = norm("input_layernorm")(x_BxLxD)
@@ -178,7 +178,7 @@ class Decoder(nn.Module):
       x_BxLxD, c = Layer(cfg, name=f"layer{i}")(x_BxLxD, start, positions_L, mask_BxLxT,
                                                 None if cache is None else cache[i])
       new_cache.append(c)
-    x_BxLxD = nn.RMSNorm(cfg.rms_norm_eps, dtype=cfg.dtype, name="norm")(x_BxLxD)
+    x_BxLxD = nn.RMSNorm(epsilon=cfg.rms_norm_eps, dtype=cfg.dtype, name="norm")(x_BxLxD)
     if cfg.tie_word_embeddings:
       logits_BxLxV = embed.attend(x_BxLxD)
     else:
