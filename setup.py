@@ -20,6 +20,8 @@ setup(
         "tensorflow-datasets",
         "array-record",
         "grain",
+        "safetensors",
+        "tokenizers",
     ],
     extras_require={
         "dev": ["pytest", "pytest-xdist", "nbmake", "ipykernel", "matplotlib"],

@@ -36,6 +36,36 @@ def compute_dtype(name: str):
   return dtypes[name]
 
 
+def visible_mask(positions_L, key_ok_BxT):
+  """Query at canvas position p reads key position t when t <= p and the key is valid and visible."""
+  causal_LxT = jnp.arange(key_ok_BxT.shape[1])[None, :] <= positions_L[:, None]
+  return causal_LxT[None] & key_ok_BxT[:, None, :]
+
+
+def write_cache(cache, start, k_BxLxNxK, v_BxLxNxK):
+  """Writes this layer's keys/values at canvas slot `start` and returns the keys/values to attend
+  over (the whole canvas with a cache, just these L without) and the updated cache."""
+  if cache is None:
+    return k_BxLxNxK, v_BxLxNxK, None
+  write = lambda old, new: jax.lax.dynamic_update_slice(old, new.astype(old.dtype), (0, start, 0, 0))
+  cache = {"k": write(cache["k"], k_BxLxNxK), "v": write(cache["v"], v_BxLxNxK)}
+  return cache["k"], cache["v"], cache
+
+
+def attend(q_BxLxHxK, k_BxTxNxK, v_BxTxNxK, mask_BxLxT, dtype):
+  """Softmax attention (in float32) where N key/value heads serve groups of H/N query heads: query head
+  h reads key/value head h // (H/N), as grouped-query checkpoints are laid out.  The key/value heads
+  are repeated to H rather than grouped in the einsum, which keeps the built-in model (N = H)
+  numerically identical to its earlier runs (XLA rounds a differently shaped dot differently)."""
+  H, K = q_BxLxHxK.shape[2:]
+  k_BxTxHxK = jnp.repeat(k_BxTxNxK, H // k_BxTxNxK.shape[2], axis=2)
+  v_BxTxHxK = jnp.repeat(v_BxTxNxK, H // v_BxTxNxK.shape[2], axis=2)
+  att_BxHxLxT = jnp.einsum("blhk,bthk->bhlt", q_BxLxHxK, k_BxTxHxK) / jnp.sqrt(K).astype(dtype)
+  att_BxHxLxT = jnp.where(mask_BxLxT[:, None], att_BxHxLxT.astype(jnp.float32), -1e9)
+  att_BxHxLxT = jax.nn.softmax(att_BxHxLxT, axis=-1).astype(dtype)
+  return jnp.einsum("bhlt,bthk->blhk", att_BxHxLxT, v_BxTxHxK)
+
+
 class Block(nn.Module):
   cfg: ModelConfig
 
@@ -46,19 +76,9 @@ class Block(nn.Module):
     dense = lambda feats, name: nn.DenseGeneral(feats, dtype=cfg.dtype, name=name)
     y = nn.LayerNorm(dtype=cfg.dtype)(x_BxLxD)
     q_BxLxHxK = dense((cfg.n_heads, h), "query")(y)
-    k_BxLxHxK = dense((cfg.n_heads, h), "key")(y)
-    v_BxLxHxK = dense((cfg.n_heads, h), "value")(y)
-    if cache is not None:
-      # Write this block's keys/values at canvas slot `start`, then attend over the whole canvas.
-      k_BxLxHxK = jax.lax.dynamic_update_slice(cache["k"], k_BxLxHxK.astype(cache["k"].dtype),
-                                               (0, start, 0, 0))
-      v_BxLxHxK = jax.lax.dynamic_update_slice(cache["v"], v_BxLxHxK.astype(cache["v"].dtype),
-                                               (0, start, 0, 0))
-      cache = {"k": k_BxLxHxK, "v": v_BxLxHxK}
-    att_BxHxLxT = jnp.einsum("blhk,bthk->bhlt", q_BxLxHxK, k_BxLxHxK) / jnp.sqrt(h).astype(cfg.dtype)
-    att_BxHxLxT = jnp.where(mask_BxLxT[:, None], att_BxHxLxT.astype(jnp.float32), -1e9)
-    att_BxHxLxT = jax.nn.softmax(att_BxHxLxT, axis=-1).astype(cfg.dtype)
-    o_BxLxHxK = jnp.einsum("bhlt,bthk->blhk", att_BxHxLxT, v_BxLxHxK)
+    k_BxTxHxK, v_BxTxHxK, cache = write_cache(cache, start, dense((cfg.n_heads, h), "key")(y),
+                                              dense((cfg.n_heads, h), "value")(y))
+    o_BxLxHxK = attend(q_BxLxHxK, k_BxTxHxK, v_BxTxHxK, mask_BxLxT, cfg.dtype)
     x_BxLxD = x_BxLxD + nn.DenseGeneral(cfg.d_model, axis=(-2, -1), dtype=cfg.dtype, name="out")(o_BxLxHxK)
     y = nn.LayerNorm(dtype=cfg.dtype)(x_BxLxD)
     y = nn.gelu(nn.Dense(cfg.d_ff, dtype=cfg.dtype)(y))
@@ -73,12 +93,8 @@ class Transformer(nn.Module):
   @nn.compact
   def __call__(self, tokens_BxL, start, key_ok_BxT, cache=None, features=False):
     cfg = self.cfg
-    L = tokens_BxL.shape[1]
-    T = key_ok_BxT.shape[1]
-    positions_L = start + jnp.arange(L)
-    # Query at canvas position p reads key position t when t <= p and the key is valid and visible.
-    causal_LxT = jnp.arange(T)[None, :] <= positions_L[:, None]
-    mask_BxLxT = causal_LxT[None] & key_ok_BxT[:, None, :]
+    positions_L = start + jnp.arange(tokens_BxL.shape[1])
+    mask_BxLxT = visible_mask(positions_L, key_ok_BxT)
     x = nn.Embed(cfg.vocab_size, cfg.d_model, name="embed")(tokens_BxL)
     x = x + nn.Embed(cfg.max_len, cfg.d_model, name="pos_embed")(positions_L)[None]
     x = x.astype(cfg.dtype)
@@ -122,10 +138,14 @@ def empty_cache(cfg: ModelConfig, batch: int, length: int):
 
 def init_stack(cfg: ModelConfig, key, n_sets: int):
   """`n_sets` independent parameter sets stacked on a leading axis: params_R."""
-  model = Transformer(cfg)
+  return init_module_stack(Transformer(cfg), cfg.max_len, key, n_sets)
+
+
+def init_module_stack(module: nn.Module, max_len: int, key, n_sets: int):
+  """Stacked independent initialisations of any module with the (tokens, start, key_ok) call."""
   tokens = jnp.zeros((1, 1), jnp.int32)
-  ok = jnp.ones((1, cfg.max_len), bool)
-  init = lambda k: model.init(k, tokens, 0, ok)["params"]
+  ok = jnp.ones((1, max_len), bool)
+  init = lambda k: module.init(k, tokens, 0, ok)["params"]
   return jax.vmap(init)(jax.random.split(key, n_sets))
 
 

@@ -1,0 +1,1 @@
+"""Qwen3/Llama-family checkpoints: the decoder, loading and saving local files, the tokenizer."""

@@ -1,0 +1,135 @@
+"""Local Hugging Face-format checkpoints <-> (LMConfig, params): `config.json` and `model.safetensors`
+(or `model.safetensors.index.json` and its shards), read with numpy, no torch.
+
+Every parameter of the Flax tree has one checkpoint tensor (`tensor_names`); HF stores a linear layer
+as weight[out, in], Flax as kernel[in..., out...], so kernels are transposed (and the attention heads
+split out).  Tensors the model does not use (e.g. a copy of tied embeddings as `lm_head.weight`) are
+ignored; a missing tensor or one of the wrong shape is an error naming it, before any data is read.
+"""
+import contextlib
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import traverse_util
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from marl_jax.lm import model as lm_model
+
+CONFIG = "config.json"
+WEIGHTS = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+
+
+def read_hf_config(directory: str) -> dict:
+  if not os.path.isdir(directory):
+    raise FileNotFoundError(f"checkpoint directory {directory!r} does not exist")
+  path = os.path.join(directory, CONFIG)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{path} is missing: a checkpoint directory holds {CONFIG} and {WEIGHTS} "
+                            f"(or {INDEX} and its shards)")
+  with open(path) as f:
+    return json.load(f)
+
+
+def tensor_names(cfg: lm_model.LMConfig) -> dict[tuple[str, ...], tuple[str, tuple[int, ...]]]:
+  """Path of each parameter in the Flax tree -> name and shape of its checkpoint tensor."""
+  D, V, F, K = cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, cfg.head_dim
+  q_width, kv_width = cfg.num_attention_heads * K, cfg.num_key_value_heads * K
+  names = {("embed_tokens", "embedding"): ("model.embed_tokens.weight", (V, D)),
+           ("norm", "scale"): ("model.norm.weight", (D,))}
+  if not cfg.tie_word_embeddings:
+    names[("lm_head", "kernel")] = ("lm_head.weight", (V, D))
+  for i in range(cfg.num_hidden_layers):
+    layer = {"input_layernorm": ("", (D,)), "post_attention_layernorm": ("", (D,)),
+             "q_proj": ("self_attn.", (q_width, D)), "k_proj": ("self_attn.", (kv_width, D)),
+             "v_proj": ("self_attn.", (kv_width, D)), "o_proj": ("self_attn.", (D, q_width)),
+             "gate_proj": ("mlp.", (F, D)), "up_proj": ("mlp.", (F, D)), "down_proj": ("mlp.", (D, F))}
+    if cfg.qk_norm:
+      layer |= {"q_norm": ("self_attn.", (K,)), "k_norm": ("self_attn.", (K,))}
+    for module, (group, shape) in layer.items():
+      leaf = "scale" if len(shape) == 1 else "kernel"
+      names[(f"layer{i}", module, leaf)] = (f"model.layers.{i}.{group}{module}.weight", shape)
+  return names
+
+
+def _param_shapes(cfg: lm_model.LMConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
+  """Shape of each parameter of one set, traced from the model itself (nothing is computed)."""
+  shapes_R = jax.eval_shape(lambda: lm_model.init_stack(cfg, jax.random.key(0), 1))
+  return {path: s.shape[1:] for path, s in traverse_util.flatten_dict(shapes_R).items()}
+
+
+def _weight_files(directory: str) -> dict[str, str]:
+  """Tensor name -> the safetensors file holding it."""
+  single, index = os.path.join(directory, WEIGHTS), os.path.join(directory, INDEX)
+  if os.path.isfile(single):
+    with safe_open(single, framework="np") as f:
+      return dict.fromkeys(f.keys(), single)
+  if not os.path.isfile(index):
+    raise FileNotFoundError(f"{directory} holds no weights: expected {WEIGHTS}, or {INDEX} and its shards")
+  with open(index) as f:
+    weight_map = json.load(f)["weight_map"]
+  files = {name: os.path.join(directory, shard) for name, shard in weight_map.items()}
+  for shard in sorted(set(files.values())):
+    if not os.path.isfile(shard):
+      raise FileNotFoundError(f"{shard} is missing: {index} lists it as a shard")
+  return files
+
+
+def load(directory: str, *, max_len: int = 256, dtype=jnp.float32):
+  """(LMConfig, params): one float32 parameter set (numpy arrays) whatever the stored dtype."""
+  cfg = lm_model.LMConfig.from_hf_config(read_hf_config(directory), max_len=max_len, dtype=dtype)
+  files = _weight_files(directory)
+  names = tensor_names(cfg)
+  missing = sorted(name for name, _ in names.values() if name not in files)
+  if missing:
+    raise ValueError(f"{directory}: tensors {missing[:4]}{' ...' if len(missing) > 4 else ''} are missing "
+                     f"({len(missing)} of {len(names)} that model_type={cfg.model_type!r} with "
+                     f"tie_word_embeddings={cfg.tie_word_embeddings} needs)")
+  flax_shapes = _param_shapes(cfg)
+  flat = {}
+  with contextlib.ExitStack() as stack:
+    opened = {path: stack.enter_context(safe_open(path, framework="np")) for path in set(files.values())}
+    for path, (name, shape) in names.items():
+      f = opened[files[name]]
+      found = tuple(f.get_slice(name).get_shape())
+      if found != shape:
+        raise ValueError(f"{files[name]}: tensor {name!r} has shape {found}; config.json implies {shape}")
+      flat[path] = _to_flax(path, np.asarray(f.get_tensor(name), np.float32), flax_shapes[path])
+  return cfg, traverse_util.unflatten_dict(flat)
+
+
+def _to_flax(path: tuple[str, ...], w: np.ndarray, flax_shape: tuple[int, ...]) -> np.ndarray:
+  """weight[out, in] -> kernel[in..., out...]; embeddings and norm scales are stored as they are."""
+  return w.T.reshape(flax_shape) if path[-1] == "kernel" else w
+
+
+def _to_hf(path: tuple[str, ...], p: np.ndarray, hf_shape: tuple[int, ...]) -> np.ndarray:
+  return p.reshape(hf_shape[::-1]).T if path[-1] == "kernel" else p
+
+
+def save(directory: str, cfg: lm_model.LMConfig, params) -> None:
+  """Writes `config.json` and a float32 `model.safetensors` that `load` (and transformers) read back.
+  Refuses a directory that already holds a checkpoint: a save never replaces one."""
+  os.makedirs(directory, exist_ok=True)
+  existing = [f for f in (CONFIG, WEIGHTS, INDEX) if os.path.exists(os.path.join(directory, f))]
+  if existing:
+    raise FileExistsError(f"{directory} already holds {existing}; save into a new directory")
+  flat = traverse_util.flatten_dict(params)
+  flax_shapes = _param_shapes(cfg)
+  tensors = {}
+  for path, (name, hf_shape) in tensor_names(cfg).items():
+    p = np.asarray(flat[path], np.float32)
+    if p.shape != flax_shapes[path]:
+      raise ValueError(f"params[{'/'.join(path)}] has shape {p.shape}, expected {flax_shapes[path]} "
+                       "(one parameter set: index a stack params_R[r] first)")
+    tensors[name] = np.ascontiguousarray(_to_hf(path, p, hf_shape))
+  # Written under temporary names and renamed, so an interrupted save leaves no half-written file.
+  save_file(tensors, os.path.join(directory, WEIGHTS + ".tmp"), metadata={"format": "pt"})
+  with open(os.path.join(directory, CONFIG + ".tmp"), "w") as f:
+    json.dump(cfg.to_hf_config(), f, indent=2)
+  for name in (WEIGHTS, CONFIG):
+    os.replace(os.path.join(directory, name + ".tmp"), os.path.join(directory, name))

@@ -1,0 +1,212 @@
+"""Qwen3- and Llama-family decoders with the built-in model's call contract (`marl_jax.model`).
+
+The same fixed canvas, KV cache layout, `key_ok_BxT` & causal mask and stacked parameter sets, so
+sampling and training code can hold either model.  RoPE positions are canvas positions: a row whose
+text starts later on the canvas (left padding) gets the same attention scores, since RoPE only sees
+the distance between query and key.  Parameters are float32; `dtype` is the compute dtype.
+"""
+import dataclasses
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from marl_jax import model as model_lib
+
+MODEL_TYPES = ("llama", "qwen3")  # the HF `model_type`s this architecture covers
+ROPE_TYPES = ("default", "llama3")
+
+
+@dataclasses.dataclass(frozen=True)
+class Llama3RopeScaling:
+  """Llama-3.1's frequency-dependent RoPE interpolation (`rope_type: llama3`)."""
+  factor: float
+  low_freq_factor: float
+  high_freq_factor: float
+  original_max_position_embeddings: int
+
+
+@dataclasses.dataclass(frozen=True)
+class LMConfig:
+  vocab_size: int
+  hidden_size: int
+  intermediate_size: int
+  num_hidden_layers: int
+  num_attention_heads: int
+  num_key_value_heads: int
+  head_dim: int
+  rms_norm_eps: float
+  rope_theta: float
+  rope_scaling: Llama3RopeScaling | None
+  tie_word_embeddings: bool
+  qk_norm: bool  # Qwen3's RMSNorm of each query and key head before RoPE
+  max_len: int  # canvas length used by `init_stack`; not a limit of the checkpoint
+  dtype: Any = jnp.float32  # compute dtype
+
+  @property
+  def model_type(self) -> str:
+    return "qwen3" if self.qk_norm else "llama"
+
+  @classmethod
+  def from_hf_config(cls, hf: dict, *, max_len: int = 256, dtype: Any = jnp.float32) -> "LMConfig":
+    """From a Hugging Face `config.json` dict, in either the transformers-4 layout (`rope_theta`,
+    `rope_scaling`) or the transformers-5 one (`rope_parameters` holding both)."""
+    model_type = hf.get("model_type")
+    if model_type not in MODEL_TYPES:
+      raise ValueError(f"config.json model_type={model_type!r} is not supported; "
+                       f"allowed: {list(MODEL_TYPES)}")
+    missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                           "num_attention_heads") if k not in hf]
+    if missing:
+      raise ValueError(f"config.json lacks {missing}, required for model_type={model_type!r}")
+    # Features of these families that this decoder does not implement are refused, not ignored.
+    for key, allowed in (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False),
+                         ("use_sliding_window", False), ("partial_rotary_factor", 1.0)):
+      if hf.get(key, allowed) != allowed:
+        raise ValueError(f"config.json {key}={hf[key]!r} is not supported; allowed: {allowed!r}")
+    heads = hf["num_attention_heads"]
+    kv_heads = hf.get("num_key_value_heads") or heads
+    if heads % kv_heads:
+      raise ValueError(f"config.json num_key_value_heads={kv_heads} must divide "
+                       f"num_attention_heads={heads}")
+    rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+    return cls(
+        vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"], num_hidden_layers=hf["num_hidden_layers"],
+        num_attention_heads=heads, num_key_value_heads=kv_heads,
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        rope_theta=float(hf.get("rope_theta") or rope.get("rope_theta") or 10000.0),
+        rope_scaling=_rope_scaling(rope, hf.get("max_position_embeddings")),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        qk_norm=model_type == "qwen3", max_len=max_len, dtype=dtype)
+
+  def to_hf_config(self) -> dict:
+    """The `config.json` dict that `from_hf_config` (and transformers) reads back as this config."""
+    hf = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+          if f.name not in ("qk_norm", "max_len", "dtype", "rope_scaling")}
+    if self.rope_scaling is not None:
+      hf["rope_scaling"] = {"rope_type": "llama3", **dataclasses.asdict(self.rope_scaling)}
+    architecture = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}[self.model_type]
+    return {"model_type": self.model_type, "architectures": [architecture], "hidden_act": "silu", **hf}
+
+
+def _rope_scaling(rope: dict, max_position_embeddings: int | None) -> Llama3RopeScaling | None:
+  rope_type = rope.get("rope_type", rope.get("type", "default"))
+  if rope_type not in ROPE_TYPES:
+    raise ValueError(f"config.json rope_scaling.rope_type={rope_type!r} is not supported; "
+                     f"allowed: {list(ROPE_TYPES)}")
+  if rope_type == "default":
+    return None
+  # transformers falls back to max_position_embeddings when the original length is not given.
+  original = rope.get("original_max_position_embeddings", max_position_embeddings)
+  return Llama3RopeScaling(float(rope["factor"]), float(rope["low_freq_factor"]),
+                           float(rope["high_freq_factor"]), int(original))
+
+
+def rope_frequencies(cfg: LMConfig) -> np.ndarray:
+  """Inverse frequencies inv_freq_K2 (head_dim/2 of them), rescaled as Llama-3.1 does when asked:
+  long wavelengths are divided by `factor`, short ones kept, those between interpolated smoothly."""
+  inv_freq = 1.0 / cfg.rope_theta ** (np.arange(0, cfg.head_dim, 2) / cfg.head_dim)
+  s = cfg.rope_scaling
+  if s is not None:
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor)
+    interpolated = (1 - smooth) * inv_freq / s.factor + smooth * inv_freq
+    inv_freq = np.where(wavelen > s.original_max_position_embeddings / s.low_freq_factor,
+                        inv_freq / s.factor,
+                        np.where(wavelen < s.original_max_position_embeddings / s.high_freq_factor,
+                                 inv_freq, interpolated))
+  return inv_freq.astype(np.float32)
+
+
+def rope(x_BxLxHxK, positions_L, inv_freq_K2):
+  """Rotates each (i, i + K/2) pair of features by position * inv_freq_i (the "rotate half" layout of
+  HF checkpoints), in float32."""
+  angle_1xLx1xK2 = (positions_L.astype(jnp.float32)[:, None] * inv_freq_K2)[None, :, None]
+  cos, sin = jnp.cos(angle_1xLx1xK2), jnp.sin(angle_1xLx1xK2)
+  x1, x2 = jnp.split(x_BxLxHxK.astype(jnp.float32), 2, axis=-1)
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x_BxLxHxK.dtype)
+
+
+class Layer(nn.Module):
+  """Pre-norm attention and SwiGLU MLP; submodule names are the checkpoint's (see checkpoint.py)."""
+  cfg: LMConfig
+
+  @nn.compact
+  def __call__(self, x_BxLxD, start, positions_L, mask_BxLxT, cache):
+    cfg = self.cfg
+    norm = lambda name: nn.RMSNorm(epsilon=cfg.rms_norm_eps, dtype=cfg.dtype, name=name)
+    dense = lambda feats, name: nn.DenseGeneral(feats, use_bias=False, dtype=cfg.dtype, name=name)
+    heads_q, heads_kv = (cfg.num_attention_heads, cfg.head_dim), (cfg.num_key_value_heads, cfg.head_dim)
+    y_BxLxD = norm("input_layernorm")(x_BxLxD)
+    q_BxLxHxK = dense(heads_q, "q_proj")(y_BxLxD)
+    k_BxLxNxK = dense(heads_kv, "k_proj")(y_BxLxD)
+    if cfg.qk_norm:
+      q_BxLxHxK, k_BxLxNxK = norm("q_norm")(q_BxLxHxK), norm("k_norm")(k_BxLxNxK)
+    inv_freq_K2 = rope_frequencies(cfg)
+    # Keys enter the cache already rotated to their own canvas position.
+    k_BxTxNxK, v_BxTxNxK, cache = model_lib.write_cache(
+        cache, start, rope(k_BxLxNxK, positions_L, inv_freq_K2), dense(heads_kv, "v_proj")(y_BxLxD))
+    o_BxLxHxK = model_lib.attend(rope(q_BxLxHxK, positions_L, inv_freq_K2), k_BxTxNxK, v_BxTxNxK,
+                                 mask_BxLxT, cfg.dtype)
+    x_BxLxD = x_BxLxD + nn.DenseGeneral(cfg.hidden_size, axis=(-2, -1), use_bias=False, dtype=cfg.dtype,
+                                        name="o_proj")(o_BxLxHxK)
+    y_BxLxD = norm("post_attention_layernorm")(x_BxLxD)
+    y_BxLxF = nn.silu(dense(cfg.intermediate_size, "gate_proj")(y_BxLxD)) * dense(
+        cfg.intermediate_size, "up_proj")(y_BxLxD)
+    return x_BxLxD + dense(cfg.hidden_size, "down_proj")(y_BxLxF), cache
+
+
+class Decoder(nn.Module):
+  """`tokens_BxL` at canvas positions start..start+L; returns float32 logits and the updated cache."""
+  cfg: LMConfig
+
+  @nn.compact
+  def __call__(self, tokens_BxL, start, key_ok_BxT, cache=None):
+    cfg = self.cfg
+    positions_L = start + jnp.arange(tokens_BxL.shape[1])
+    mask_BxLxT = model_lib.visible_mask(positions_L, key_ok_BxT)
+    embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype, name="embed_tokens")
+    x_BxLxD = embed(tokens_BxL)
+    new_cache = []
+    for i in range(cfg.num_hidden_layers):
+      x_BxLxD, c = Layer(cfg, name=f"layer{i}")(x_BxLxD, start, positions_L, mask_BxLxT,
+                                                None if cache is None else cache[i])
+      new_cache.append(c)
+    x_BxLxD = nn.RMSNorm(epsilon=cfg.rms_norm_eps, dtype=cfg.dtype, name="norm")(x_BxLxD)
+    if cfg.tie_word_embeddings:
+      logits_BxLxV = embed.attend(x_BxLxD)
+    else:
+      logits_BxLxV = nn.Dense(cfg.vocab_size, use_bias=False, dtype=cfg.dtype, name="lm_head")(x_BxLxD)
+    return logits_BxLxV.astype(jnp.float32), (None if cache is None else new_cache)
+
+
+def empty_cache(cfg: LMConfig, batch: int, length: int):
+  shape = (batch, length, cfg.num_key_value_heads, cfg.head_dim)
+  return [{"k": jnp.zeros(shape, cfg.dtype), "v": jnp.zeros(shape, cfg.dtype)}
+          for _ in range(cfg.num_hidden_layers)]
+
+
+def init_stack(cfg: LMConfig, key, n_sets: int):
+  """`n_sets` independent (randomly initialised) parameter sets stacked on a leading axis: params_R."""
+  return model_lib.init_module_stack(Decoder(cfg), cfg.max_len, key, n_sets)
+
+
+def apply(cfg: LMConfig, params, tokens_BxL, start, key_ok_BxT, cache=None):
+  """One parameter set (unstacked); vmap this over a stacked leading axis."""
+  return Decoder(cfg).apply({"params": params}, tokens_BxL, start, key_ok_BxT, cache)
+
+
+def flops_per_token(cfg: LMConfig, context_len: int) -> int:
+  """Forward FLOPs of one token (a multiply-add is 2): projections, MLP and unembedding, and attention
+  over `context_len` keys (the whole canvas: the mask hides keys, it does not skip them)."""
+  D, q_width = cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim
+  kv_width = cfg.num_key_value_heads * cfg.head_dim
+  per_layer = 2 * D * q_width + 2 * D * kv_width + 3 * D * cfg.intermediate_size
+  attention = cfg.num_hidden_layers * 2 * context_len * q_width  # q.k and att.v
+  return 2 * (cfg.num_hidden_layers * per_layer + D * cfg.vocab_size + attention)

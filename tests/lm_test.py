@@ -1,0 +1,260 @@
+"""marl_jax.lm against transformers: the tiny checkpoints of tests/fixtures/lm (scripts/make_lm_fixture.py)
+and the logits and greedy continuations transformers computed for them."""
+import functools
+import json
+import pathlib
+import shutil
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tokenizers
+from safetensors.numpy import load_file, save_file
+
+from marl_jax.lm import checkpoint
+from marl_jax.lm import model as lm_model
+from marl_jax.lm import tokenizer as lm_tokenizer
+
+FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures" / "lm"
+FAMILIES = ["qwen3", "llama"]
+_apply = jax.jit(lm_model.apply, static_argnums=0)
+
+
+@functools.cache
+def _load(family: str, dtype=jnp.float32):
+  return checkpoint.load(str(FIXTURES / family), max_len=40, dtype=dtype)
+
+
+@functools.cache
+def _reference(family: str) -> dict:
+  return dict(np.load(FIXTURES / family / "reference.npz"))
+
+
+@functools.cache
+def _generation(family: str):
+  """The reference prompts, left-padded to end together at canvas position P, continued greedily
+  through the KV cache (prefill, then one token a step), as sampling.py does: returns the canvas
+  tokens_BxT and the logits decoded_BxNxV that chose positions P..T-1."""
+  cfg, params = _load(family)
+  ref = _reference(family)
+  (B, P), N = ref["tokens_BxP"].shape, ref["continuation_BxN"].shape[1]
+  T = P + N
+  tokens_BxT = jnp.zeros((B, T), jnp.int32).at[:, :P].set(ref["tokens_BxP"])
+  key_ok_BxT = jnp.zeros((B, T), bool).at[:, :P].set(ref["mask_BxP"])
+  logits_BxPxV, cache = _apply(cfg, params, tokens_BxT[:, :P], 0, key_ok_BxT,
+                               lm_model.empty_cache(cfg, B, T))
+  decoded = [logits_BxPxV[:, -1]]
+  for t in range(P, T):
+    tokens_BxT = tokens_BxT.at[:, t].set(jnp.argmax(decoded[-1], -1))
+    key_ok_BxT = key_ok_BxT.at[:, t].set(True)
+    if t < T - 1:
+      logits_Bx1xV, cache = _apply(cfg, params, tokens_BxT[:, t:t + 1], t, key_ok_BxT, cache)
+      decoded.append(logits_Bx1xV[:, 0])
+  return tokens_BxT, key_ok_BxT, jnp.stack(decoded, 1)
+
+
+@functools.cache
+def _full_forward(family: str):
+  """One parallel pass over the whole generated canvas, no cache."""
+  tokens_BxT, key_ok_BxT, _ = _generation(family)
+  cfg, params = _load(family)
+  return _apply(cfg, params, tokens_BxT, 0, key_ok_BxT)[0]
+
+
+def _max_prompt_diff(family: str, logits_BxPxV) -> tuple[float, float]:
+  """Largest |logit - transformers' logit| over the prompts' (non-pad) positions, and the logit scale."""
+  ref = _reference(family)
+  diff = np.where(ref["mask_BxP"][..., None], np.abs(logits_BxPxV - ref["logits_BxPxV"]), 0)
+  return float(diff.max()), float(np.abs(ref["logits_BxPxV"]).max())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_float32_logits_match_transformers(family):
+  P = _reference(family)["tokens_BxP"].shape[1]
+  diff, scale = _max_prompt_diff(family, _full_forward(family)[:, :P])
+  assert diff < 2e-5 * scale, (diff, scale)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bfloat16_compute_logits_match_transformers_loosely(family):
+  cfg, params = _load(family, jnp.bfloat16)
+  assert all(p.dtype == np.float32 for p in jax.tree.leaves(params))  # parameters stay float32
+  ref = _reference(family)
+  logits_BxPxV, _ = _apply(cfg, params, ref["tokens_BxP"], 0, ref["mask_BxP"])
+  assert logits_BxPxV.dtype == jnp.float32
+  diff, scale = _max_prompt_diff(family, logits_BxPxV)
+  assert diff < 0.03 * scale, (diff, scale)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_cached_generation_matches_transformers(family):
+  ref = _reference(family)
+  tokens_BxT, _, _ = _generation(family)
+  np.testing.assert_array_equal(tokens_BxT[:, ref["tokens_BxP"].shape[1]:], ref["continuation_BxN"])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cached_decoding_equals_full_forward(family):
+  _, _, decoded_BxNxV = _generation(family)
+  P = _reference(family)["tokens_BxP"].shape[1]
+  full_BxTxV = _full_forward(family)
+  chex.assert_trees_all_close(decoded_BxNxV, full_BxTxV[:, P - 1:-1], atol=1e-5 * np.abs(full_BxTxV).max())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_init_stack_matches_checkpoint_layout_and_vmaps_over_sets(family):
+  cfg, params = _load(family)
+  params_R = jax.jit(lm_model.init_stack, static_argnums=(0, 2))(cfg, jax.random.key(0, impl="unsafe_rbg"), 2)
+  assert jax.tree.structure(params_R) == jax.tree.structure(params)
+  chex.assert_trees_all_equal_shapes(jax.tree.map(lambda p: p[0], params_R), params)
+  # A stack of [the checkpoint, a fresh set]: vmapped, row 0 is the checkpoint's own forward pass.
+  stack_R = jax.tree.map(lambda a, b: jnp.stack([a, b[1]]), params, params_R)
+  tokens_BxT, key_ok_BxT, _ = _generation(family)
+  apply_R = jax.jit(jax.vmap(functools.partial(lm_model.apply, cfg), in_axes=(0, None, None, None)))
+  logits_RxBxTxV, _ = apply_R(stack_R, tokens_BxT, 0, key_ok_BxT)
+  chex.assert_trees_all_close(logits_RxBxTxV[0], _full_forward(family), atol=1e-5)
+  assert not np.allclose(logits_RxBxTxV[0], logits_RxBxTxV[1])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_save_load_round_trips_exactly(family, tmp_path):
+  cfg, params = _load(family)
+  checkpoint.save(str(tmp_path / "out"), cfg, params)
+  cfg2, params2 = checkpoint.load(str(tmp_path / "out"), max_len=cfg.max_len)
+  assert cfg2 == cfg
+  chex.assert_trees_all_equal(params2, params)
+  with pytest.raises(FileExistsError, match="already holds"):  # never over an existing checkpoint
+    checkpoint.save(str(tmp_path / "out"), cfg, params)
+
+
+def test_sharded_checkpoint_loads_like_one_file(tmp_path):
+  src = FIXTURES / "llama"
+  shutil.copy(src / "config.json", tmp_path)
+  tensors = load_file(src / "model.safetensors")
+  names = sorted(tensors)
+  weight_map = {}
+  for i, part in enumerate((names[::2], names[1::2])):
+    shard = f"model-{i + 1:05d}-of-00002.safetensors"
+    save_file({n: tensors[n] for n in part}, tmp_path / shard, metadata={"format": "pt"})
+    weight_map |= dict.fromkeys(part, shard)
+  (tmp_path / checkpoint.INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+  chex.assert_trees_all_equal(checkpoint.load(str(tmp_path), max_len=40)[1], _load("llama")[1])
+
+
+def test_flops_per_token_counts_every_matmul_weight():
+  for family in FAMILIES:
+    cfg, params = _load(family)
+    flat = jax.tree_util.tree_leaves_with_path(params)
+    weights = sum(p.size for path, p in flat if path[-1].key == "kernel")
+    weights += cfg.vocab_size * cfg.hidden_size * cfg.tie_word_embeddings  # the embedding, as unembedding
+    assert lm_model.flops_per_token(cfg, 0) == 2 * weights
+    q_width = cfg.num_attention_heads * cfg.head_dim
+    assert (lm_model.flops_per_token(cfg, 10) - lm_model.flops_per_token(cfg, 0)
+            == 2 * cfg.num_hidden_layers * 2 * 10 * q_width)
+
+
+def test_hf_config_layouts_and_defaults():
+  hf5 = json.loads((FIXTURES / "llama" / "config.json").read_text())
+  rope = dict(hf5.pop("rope_parameters"))
+  # transformers-4 layout: rope_theta at the top, rope_scaling with the older `type` key.
+  hf4 = {**hf5, "rope_theta": rope.pop("rope_theta"), "rope_scaling": {"type": rope.pop("rope_type"), **rope}}
+  cfg = lm_model.LMConfig.from_hf_config(hf4, max_len=40)
+  assert cfg == _load("llama")[0]
+  assert cfg.rope_scaling == lm_model.Llama3RopeScaling(8.0, 1.0, 4.0, 64)
+  plain = {k: v for k, v in hf4.items() if k not in ("head_dim", "num_key_value_heads", "rope_scaling")}
+  cfg = lm_model.LMConfig.from_hf_config(plain)
+  assert (cfg.head_dim, cfg.num_key_value_heads, cfg.rope_scaling) == (16, 4, None)
+  # llama3 rescaling: the highest frequency is kept, the lowest divided by `factor`.
+  inv_freq = lm_model.rope_frequencies(_load("llama")[0])
+  plain_freq = lm_model.rope_frequencies(cfg)
+  np.testing.assert_allclose([inv_freq[0], inv_freq[-1]], [plain_freq[0], plain_freq[-1] / 8], rtol=1e-6)
+
+
+def _copy(tmp_path, family="qwen3", files=("config.json", "model.safetensors", "tokenizer.json")):
+  for name in files:
+    shutil.copy(FIXTURES / family / name, tmp_path)
+  return tmp_path
+
+
+def _edit_config(tmp_path, **changes):
+  path = _copy(tmp_path) / "config.json"
+  path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+  return tmp_path
+
+
+def _edit_tensors(tmp_path, edit):
+  path = _copy(tmp_path) / "model.safetensors"
+  tensors = load_file(path)
+  edit(tensors)
+  save_file(tensors, path)
+  return tmp_path
+
+
+def _index_of_absent_shard(tmp_path):
+  index = {"weight_map": {"model.norm.weight": "model-00001-of-00002.safetensors"}}
+  (_copy(tmp_path, files=["config.json"]) / checkpoint.INDEX).write_text(json.dumps(index))
+  return tmp_path
+
+
+BAD_CHECKPOINTS = {  # name -> (make the bad directory in tmp_path, error, what its message names)
+    "missing directory": (lambda d: d / "absent", FileNotFoundError, r"absent' does not exist"),
+    "missing config.json": (lambda d: _copy(d, files=["model.safetensors"]), FileNotFoundError,
+                            r"config.json is missing"),
+    "no weights": (lambda d: _copy(d, files=["config.json"]), FileNotFoundError,
+                   r"holds no weights: expected model.safetensors, or model.safetensors.index.json"),
+    "missing shard": (_index_of_absent_shard, FileNotFoundError,
+                      r"model-00001-of-00002.safetensors is missing"),
+    "unsupported model_type": (lambda d: _edit_config(d, model_type="gpt2"), ValueError,
+                               r"model_type='gpt2' is not supported; allowed: \['llama', 'qwen3'\]"),
+    "unknown rope type": (lambda d: _edit_config(d, rope_parameters={"rope_type": "yarn", "factor": 4.0}),
+                          ValueError, r"rope_type='yarn' is not supported; allowed: \['default', 'llama3'\]"),
+    "unsupported activation": (lambda d: _edit_config(d, hidden_act="gelu"), ValueError,
+                               r"hidden_act='gelu' is not supported; allowed: 'silu'"),
+    "missing tensor": (lambda d: _edit_tensors(d, lambda t: t.pop("model.layers.1.mlp.down_proj.weight")),
+                       ValueError, r"\['model.layers.1.mlp.down_proj.weight'\] are missing"),
+    "wrong shape": (lambda d: _edit_tensors(
+        d, lambda t: t.update({"model.layers.0.self_attn.k_proj.weight": np.zeros((64, 64), np.float32)})),
+        ValueError, r"'model.layers.0.self_attn.k_proj.weight' has shape \(64, 64\); config.json implies "
+                    r"\(32, 64\)"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_CHECKPOINTS)
+def test_bad_checkpoint_errors_name_the_file_or_key(case, tmp_path):
+  make, error, message = BAD_CHECKPOINTS[case]
+  with pytest.raises(error, match=message):
+    checkpoint.load(str(make(tmp_path)))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tokenizer_matches_the_fixture_and_renders_chat(family):
+  tok = lm_tokenizer.load(str(FIXTURES / family))
+  ref = _reference(family)
+  prompts = [ids[ok] for ids, ok in zip(ref["tokens_BxP"], ref["mask_BxP"])]
+  for text, ids in zip(ref["prompts_B"][:2], prompts):
+    assert tok.encode(str(text)) == list(ids)
+    assert tok.decode(ids) == text
+  # The third prompt was written out by hand in the fixture script: one user turn, then the
+  # assistant's header.
+  assert tok.render_chat([("user", "What is 4 + 9?")], next_role="assistant") == list(prompts[2])
+  eot = {"qwen3": "<|im_end|>", "llama": "<|eot_id|>"}[family]
+  assert tok.end_of_turn_id == tok.tok.token_to_id(eot)
+  turns = [("system", "Add."), ("user", "1 + 2"), ("assistant", "3")]
+  ids = tok.render_chat(turns)
+  assert ids.count(tok.end_of_turn_id) == 3
+  # The layouts as the issue states them, written out independently of tokenizer.py.
+  turn = {"qwen3": "<|im_start|>{r}\n{t}<|im_end|>\n",
+          "llama": "<|start_header_id|>{r}<|end_header_id|>\n\n{t}<|eot_id|>"}[family]
+  expected = "".join(turn.format(r=r, t=t) for r, t in turns)
+  assert tok.decode(ids) == ("<|begin_of_text|>" if family == "llama" else "") + expected
+
+
+def test_tokenizer_without_end_of_turn_token_is_refused(tmp_path):
+  _copy(tmp_path, files=["config.json"])
+  tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+  tok.add_special_tokens(["<|im_start|>"])
+  tok.save(str(tmp_path / "tokenizer.json"))
+  with pytest.raises(ValueError, match=r"tokenizer.json lacks the token '<\|im_end\|>' that the qwen3 chat"):
+    lm_tokenizer.load(str(tmp_path))
