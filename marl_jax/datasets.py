@@ -75,12 +75,17 @@ def exists(builder_cls, config: str, data_dir: str) -> bool:
 
 
 def read(builder_cls, config: str, data_dir: str) -> tuple[dict[str, np.ndarray], dict]:
-  """Every row, batched by grain from `tfds.data_source`, in the dtypes written; and the metadata."""
+  """Every row, in the dtypes written; and the metadata."""
   source = tfds.data_source(f"{builder_cls.name}/{config}:{VERSION}", split=SPLIT, data_dir=data_dir)
+  return read_source(source), dict(source.dataset_info.metadata)
+
+
+def read_source(source) -> dict[str, np.ndarray]:
+  """Every row of a TFDS array_record data source, batched by grain, in the dtypes written (text
+  features as bytes objects)."""
   features = source.dataset_info.features
   batch = grain.MapDataset.source(source).batch(len(source))[0]
-  arrays = {k: np.asarray(batch[k], features[k].np_dtype) for k in features.keys()}
-  return arrays, dict(source.dataset_info.metadata)
+  return {k: np.asarray(batch[k], features[k].np_dtype) for k in features.keys()}
 
 
 # ---------------------------------------------------------------------------------------------
