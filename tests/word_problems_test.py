@@ -96,6 +96,7 @@ def test_tfds_directory(tmp_path):
   assert sorted(zip(problems.questions, problems.answers)) == sorted(zip(jsonl.questions, jsonl.answers))
   short = wp.load(path, source="tfds", answer_key="short_answer")  # the catalog's bare final answers
   assert short.answers == problems.answers
+  assert wp.load(path, split="test[:2]").questions == problems.questions[:2]  # TFDS's split slicing
   with pytest.raises(ValueError, match="Unknown split 'train'"):
     wp.load(path, split="train")
   with pytest.raises(ValueError, match=r"has no field 'problem' \(question_key\); its fields: \['annotation', "
