@@ -1,0 +1,136 @@
+"""Low-rank adapters (LoRA) per role over one frozen Qwen3/Llama base shared by all roles.
+
+Each role has, for every target projection kernel W[in..., out...] of every layer, a pair
+a[in..., rank] (random) and b[rank, out...] (zeros at init); the projection computes
+W x + (alpha / rank) * b(a x), so a fresh adapter leaves the logits exactly as the base's. Adapters are
+stacked on a leading role axis (`adapters_R`) and vmapped with the base broadcast. Only `adapters_R` is
+differentiated and handed to the optimiser, so optimiser state never holds a base-shaped leaf.
+
+Two paths over the one decoder of `lm.model` (not a copy of it):
+- `apply` adds the low-rank product beside each target's output through a Flax method interceptor on
+  the target `DenseGeneral` modules. It never forms W + dW: a role costs rank * (in + out) parameters
+  and multiply-adds per token and target, where merging would hold a full copy of every target kernel
+  (and its gradient) per role, R times the model — what decides it when the base is large.
+- `merged_params` forms W + scale * a@b: one ordinary parameter set, to save a trained role as a
+  Hugging Face checkpoint (`save_merged`) and serve it elsewhere.
+"""
+import dataclasses
+import functools
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import traverse_util
+
+from marl_jax.lm import checkpoint
+from marl_jax.lm import model as lm_model
+
+# The names lm.model gives its projection kernels (also the checkpoint's).
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoRAConfig:
+  rank: int
+  alpha: float
+  targets: tuple[str, ...] = TARGETS
+
+  def __post_init__(self):
+    if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
+      raise ValueError(f"config.model.lora.rank={self.rank!r} must be an integer >= 1")
+    targets = (self.targets,) if isinstance(self.targets, str) else tuple(self.targets)
+    unknown = [t for t in targets if t not in TARGETS]
+    if unknown or not targets:
+      raise ValueError(f"config.model.lora.targets={self.targets!r}: "
+                       f"{'unknown ' + repr(unknown) if unknown else 'none given'}; "
+                       f"allowed: one or more of {list(TARGETS)}")
+    object.__setattr__(self, "targets", targets)  # a tuple, so the config hashes (jit static arg)
+
+  @property
+  def scale(self) -> float:
+    return self.alpha / self.rank
+
+
+def _on_targets(lora_cfg: LoRAConfig, on_output):
+  """A context in which each target projection's output y = W x is replaced by
+  on_output(module, x, y)."""
+  def interceptor(next_fun, args, kwargs, context):
+    y = next_fun(*args, **kwargs)
+    module = context.module
+    if (context.method_name == "__call__" and isinstance(module, nn.DenseGeneral)
+        and module.name in lora_cfg.targets):
+      return on_output(module, args[0], y)
+    return y
+  return nn.intercept_methods(interceptor)
+
+
+def adapted(lora_cfg: LoRAConfig, adapter):
+  """A context in which every target projection of a Flax model called within adds
+  scale * b(a x) from `adapter` (one role: {module path...: {"a", "b"}}), without forming a@b."""
+  pairs = traverse_util.flatten_dict(adapter)
+
+  def add_low_rank(module, x, y):
+    a, b = pairs[module.path + ("a",)], pairs[module.path + ("b",)]
+    h = jnp.tensordot(x, a.astype(x.dtype), axes=a.ndim - 1)  # x[..., in...] . a[in..., rank]
+    return y + (lora_cfg.scale * jnp.tensordot(h, b.astype(x.dtype), axes=1)).astype(y.dtype)
+  return _on_targets(lora_cfg, add_low_rank)
+
+
+def apply(cfg: lm_model.LMConfig, lora_cfg: LoRAConfig, base, adapter, tokens_BxL, start, key_ok_BxT,
+          cache=None):
+  """`lm.model.apply` of the base with one role's adapter: (logits_BxLxV, cache)."""
+  with adapted(lora_cfg, adapter):
+    return lm_model.apply(cfg, base, tokens_BxL, start, key_ok_BxT, cache)
+
+
+def apply_stacked(cfg: lm_model.LMConfig, lora_cfg: LoRAConfig, base, adapters_R, tokens_BxL, start,
+                  key_ok_BxT, cache_R=None):
+  """Every role on the same tokens: (logits_RxBxLxV, cache_R); the base is broadcast, not copied."""
+  apply_R = jax.vmap(functools.partial(apply, cfg, lora_cfg), in_axes=(None, 0, None, None, None, 0))
+  return apply_R(base, adapters_R, tokens_BxL, start, key_ok_BxT, cache_R)
+
+
+def _target_shapes(cfg: lm_model.LMConfig, lora_cfg: LoRAConfig, base):
+  """Module path of each target projection -> (input feature shape, output feature shape), traced
+  from the model itself (nothing is computed)."""
+  shapes = {}
+
+  def record(module, x, y):
+    n_in = len(np.atleast_1d(module.axis))  # o_proj contracts (heads, head_dim)
+    shapes[module.path] = (x.shape[x.ndim - n_in:], y.shape[x.ndim - n_in:])
+    return y
+  with _on_targets(lora_cfg, record):
+    # A fresh lambda each call, so no cached trace skips the interceptor.
+    jax.eval_shape(lambda p: lm_model.apply(cfg, p, jnp.zeros((1, 1), jnp.int32), 0,
+                                            jnp.ones((1, 1), bool)), base)
+  return shapes
+
+
+def init_adapters(key, cfg: lm_model.LMConfig, lora_cfg: LoRAConfig, base, n_roles: int):
+  """adapters_R: per role and target, a[R, in..., rank] ~ U(+-1/sqrt(fan_in)) (PEFT's default) and
+  b[R, rank, out...] = 0, float32."""
+  flat = {}
+  for i, (path, (in_shape, out_shape)) in enumerate(sorted(_target_shapes(cfg, lora_cfg, base).items())):
+    bound = 1 / math.sqrt(math.prod(in_shape))
+    flat[path + ("a",)] = jax.random.uniform(jax.random.fold_in(key, i), (n_roles, *in_shape, lora_cfg.rank),
+                                             jnp.float32, -bound, bound)
+    flat[path + ("b",)] = jnp.zeros((n_roles, lora_cfg.rank, *out_shape), jnp.float32)
+  return traverse_util.unflatten_dict(flat)
+
+
+def merged_params(lora_cfg: LoRAConfig, base, adapter):
+  """One ordinary parameter set: each target kernel W + scale * a@b of one role's adapter."""
+  flat = traverse_util.flatten_dict(base)
+  pairs = traverse_util.flatten_dict(adapter)
+  for path in {p[:-1] for p in pairs}:
+    delta = jnp.tensordot(pairs[path + ("a",)], pairs[path + ("b",)], axes=1)
+    flat[path + ("kernel",)] = flat[path + ("kernel",)] + lora_cfg.scale * delta
+  return traverse_util.unflatten_dict(flat)
+
+
+def save_merged(directory: str, cfg: lm_model.LMConfig, lora_cfg: LoRAConfig, base, adapter) -> None:
+  """Writes the base with one role's adapter merged in as a Hugging Face checkpoint (`checkpoint.save`:
+  a new directory only), which `checkpoint.load` and transformers read as a plain model."""
+  checkpoint.save(directory, cfg, merged_params(lora_cfg, base, adapter))
