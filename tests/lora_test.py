@@ -80,6 +80,8 @@ def test_low_rank_delta_by_hand():
   merged = lora.merged_params(lora_cfg, base, adapter)
   np.testing.assert_array_equal(merged["q_proj"]["kernel"], [[7.0, -2.0], [0.0, 1.0]])
   np.testing.assert_array_equal(OneProjection().apply({"params": merged}, jnp.array([1.0, 2.0])), [7.0, 0.0])
+  with pytest.raises(ValueError, match="no pair for q_proj"), lora.adapted(lora_cfg, {}):
+    OneProjection().apply({"params": base}, jnp.array([1.0, 2.0]))
 
 
 @pytest.mark.parametrize("family", FAMILIES)

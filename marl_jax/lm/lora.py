@@ -72,6 +72,9 @@ def adapted(lora_cfg: LoRAConfig, adapter):
   pairs = traverse_util.flatten_dict(adapter)
 
   def add_low_rank(module, x, y):
+    if module.path + ("a",) not in pairs:
+      raise ValueError(f"the adapter has no pair for {'/'.join(module.path)}: it was made for other "
+                       f"targets than {list(lora_cfg.targets)} (init_adapters with this LoRAConfig)")
     a, b = pairs[module.path + ("a",)], pairs[module.path + ("b",)]
     h = jnp.tensordot(x, a.astype(x.dtype), axes=a.ndim - 1)  # x[..., in...] . a[in..., rank]
     return y + (lora_cfg.scale * jnp.tensordot(h, b.astype(x.dtype), axes=1)).astype(y.dtype)
