@@ -332,6 +332,18 @@ def fmt(row: dict, key: str, scale: float = 1.0, digits: int = 3) -> str:
   return f"{mean:.{digits}f} ± {half:.{digits}f}" if math.isfinite(half) else f"{mean:.{digits}f}"
 
 
+def by_estimator(fid_rows: list[dict]) -> list[dict]:
+  """The fidelity grid in one row per number of roles x estimator: each statistic's mean over the
+  games (the per-game rows, with their intervals, are the table above it)."""
+  stats = ("shapley_error_sd", "shapley_spearman", "difference_error_sd", "difference_spearman")
+  rows = []
+  for roles, name in dict.fromkeys((r["roles"], r["estimator"]) for r in fid_rows):
+    mine = [r for r in fid_rows if (r["roles"], r["estimator"]) == (roles, name)]
+    rows.append({"roles": roles, "estimator": name, "games": len(mine), "reruns": mine[0]["reruns"],
+                 "turns": mine[0]["turns"], **{k: float(np.nanmean([r[k] for r in mine])) for k in stats}})
+  return sorted(rows, key=lambda r: r["roles"])
+
+
 def markdown(config, fid_rows, learn_rows) -> str:
   out = ["# Credit-assignment benchmark\n",
          f"Config: size={config.size}, seed={config.seed}. Mean over seeds ± half-width of its 95% "
@@ -339,7 +351,16 @@ def markdown(config, fid_rows, learn_rows) -> str:
   if fid_rows:
     out += ["\n## Fidelity: per-role credit against exact values\n",
             "credit − exact: bias and sd over episodes and roles; ρ: Spearman rank correlation; cost: "
-            "counterfactual re-runs and turns generated per episode.\n\n",
+            "counterfactual re-runs and turns generated per episode.\n"]
+    out += ["\n### Mean over games\n\n",
+            report.row("R", "estimator", "games", "re-runs", "turns", "sd vs Shapley", "ρ Shapley",
+                       "sd vs difference", "ρ difference"),
+            "|---" * 9 + "|\n"]
+    out += [report.row(r["roles"], r["estimator"], r["games"], r["reruns"], r["turns"],
+                       f"{r['shapley_error_sd']:.3f}", f"{r['shapley_spearman']:.2f}",
+                       f"{r['difference_error_sd']:.3f}", f"{r['difference_spearman']:.2f}")
+            for r in by_estimator(fid_rows)]
+    out += ["\n### Per game\n\n",
             report.row("game", "R", "estimator", "re-runs", "turns", "bias vs Shapley", "sd vs Shapley",
                        "ρ Shapley", "bias vs difference", "sd vs difference", "ρ difference"),
             "|---" * 11 + "|\n"]

@@ -38,6 +38,18 @@ def test_grade_by_hand():
   assert graded["error_sd"] == pytest.approx([0.25])
 
 
+def test_mean_over_games_by_hand():
+  cell = lambda game, roles, name, sd, rho: {
+      "game": game, "roles": roles, "estimator": name, "reruns": 3, "turns": 2, "shapley_error_sd": sd,
+      "shapley_spearman": rho, "difference_error_sd": 2 * sd, "difference_spearman": math.nan}
+  rows = benchmark.by_estimator([cell("synergy", 4, "team", 0.1, 0.2), cell("synergy", 2, "team", 0.5, 0.5),
+                                 cell("additive", 4, "team", 0.3, 0.6)])
+  assert [(r["roles"], r["games"]) for r in rows] == [(2, 1), (4, 2)]  # sorted by roles
+  assert rows[1]["shapley_error_sd"] == pytest.approx(0.2) and rows[1]["shapley_spearman"] == pytest.approx(0.4)
+  assert rows[1]["difference_error_sd"] == pytest.approx(0.4)
+  assert math.isnan(rows[1]["difference_spearman"])  # no game ranks anything: nan, not 0
+
+
 @pytest.mark.parametrize("estimator,reruns,turns", [
     ("team", 0, 2),
     ("difference", 4, 6),  # K = 2 re-draws of each of the 2 parallel turns: 2 + 2 * 2 * 1 turns
