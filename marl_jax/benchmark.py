@@ -119,35 +119,43 @@ def success_probabilities(exp, params_R, problems):
 
 def make_fidelity(exp, adapt_steps: int):
   """`fidelity(params_S, credit_SxG, game_GxM, keys_SxAxB x 3) -> (credit, shapley, difference)`, each
-  _SxGxBxR: for every game (a value table, `Contribution.game_values`) the same episodes are scored
-  under that game, the estimator's state adapts on the first `adapt_steps` batches, the last one is
-  credited.  Games are vmapped, so one program serves them all."""
-  def one_game(params_R, credit_state, game_M, problem_key_AxB, sample_key_AxB, rerun_key_AxB):
-    def play(problem_key_B, sample_key_B):
+  _SxBxGxR.  Each batch of episodes and its re-runs are drawn once and scored under every game (a value
+  table, `Contribution.game_values`; games are vmapped, so one program serves them all); a stateful
+  estimator (the critic, the role baseline) adapts on the first `adapt_steps` batches, one per game;
+  the last batch is credited."""
+  reruns = exp.credit.reruns(len(exp.layout.roles))
+
+  def credit_under(game_M, credit_state, problems, episodes, tokens_CxKxBxT):
+    problems = {**problems, "game_M": jnp.broadcast_to(game_M, (episodes.tokens_BxT.shape[0],) + game_M.shape)}
+    outcome = train.score(exp, problems, episodes)[1]
+    adv_xB, credit_state, _ = train.credit_from_reruns(exp, credit_state, problems, outcome, tokens_CxKxBxT)
+    return adv_xB, credit_state
+
+  every_game = jax.vmap(credit_under, in_axes=(0, 0, None, None, None))
+
+  def local(params_R, credit_G, game_GxM, *keys_AxB):
+    def play(problem_key_B, sample_key_B, rerun_key_B):
       problems = jax.vmap(exp.task.sample)(problem_key_B)
-      problems["game_M"] = jnp.broadcast_to(game_M, (problem_key_B.shape[0],) + game_M.shape)
       episodes = rollout.sample(exp, params_R, problems, sample_key_B)
-      return problems, episodes, train.score(exp, problems, episodes)[1]
+      tokens_CxKxBxT = None if reruns is None else rollout.rerun_tokens(
+          exp, params_R, episodes.tokens_BxT, rerun_key_B, reruns)
+      return problems, episodes, tokens_CxKxBxT
 
-    def adapt(credit_state, keys):
-      problems, episodes, outcome = play(*keys[:2])
-      _, credit_state, _ = train.assign_credit(exp, params_R, credit_state, problems, outcome, keys[2])
-      return credit_state, None
-
-    keys = (problem_key_AxB, sample_key_AxB, rerun_key_AxB)
-    credit_state, _ = jax.lax.scan(adapt, credit_state, jax.tree.map(lambda k: k[:adapt_steps], keys))
-    problems, episodes, outcome = play(problem_key_AxB[-1], sample_key_AxB[-1])
-    adv_xB, _, _ = train.assign_credit(exp, params_R, credit_state, problems, outcome, rerun_key_AxB[-1])
-    success_BxR = outcome.role_RxB.T
+    if jax.tree.leaves(credit_G):  # stateless estimators have nothing to adapt: no wasted re-runs
+      adapt = lambda credit_G, keys: (every_game(game_GxM, credit_G, *play(*keys))[1], None)
+      credit_G, _ = jax.lax.scan(adapt, credit_G, jax.tree.map(lambda k: k[:adapt_steps], keys_AxB))
+    problems, episodes, tokens_CxKxBxT = play(*(k[-1] for k in keys_AxB))
+    adv_GxRxB, _ = every_game(game_GxM, credit_G, problems, episodes, tokens_CxKxBxT)
+    success_BxR = train.score(exp, problems, episodes)[1].role_RxB.T  # the same under every game
     p_BxR = success_probabilities(exp, params_R, problems)
-    game_value = functools.partial(exp.task.game_value, values_M=game_M)
-    shapley_BxR = exact.exact_shapley(game_value, success_BxR)
-    difference_BxR = exact.exact_difference(game_value, success_BxR, p_BxR)
-    return parallel.gather_rows((adv_xB.T, shapley_BxR, difference_BxR))
+    exact_GxBxR = [jax.vmap(lambda game_M: reference(functools.partial(exp.task.game_value, values_M=game_M),
+                                                     success_BxR, *args))(game_GxM)
+                   for reference, args in ((exact.exact_shapley, ()), (exact.exact_difference, (p_BxR,)))]
+    by_row = lambda x_GxBxR: jnp.swapaxes(x_GxBxR, 0, 1)  # rows first, to gather them over devices
+    return parallel.gather_rows((by_row(jnp.swapaxes(adv_GxRxB, 1, 2)), *map(by_row, exact_GxBxR)))
 
-  every_game = jax.vmap(one_game, in_axes=(None, 0, 0, None, None, None))
   rows = P(None, parallel.DATA)
-  sharded = jax.shard_map(jax.vmap(every_game, in_axes=(0, 0, None, 0, 0, 0)), mesh=exp.mesh,
+  sharded = jax.shard_map(jax.vmap(local, in_axes=(0, 0, None, 0, 0, 0)), mesh=exp.mesh,
                           in_specs=(P(), P(), P(), P(None, *rows), P(None, *rows), P(None, *rows)),
                           out_specs=P(), check_vma=False)
   return jax.jit(sharded)
@@ -200,7 +208,7 @@ def fidelity_credits(config, num_roles: int, games: list[str]) -> dict:
     outputs = make_fidelity(exp, fid.adapt_steps)(params_S, credit_SxG, game_GxM, problem_keys,
                                                   sample_keys, rerun_keys)
     for g, game in enumerate(games):
-      credits[game][name] = (exp, *(np.asarray(x[:, g]) for x in outputs))
+      credits[game][name] = (exp, *(np.asarray(x[:, :, g]) for x in outputs))
   return credits
 
 

@@ -68,7 +68,12 @@ def rerun_tokens(exp, params_R, tokens_BxT, key_B, reruns: Reruns):
 def rerun(exp, params_R, problems, tokens_BxT, key_B, reruns: Reruns, step=None) -> Counterfactuals:
   """Each coalition's re-drawn transcripts and their team outcomes (with the protocol's auxiliary
   rewards weighted for training step `step`, as `train.score` gives the sampled episodes)."""
-  tokens_CxKxBxT = rerun_tokens(exp, params_R, tokens_BxT, key_B, reruns)
+  return score_reruns(exp, problems, rerun_tokens(exp, params_R, tokens_BxT, key_B, reruns), step)
+
+
+def score_reruns(exp, problems, tokens_CxKxBxT, step=None) -> Counterfactuals:
+  """The team outcomes of re-drawn transcripts (separate from drawing them, so one set of re-runs
+  can be scored under several games, as the credit benchmark does)."""
   C, K, B, T = tokens_CxKxBxT.shape
   tiled = jax.tree.map(lambda x: jnp.tile(x, (C * K,) + (1,) * (x.ndim - 1)), problems)
   scored = exp.protocol.rewards(exp.task, exp.layout, tiled, tokens_CxKxBxT.reshape(C * K * B, T))

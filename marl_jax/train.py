@@ -108,8 +108,16 @@ def assign_credit(exp: Experiment, params_R, credit_state, problems, outcome: cr
   """The credit estimator on this device's rows: the counterfactual re-runs it asks for (if any, in one
   batched re-run), its advantages (adv_RxB, or adv_NxB per turn) and its updated state and metrics."""
   reruns = exp.credit.reruns(len(exp.layout.roles))
-  counterfactuals = None if reruns is None else rollout.rerun(
-      exp, params_R, problems, outcome.tokens_BxT, rerun_key_B, reruns, step)
+  tokens_CxKxBxT = None if reruns is None else rollout.rerun_tokens(
+      exp, params_R, outcome.tokens_BxT, rerun_key_B, reruns)
+  return credit_from_reruns(exp, credit_state, problems, outcome, tokens_CxKxBxT, step)
+
+
+def credit_from_reruns(exp: Experiment, credit_state, problems, outcome: credit.Outcome, tokens_CxKxBxT,
+                       step=None):
+  """`assign_credit` given the re-drawn transcripts (None when the estimator asks for none)."""
+  counterfactuals = None if tokens_CxKxBxT is None else rollout.score_reruns(
+      exp, problems, tokens_CxKxBxT, step)
   adv_xB, metrics = exp.credit.advantages(credit_state, outcome, counterfactuals)
   credit_state, update_metrics = exp.credit.update(credit_state, outcome)
   return adv_xB, credit_state, {**metrics, **update_metrics}
