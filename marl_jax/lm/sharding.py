@@ -3,8 +3,8 @@
 Which dimension of which parameter is split is data, not code: an ordered list of rules
 (regex, spec), the first whose regex `re.search`es a parameter's path ("layer0/q_proj/kernel") giving
 its spec, one mesh axis name (or None: not split) per dimension. A model too large for one device is
-then held as 1/model of every large matrix per device; under `jit` XLA gathers what each matmul needs
-(the mesh's axes are Auto), so the forward pass is `lm.model.apply` unchanged. Every parameter is
+then held as 1/model of every large matrix per device; under `jit` XLA adds the communication each
+matmul needs (the mesh's axes are Auto), so the forward pass is `lm.model.apply` unchanged. Every parameter is
 checked against the rules and the mesh before anything is placed or compiled.
 """
 import re
@@ -122,7 +122,7 @@ def shard_rows(mesh: jax.sharding.Mesh, tree):
 def apply(cfg: lm_model.LMConfig, mesh: jax.sharding.Mesh, params, tokens_BxL, start, key_ok_BxT,
           cache=None):
   """`lm.model.apply` of `shard_params` output with the batch (and cache) split over `data`:
-  (logits_BxLxV, cache). The inputs' shardings are the program's: XLA gathers each weight where it
-  is used, and no device holds a whole large parameter at rest."""
+  (logits_BxLxV, cache). The inputs' shardings are the program's (XLA adds the communication), so
+  no device holds a whole large parameter at rest."""
   tokens_BxL, key_ok_BxT, cache = shard_rows(mesh, (tokens_BxL, key_ok_BxT, cache))
   return _apply(cfg, params, tokens_BxL, start, key_ok_BxT, cache)
