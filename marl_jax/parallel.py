@@ -14,7 +14,14 @@ def make_mesh(num_devices: int = 0) -> jax.sharding.Mesh:
   if n > available:
     raise ValueError(f"config.num_devices={num_devices} but only {available} devices are visible; "
                      f"allowed: 0 (all of them) to {available}")
-  return jax.make_mesh((n,), (DATA,), axis_types=(AxisType.Auto,), devices=jax.devices()[:n])
+  return auto_mesh({DATA: n}, jax.devices()[:n])
+
+
+def auto_mesh(axis_sizes: dict[str, int], devices) -> jax.sharding.Mesh:
+  """A mesh whose axes are all Auto: XLA propagates shardings from the inputs' (new jax's
+  `make_mesh` defaults to Explicit axes, which would demand a sharding rule for every operation)."""
+  return jax.make_mesh(tuple(axis_sizes.values()), tuple(axis_sizes),
+                       axis_types=(AxisType.Auto,) * len(axis_sizes), devices=devices)
 
 
 def initialize_distributed() -> None:

@@ -1,0 +1,156 @@
+"""lm.sharding: the fixtures' parameters split over (data, model) meshes of 8 emulated CPU devices give
+the single-device logits, each parameter placed as its rule says; bad rules and meshes are refused.
+
+The device count must be set before JAX starts, so the sharded runs happen in one subprocess (this
+file run as a script), which reports what it measured as JSON.
+"""
+import functools
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from marl_jax.lm import checkpoint, sharding
+from marl_jax.lm import model as lm_model
+
+FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures" / "lm"
+FAMILIES = ("qwen3", "llama")
+MESHES = ((2, 4), (8, 1), (1, 8))
+# k_proj split over its 2 key/value heads: does not divide by model=4.
+BAD_RULES = ((r"k_proj/kernel$", (None, sharding.MODEL, None)), *sharding.DEFAULT_RULES)
+
+
+def _load(family):
+  return checkpoint.load(str(FIXTURES / family), max_len=40)
+
+
+def _batch_of_8(family):
+  """The reference prompts repeated to 8 rows, so any data axis of the 8 devices divides the batch."""
+  ref = np.load(FIXTURES / family / "reference.npz")
+  return np.resize(ref["tokens_BxP"], (8, ref["tokens_BxP"].shape[1])), np.resize(
+      ref["mask_BxP"], (8, ref["mask_BxP"].shape[1]))
+
+
+def _error(fn) -> str:
+  try:
+    fn()
+  except ValueError as e:
+    return str(e)
+  return "no error"
+
+
+def _measure() -> dict:
+  """Runs on 8 devices: each family on each mesh, one stacked set, and the two refusals."""
+  results = {"devices": jax.device_count(), "logits": {}, "placement": {}}
+  for family in FAMILIES:
+    cfg, params = _load(family)
+    tokens_BxL, key_ok_BxL = _batch_of_8(family)
+    single_BxLxV = jax.jit(lm_model.apply, static_argnums=0)(cfg, params, tokens_BxL, 0, key_ok_BxL)[0]
+    for data, model in MESHES:
+      mesh = sharding.mesh(data, model)
+      sharded = sharding.shard_params(params, mesh)
+      logits_BxLxV, _ = sharding.apply(cfg, mesh, sharded, tokens_BxL, 0, key_ok_BxL)
+      name = f"{family} {data}x{model}"
+      results["logits"][name] = float(np.abs(logits_BxLxV - single_BxLxV).max() / np.abs(single_BxLxV).max())
+      results["placement"][name] = {
+          jax.tree_util.keystr(path, simple=True, separator="/"): [list(x.sharding.spec), x.sharding.shard_shape(x.shape)]
+          for path, x in jax.tree_util.tree_leaves_with_path(sharded)}
+  # Two roles' sets stacked on a leading axis R: the rules split the trailing dims, R stays whole.
+  cfg, params = _load("qwen3")
+  mesh = sharding.mesh(2, 4)
+  params_R = jax.tree.map(lambda p: np.stack([p, 2 * p]), params)
+  sharded_R = sharding.shard_params(params_R, mesh, leading_axes=1)
+  apply_R = jax.jit(jax.vmap(functools.partial(lm_model.apply, cfg), in_axes=(0, None, None, None)))
+  tokens_BxL, key_ok_BxL = _batch_of_8("qwen3")
+  single_RxBxLxV = apply_R(params_R, tokens_BxL, 0, key_ok_BxL)[0]
+  tokens_BxL, key_ok_BxL = sharding.shard_rows(mesh, (tokens_BxL, key_ok_BxL))
+  sharded_RxBxLxV = apply_R(sharded_R, tokens_BxL, 0, key_ok_BxL)[0]
+  results["stacked"] = {"q_proj": list(sharded_R["layer0"]["q_proj"]["kernel"].sharding.spec),
+                        "diff": float(np.abs(sharded_RxBxLxV - single_RxBxLxV).max()
+                                      / np.abs(single_RxBxLxV).max())}
+  results["errors"] = {"mesh": _error(lambda: sharding.mesh(3, 2)),
+                       "divide": _error(lambda: sharding.shard_params(params, mesh, BAD_RULES))}
+  return results
+
+
+@functools.cache
+def _measured() -> dict:
+  root = pathlib.Path(__file__).resolve().parents[1]
+  env = {**os.environ, "JAX_PLATFORMS": "cpu",
+         "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8"}
+  done = subprocess.run([sys.executable, __file__], cwd=root, env=env, capture_output=True, text=True,
+                        timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("data,model", MESHES)
+def test_sharded_logits_equal_single_device(family, data, model):
+  assert _measured()["devices"] == 8
+  assert _measured()["logits"][f"{family} {data}x{model}"] < 1e-5
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("data,model", MESHES)
+def test_each_parameter_is_placed_as_its_rule_says(family, data, model):
+  _, params = _load(family)
+  placement = _measured()["placement"][f"{family} {data}x{model}"]
+  specs = sharding.partition_specs(params, {sharding.DATA: data, sharding.MODEL: model})
+  expected = {jax.tree_util.keystr(path, simple=True, separator="/"): list(spec)
+              for path, spec in jax.tree_util.tree_leaves_with_path(
+                  specs, is_leaf=lambda x: isinstance(x, sharding.PartitionSpec))}
+  assert {path: spec for path, (spec, _) in placement.items()} == expected
+  # Each device holds 1/model of every large matrix, a whole copy of each norm (fixture: V=384,
+  # D=64, F=128, 4 heads of 16).
+  V, D, F = 384, 64, 128
+  shard = {path: tuple(shape) for path, (_, shape) in placement.items()}
+  assert shard["embed_tokens/embedding"] == (V // model, D)
+  assert shard["layer1/q_proj/kernel"] == (D // model, 4, 16)
+  assert shard["layer1/o_proj/kernel"] == (4, 16, D // model)
+  assert shard["layer0/down_proj/kernel"] == (F // model, D)
+  assert shard["norm/scale"] == (D,)
+  if family == "llama":
+    assert shard["lm_head/kernel"] == (D, V // model)
+
+
+def test_stacked_sets_keep_the_role_axis_whole():
+  stacked = _measured()["stacked"]
+  assert stacked["q_proj"] == [None, sharding.MODEL, None, None]
+  assert stacked["diff"] < 1e-5
+
+
+def test_impossible_mesh_and_non_dividing_dimension_are_refused():
+  errors = _measured()["errors"]
+  assert "data=3 x model=2 needs 6 devices, but 8 are visible" in errors["mesh"]
+  assert ("parameter layer0/k_proj/kernel of shape (64, 2, 16): dimension 1 (2) does not divide "
+          "by mesh axis 'model' of size 4") in errors["divide"]
+
+
+def test_rules_from_config_and_rule_errors():
+  assert sharding.rules_from_config({}) == sharding.DEFAULT_RULES
+  # As a config's JSON holds them: lists.
+  rules = sharding.rules_from_config({"sharding_rules": [[".*", [None, None]]]})
+  assert rules == ((".*", (None, None)),)
+  with pytest.raises(ValueError, match=r"sharding_rules\[0\].*must be a pair"):
+    sharding.rules_from_config({"sharding_rules": [".*"]})
+  with pytest.raises(ValueError, match=r"sharding_rules\[0\] regex '\(' does not compile"):
+    sharding.rules_from_config({"sharding_rules": [["(", [None]]]})
+  _, params = _load("llama")
+  sizes = {sharding.DATA: 1, sharding.MODEL: 2}
+  with pytest.raises(ValueError, match="parameter lm_head/kernel of shape \\(64, 384\\) matches no"):
+    sharding.partition_specs(params, sizes, sharding.DEFAULT_RULES[:1] + sharding.DEFAULT_RULES[2:])
+  with pytest.raises(ValueError, match="names mesh axis 'tensor'; the mesh has \\['data', 'model'\\]"):
+    sharding.partition_specs(params, sizes, ((".*", ("tensor", None)),))
+  with pytest.raises(ValueError, match="has 1 dimensions, but parameter embed_tokens/embedding has "
+                                       "shape \\(384, 64\\)"):
+    sharding.partition_specs(params, sizes, ((".*", (None,)),))
+
+
+if __name__ == "__main__":
+  print(json.dumps(_measure()))
