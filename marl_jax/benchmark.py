@@ -129,7 +129,7 @@ def make_fidelity(exp, adapt_steps: int):
     problems = {**problems, "game_M": jnp.broadcast_to(game_M, (episodes.tokens_BxT.shape[0],) + game_M.shape)}
     outcome = train.score(exp, problems, episodes)[1]
     adv_xB, credit_state, _ = train.credit_from_reruns(exp, credit_state, problems, outcome, tokens_CxKxBxT)
-    return adv_xB, credit_state
+    return adv_xB, credit_state, outcome.role_RxB
 
   every_game = jax.vmap(credit_under, in_axes=(0, 0, None, None, None))
 
@@ -145,8 +145,8 @@ def make_fidelity(exp, adapt_steps: int):
       adapt = lambda credit_G, keys: (every_game(game_GxM, credit_G, *play(*keys))[1], None)
       credit_G, _ = jax.lax.scan(adapt, credit_G, jax.tree.map(lambda k: k[:adapt_steps], keys_AxB))
     problems, episodes, tokens_CxKxBxT = play(*(k[-1] for k in keys_AxB))
-    adv_GxRxB, _ = every_game(game_GxM, credit_G, problems, episodes, tokens_CxKxBxT)
-    success_BxR = train.score(exp, problems, episodes)[1].role_RxB.T  # the same under every game
+    adv_GxRxB, _, success_GxRxB = every_game(game_GxM, credit_G, problems, episodes, tokens_CxKxBxT)
+    success_BxR = success_GxRxB[0].T  # which roles succeeded does not depend on the game
     p_BxR = success_probabilities(exp, params_R, problems)
     exact_GxBxR = [jax.vmap(lambda game_M: reference(functools.partial(exp.task.game_value, values_M=game_M),
                                                      success_BxR, *args))(game_GxM)
