@@ -91,8 +91,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.num_devices = 0  # 0: every visible device
   c.distributed = False  # call jax.distributed.initialize() first (multi-host)
 
+  # checkpoint: a local Hugging Face-format Qwen3/Llama directory to use instead of the built-in model
+  # (README, Language-model agents); random_weights: its shapes, randomly initialised.
   c.model = ml_collections.ConfigDict(dict(
-      d_model=64, n_layers=2, n_heads=4, d_ff=256, max_len=32, dtype="auto"))
+      d_model=64, n_layers=2, n_heads=4, d_ff=256, max_len=32, dtype="auto", checkpoint="",
+      random_weights=False))
   c.task = ml_collections.ConfigDict(dict(name="arithmetic", num_ops=2, max_operand=9, modulus=10,
                                           demo_error_rate=0.6))
   c.protocol = ml_collections.ConfigDict(dict(name="single"))

@@ -10,6 +10,7 @@ import optax
 
 from marl_jax import credit, losses, parallel, protocols, tasks
 from marl_jax import model as model_lib
+from marl_jax.lm import agent as lm_agent
 from marl_jax.protocols import engine
 
 
@@ -52,7 +53,7 @@ class Experiment:
   task: tasks.Task
   protocol: protocols.Protocol
   layout: engine.Layout
-  model: model_lib.ModelConfig
+  model: model_lib.ModelConfig | lm_agent.LMAgent
   role_set_R: tuple[int, ...]
   trainable_R: tuple[bool, ...]
   credit: credit.Estimator
@@ -141,7 +142,7 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
   if layout.length > config.model.max_len:
     raise ValueError(f"config.model.max_len={config.model.max_len} is too short: prompt plus messages "
                      f"take {layout.length} tokens; allowed: >= {layout.length}")
-  if config.model.d_model % config.model.n_heads:
+  if not config.model.checkpoint and config.model.d_model % config.model.n_heads:
     raise ValueError(f"config.model.d_model={config.model.d_model} does not divide by "
                      f"config.model.n_heads={config.model.n_heads}; allowed: multiples of it")
   rl = config.rl
@@ -168,11 +169,19 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
     if config[key] % config.steps_per_call:
       raise ValueError(f"config.{key}={config[key]} must be a multiple of config.steps_per_call="
                        f"{config.steps_per_call}")
-  model_cfg = model_lib.ModelConfig(
-      d_model=config.model.d_model, n_layers=config.model.n_layers, n_heads=config.model.n_heads,
-      d_ff=config.model.d_ff, max_len=config.model.max_len,
-      dtype=model_lib.compute_dtype(config.model.dtype))
+  model_cfg = make_model(config.model)
   optimizer = make_optimizer(config.optim, config.total_steps * rl.epochs * rl.minibatches)
   make_optimizer(sft_optim(config), config.sft.steps, "sft")  # refuses bad warm-start settings now
   return Experiment(config, task, protocol, layout, model_cfg, role_set_R, trainable_R, estimator,
                     loss, optimizer, mesh)
+
+
+def make_model(model_config):
+  """`config.model` -> the agent model: the built-in transformer, or with `checkpoint` a local
+  Qwen3/Llama checkpoint (`lm.agent`; `d_model`, `n_layers`, `n_heads`, `d_ff` are then the
+  checkpoint's, from its config.json)."""
+  if model_config.checkpoint:
+    return lm_agent.from_config(model_config)
+  return model_lib.ModelConfig(
+      d_model=model_config.d_model, n_layers=model_config.n_layers, n_heads=model_config.n_heads,
+      d_ff=model_config.d_ff, max_len=model_config.max_len, dtype=model_lib.compute_dtype(model_config.dtype))

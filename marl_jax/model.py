@@ -25,6 +25,28 @@ class ModelConfig:
   max_len: int = 64
   dtype: Any = jnp.float32  # compute dtype; parameters stay float32
 
+  def apply(self, params, tokens_BxL, start, key_ok_BxT, cache=None):
+    return Transformer(self).apply({"params": params}, tokens_BxL, start, key_ok_BxT, cache)
+
+  def empty_cache(self, batch: int, length: int):
+    shape = (batch, length, self.n_heads, self.d_model // self.n_heads)
+    return [{"k": jnp.zeros(shape, self.dtype), "v": jnp.zeros(shape, self.dtype)}
+            for _ in range(self.n_layers)]
+
+  def init_stack(self, key, n_sets: int):
+    return init_module_stack(Transformer(self), self.max_len, key, n_sets)
+
+  def pretrained_stack(self, n_sets: int):
+    return None  # the built-in model starts from random parameters (and the warm start)
+
+  def flops_per_token(self, context_len: int) -> int:
+    """Forward FLOPs of one token (a multiply-add is 2): the dense layers and the unembedding, and
+    attention over `context_len` keys (the whole canvas: the mask hides keys, it does not skip them)."""
+    D = self.d_model
+    dense = self.n_layers * (4 * D ** 2 + 2 * D * self.d_ff) + D * self.vocab_size
+    attention = self.n_layers * 2 * context_len * D  # q.k and att.v
+    return 2 * (dense + attention)
+
 
 def compute_dtype(name: str):
   """'auto' is float32 on CPU (exact tests) and bfloat16 on accelerators (speed)."""
@@ -130,17 +152,6 @@ def value(cfg: ModelConfig, params, tokens_BxT):
   return Value(cfg).apply({"params": params}, tokens_BxT)
 
 
-def empty_cache(cfg: ModelConfig, batch: int, length: int):
-  shape = (batch, length, cfg.n_heads, cfg.d_model // cfg.n_heads)
-  return [{"k": jnp.zeros(shape, cfg.dtype), "v": jnp.zeros(shape, cfg.dtype)}
-          for _ in range(cfg.n_layers)]
-
-
-def init_stack(cfg: ModelConfig, key, n_sets: int):
-  """`n_sets` independent parameter sets stacked on a leading axis: params_R."""
-  return init_module_stack(Transformer(cfg), cfg.max_len, key, n_sets)
-
-
 def init_module_stack(module: nn.Module, max_len: int, key, n_sets: int):
   """Stacked independent initialisations of any module with the (tokens, start, key_ok) call."""
   tokens = jnp.zeros((1, 1), jnp.int32)
@@ -149,17 +160,33 @@ def init_module_stack(module: nn.Module, max_len: int, key, n_sets: int):
   return jax.vmap(init)(jax.random.split(key, n_sets))
 
 
-def apply(cfg: ModelConfig, params, tokens_BxL, start, key_ok_BxT, cache=None):
-  """One parameter set (unstacked); vmap this over a stacked leading axis."""
-  return Transformer(cfg).apply({"params": params}, tokens_BxL, start, key_ok_BxT, cache)
+# The agent-model interface that sampling, training and measurement call: `ModelConfig` (the built-in
+# transformer) and `lm.agent.LMAgent` (a Qwen3/Llama checkpoint) both provide it, so either is
+# `Experiment.model`.
+
+def apply(model, params, tokens_BxL, start, key_ok_BxT, cache=None):
+  """One parameter set (unstacked): logits over the engine's symbols and the updated cache; vmap this
+  over a stacked leading axis."""
+  return model.apply(params, tokens_BxL, start, key_ok_BxT, cache)
 
 
-def flops_per_token(cfg: ModelConfig, context_len: int) -> int:
-  """Forward FLOPs of one token (a multiply-add is 2): the dense layers and the unembedding, and
-  attention over `context_len` keys (the whole canvas: the mask hides keys, it does not skip them)."""
-  dense = cfg.n_layers * (4 * cfg.d_model ** 2 + 2 * cfg.d_model * cfg.d_ff) + cfg.d_model * cfg.vocab_size
-  attention = cfg.n_layers * 2 * context_len * cfg.d_model  # q.k and att.v
-  return 2 * (dense + attention)
+def empty_cache(model, batch: int, length: int):
+  return model.empty_cache(batch, length)
+
+
+def init_stack(model, key, n_sets: int):
+  """`n_sets` independent random initialisations stacked on a leading axis: params_R."""
+  return model.init_stack(key, n_sets)
+
+
+def pretrained_stack(model, n_sets: int):
+  """`n_sets` stacked copies of the model's pretrained parameters (host arrays), or None when it has
+  none and starts from `init_stack`."""
+  return model.pretrained_stack(n_sets)
+
+
+def flops_per_token(model, context_len: int) -> int:
+  return model.flops_per_token(context_len)
 
 
 def count_params(params) -> int:

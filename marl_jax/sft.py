@@ -22,7 +22,8 @@ def demonstration_loss(exp, params_R, tokens_BxT):
 
 
 def warm_start(exp, keys_S):
-  """params_S: `config.sft.steps` steps on fresh demonstrations, one model per seed."""
+  """params_S: `config.sft.steps` steps on fresh demonstrations, one model per seed, from random
+  parameters or from the model's pretrained ones (a checkpoint)."""
   cfg = exp.config.sft
   tx = experiment.make_optimizer(experiment.sft_optim(exp.config), cfg.steps, "sft")
 
@@ -32,9 +33,10 @@ def warm_start(exp, keys_S):
     return exp.protocol.demonstrate(exp.task, exp.layout, problems,
                                     jax.random.split(k_demo, cfg.batch_size))
 
-  def one_seed(key):
+  def one_seed(key, pretrained_R):
     k_init, k_data = jax.random.split(jax.random.fold_in(key, 7))
-    params = model_lib.init_stack(exp.model, k_init, exp.num_sets)
+    params = (model_lib.init_stack(exp.model, k_init, exp.num_sets) if pretrained_R is None
+              else pretrained_R)
 
     def sgd_step(carry, k):
       params, opt_state = carry
@@ -47,7 +49,9 @@ def warm_start(exp, keys_S):
                                      jax.random.split(k_data, cfg.steps))
     return params, loss[-10:].mean()
 
-  params_S, loss_S = jax.jit(jax.vmap(one_seed))(keys_S)
+  # A checkpoint's parameters enter as an argument (shared by the seeds), not as constants of the program.
+  pretrained_R = model_lib.pretrained_stack(exp.model, exp.num_sets)
+  params_S, loss_S = jax.jit(jax.vmap(one_seed, in_axes=(0, None)))(keys_S, pretrained_R)
   print(f"warm start: {cfg.steps} steps, final demonstration loss per seed "
         f"{np.round(np.asarray(loss_S), 3).tolist()}")
   return params_S

@@ -49,11 +49,16 @@ def replicate(exp: Experiment, tree):
 
 
 def initial_state(exp: Experiment, params_S=None) -> TrainState:
-  """State for all seeds: `params_S` (e.g. from `init_from`), else an inline warm start, else random."""
+  """State for all seeds: `params_S` (e.g. from `init_from`), else an inline warm start, else the
+  model's pretrained parameters, else random ones."""
   config = exp.config
   keys_S = jax.random.split(jax.random.PRNGKey(config.seed), config.num_seeds)
   if params_S is None and config.sft.steps > 0:
     params_S = sft.warm_start(exp, keys_S)
+  if params_S is None:  # no warm start: a checkpoint's parameters for every seed, or random ones
+    pretrained_R = model_lib.pretrained_stack(exp.model, exp.num_sets)
+    if pretrained_R is not None:
+      params_S = jax.tree.map(lambda p: np.broadcast_to(p, (config.num_seeds,) + p.shape), pretrained_R)
   return replicate(exp, jax.jit(jax.vmap(functools.partial(init_state, exp)))(keys_S, params_S))
 
 

@@ -1,10 +1,12 @@
 """Throughput of the joint rollout-and-update step (a benchmark script, not a test).
 
   python -m marl_jax.throughput [--json=PATH] [--batch_size=256] [--calls=3]
+  python -m marl_jax.throughput --checkpoint=DIR [--random_weights] --grid=2/1 --credits=team
 
 The relay job: agent 1 sees `a+b=` (digits 0-9) and writes up to 4 tokens; agent 2 sees the prompt and
 agent 1's message and writes the answer (up to 4 tokens); team reward 1 when it is right; isolated
-agents of d_model 128, 4 layers, 4 heads.  A completion is one agent's message that the update trains
+agents of d_model 128, 4 layers, 4 heads, or with `--checkpoint` a Qwen3/Llama checkpoint (each agent a
+copy of it).  A completion is one agent's message that the update trains
 on, so a step makes batch_size x roles completions.  Rows cover R = 1, 2, 4 roles (a chain of R
 agents), S = 1, 4 seeds, with team credit and with difference (counterfactual) credit.
 
@@ -30,12 +32,16 @@ _STEPS = flags.DEFINE_integer("steps_per_call", 10, "Steps per compiled call.")
 _GRID = flags.DEFINE_string("grid", "1,2,4/1,4", "roles/seeds to run, e.g. '2/1' for the relay job only.")
 _CREDITS = flags.DEFINE_string("credits", "team,difference", "Credit estimators to run.")
 _SHARING = flags.DEFINE_string("sharing", "isolated", "Parameter sharing to run: isolated, shared or both.")
+_CHECKPOINT = flags.DEFINE_string("checkpoint", "", "A local Qwen3/Llama checkpoint directory as the agents "
+                                  "(config.model.checkpoint) instead of the built-in model.")
+_RANDOM = flags.DEFINE_bool("random_weights", False, "With --checkpoint: its shapes, randomly initialised.")
 
 
 def relay_config(roles: int, seeds: int, credit: str, batch_size: int, steps_per_call: int,
-                 sharing: str = "isolated"):
+                 sharing: str = "isolated", checkpoint: str = "", random_weights: bool = False):
   c = configs.base_config()
-  c.model.update(d_model=128, n_layers=4, n_heads=4, d_ff=512)
+  c.model.update(d_model=128, n_layers=4, n_heads=4, d_ff=512, checkpoint=checkpoint,
+                 random_weights=random_weights)
   c.task.update(name="arithmetic", num_ops=1, ops="+", max_operand=9, modulus=100)
   c.protocol = configs.ml_collections.ConfigDict(dict(name="relay", agents=roles, message_len=4,
                                                       answer_len=4))
@@ -103,13 +109,14 @@ def main(argv):
   bound = matmul_flops_per_s()
   rows = []
   print(f"backend={jax.default_backend()} devices={jax.device_count()} batch_size={_BATCH.value} "
-        f"matmul_1024_f32={bound / 1e9:.1f} GFLOP/s")
+        f"matmul_1024_f32={bound / 1e9:.1f} GFLOP/s model={_CHECKPOINT.value or 'built-in'}")
   print(f"{'roles':>5} {'seeds':>5} {'sharing':>8} {'credit':>10} {'completions/s':>14} "
         f"{'tokens/s':>10} {'GFLOP/s':>8} {'of_matmul':>9} {'compile_s':>9}")
   grid = [(r, s, sharing, credit) for r in roles_grid for s in seeds_grid
           for sharing in _SHARING.value.split(",") for credit in _CREDITS.value.split(",")]
   for roles, seeds, sharing, credit in grid:
-    config = relay_config(roles, seeds, credit, _BATCH.value, _STEPS.value, sharing)
+    config = relay_config(roles, seeds, credit, _BATCH.value, _STEPS.value, sharing, _CHECKPOINT.value,
+                          _RANDOM.value)
     row = measure(config, _CALLS.value)
     row["fraction_of_matmul"] = row["flops_per_s"] / bound
     rows.append(row)

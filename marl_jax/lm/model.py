@@ -163,11 +163,13 @@ class Layer(nn.Module):
 
 
 class Decoder(nn.Module):
-  """`tokens_BxL` at canvas positions start..start+L; returns float32 logits and the updated cache."""
+  """`tokens_BxL` at canvas positions start..start+L; returns float32 logits and the updated cache,
+  or with `features` the final normed features x_BxLxD instead of logits (no unembedding is applied:
+  `lm.agent` applies only the rows of the tokens it reads out)."""
   cfg: LMConfig
 
   @nn.compact
-  def __call__(self, tokens_BxL, start, key_ok_BxT, cache=None):
+  def __call__(self, tokens_BxL, start, key_ok_BxT, cache=None, features=False):
     cfg = self.cfg
     positions_L = start + jnp.arange(tokens_BxL.shape[1])
     mask_BxLxT = model_lib.visible_mask(positions_L, key_ok_BxT)
@@ -179,11 +181,14 @@ class Decoder(nn.Module):
                                                 None if cache is None else cache[i])
       new_cache.append(c)
     x_BxLxD = nn.RMSNorm(epsilon=cfg.rms_norm_eps, dtype=cfg.dtype, name="norm")(x_BxLxD)
+    new_cache = None if cache is None else new_cache
+    if features:
+      return x_BxLxD, new_cache
     if cfg.tie_word_embeddings:
       logits_BxLxV = embed.attend(x_BxLxD)
     else:
       logits_BxLxV = nn.Dense(cfg.vocab_size, use_bias=False, dtype=cfg.dtype, name="lm_head")(x_BxLxD)
-    return logits_BxLxV.astype(jnp.float32), (None if cache is None else new_cache)
+    return logits_BxLxV.astype(jnp.float32), new_cache
 
 
 def empty_cache(cfg: LMConfig, batch: int, length: int):

@@ -65,12 +65,12 @@ def load(directory: str) -> Tokenizer:
   tok = tokenizers.Tokenizer.from_file(path)
   layout = LAYOUTS[model_type]
   # Every special token of the layout must be one token, or rendered turns would not parse as chat.
-  for special in _specials(layout.begin + layout.header + layout.end_of_turn):
+  for special in special_tokens(layout.begin + layout.header + layout.end_of_turn):
     if tok.token_to_id(special) is None:
       raise ValueError(f"{path} lacks the token {special!r} that the {model_type} chat layout needs")
   return Tokenizer(tok, layout, tok.token_to_id(layout.end_of_turn))
 
 
-def _specials(text: str) -> list[str]:
+def special_tokens(text: str) -> list[str]:
   """The `<|...|>` tokens in a layout string."""
   return ["<|" + part.split("|>")[0] + "|>" for part in text.split("<|")[1:]]

@@ -1,0 +1,128 @@
+"""A local Hugging Face-format checkpoint as a marl_jax agent: tasks, workflows, credit estimators and
+the jitted step run on it unchanged (`--config.model.checkpoint=DIR`).
+
+The engine writes every canvas in its own symbol vocabulary (`marl_jax.text`: digits, operators,
+letters, `<eos>`, role markers, ...).  An `LMAgent` maps each symbol to one token of the checkpoint's
+tokenizer on the way in and, on the way out, applies only those tokens' unembedding rows, so the policy
+is the language model restricted to the task's alphabet: what it may write is exactly what the task can
+read, with the model's own end-of-turn token closing every message.  Roles stay engine-assigned: each
+role marker is a token the policy can never write (`sampling.policy_log_probs` masks it).  Free text
+(word problems scored by answer extraction) needs the whole vocabulary in the step; it is not here yet.
+"""
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from marl_jax import model as model_lib
+from marl_jax import text
+from marl_jax.lm import checkpoint as lm_checkpoint
+from marl_jax.lm import model as lm_model
+from marl_jax.lm import tokenizer as lm_tokenizer
+
+# The text each special symbol is written as, first choice first: the first that the tokenizer encodes
+# as a single token is taken.  Role k's marker is the letter "A" + k, the name of a speaker in a
+# transcript.  Padding and the reserved symbols are never read (masked keys) nor written.
+SPECIAL_TEXT = {"<sep>": ("\n", ";"), "<accept>": ("yes", " yes", "Y"), "<reject>": ("no", " no", "N"),
+                "<absent>": ("_", "~")}
+SPECIAL_TEXT.update({text.TOKENS[text.role_marker(k)]: (chr(ord("A") + k),)
+                     for k in range(len(text.ROLE_MARKERS))})
+
+
+def symbol_ids(tok: lm_tokenizer.Tokenizer) -> tuple[int, ...]:
+  """The tokenizer's id of every engine symbol, ids_V (V = text.VOCAB_SIZE).
+
+  `<eos>` is the end-of-turn token and `<bos>` the first special token of the chat layout (Qwen3's
+  `<|im_start|>`, Llama-3's `<|begin_of_text|>`); single characters are their own token; the rest
+  follow `SPECIAL_TEXT`.  A symbol with no single-token text, or two readable symbols on one token, is
+  an error naming the symbol."""
+  bos = lm_tokenizer.special_tokens(tok.layout.begin + tok.layout.header)[0]
+  ids, readable = [], {}
+  for symbol in text.TOKENS:
+    if symbol in ("<pad>", "<eos>") or symbol.startswith("<unused"):
+      ids.append(tok.end_of_turn_id)
+      continue
+    choices = ((bos,) if symbol == "<bos>" else SPECIAL_TEXT.get(symbol, (symbol,)))
+    single = [tok.encode(c) for c in choices]
+    single = [e[0] for e in single if len(e) == 1]
+    if not single:
+      raise ValueError(f"symbol {symbol!r}: none of its texts {list(choices)} is a single token of this "
+                       f"tokenizer, so the engine cannot write it")
+    if single[0] in readable or single[0] == tok.end_of_turn_id:
+      raise ValueError(f"symbols {readable.get(single[0], '<eos>')!r} and {symbol!r} are both token "
+                       f"{single[0]} of this tokenizer")
+    readable[single[0]] = symbol
+    ids.append(single[0])
+  return tuple(ids)
+
+
+@dataclasses.dataclass(frozen=True)
+class LMAgent:
+  """The agent-model interface of `marl_jax.model.ModelConfig` (`apply`, `empty_cache`, `init_stack`,
+  `pretrained_stack`, `flops_per_token`, `max_len`) for a Qwen3/Llama checkpoint."""
+  lm: lm_model.LMConfig
+  checkpoint: str  # the directory the weights and tokenizer come from
+  random_weights: bool  # the checkpoint's shapes, randomly initialised (speed measurements)
+  symbol_ids_V: tuple[int, ...]
+
+  @property
+  def max_len(self) -> int:
+    return self.lm.max_len
+
+  def apply(self, params, tokens_BxL, start, key_ok_BxT, cache=None):
+    """Logits over the engine's symbols, logits_BxLxV, and the updated cache."""
+    ids_V = jnp.asarray(self.symbol_ids_V)
+    x_BxLxD, cache = lm_model.Decoder(self.lm).apply({"params": params}, ids_V[tokens_BxL], start,
+                                                     key_ok_BxT, cache, features=True)
+    if self.lm.tie_word_embeddings:
+      unembed_DxV = params["embed_tokens"]["embedding"][ids_V].T
+    else:
+      unembed_DxV = params["lm_head"]["kernel"][:, ids_V]
+    dtype = self.lm.dtype
+    return jnp.dot(x_BxLxD.astype(dtype), unembed_DxV.astype(dtype)).astype(jnp.float32), cache
+
+  def empty_cache(self, batch: int, length: int):
+    return lm_model.empty_cache(self.lm, batch, length)
+
+  def init_stack(self, key, n_sets: int):
+    return lm_model.init_stack(self.lm, key, n_sets)
+
+  def pretrained_stack(self, n_sets: int):
+    """The checkpoint's parameters as `n_sets` stacked copies (numpy, float32), or None with
+    `random_weights`: every parameter set starts from the checkpoint."""
+    if self.random_weights:
+      return None
+    params = _load_params(self.checkpoint, self.lm.max_len)
+    return jax.tree.map(lambda p: np.broadcast_to(p, (n_sets,) + p.shape), params)
+
+  def flops_per_token(self, context_len: int) -> int:
+    """As `lm.model.flops_per_token`, with the unembedding of the symbols only."""
+    return lm_model.flops_per_token(dataclasses.replace(self.lm, vocab_size=len(self.symbol_ids_V)),
+                                    context_len)
+
+
+@functools.lru_cache(maxsize=2)
+def _load_params(directory: str, max_len: int):
+  return lm_checkpoint.load(directory, max_len=max_len)[1]
+
+
+def from_config(model_config) -> LMAgent:
+  """An `LMAgent` from `config.model` (`checkpoint`, `random_weights`, `max_len`, `dtype`); every file
+  and shape problem is an error naming `config.model.checkpoint`, before anything is compiled."""
+  directory = model_config.checkpoint
+  try:
+    lm = lm_model.LMConfig.from_hf_config(lm_checkpoint.read_hf_config(directory),
+                                          max_len=model_config.max_len,
+                                          dtype=model_lib.compute_dtype(model_config.dtype))
+    tok = lm_tokenizer.load(directory)
+    ids_V = symbol_ids(tok)
+    if not model_config.random_weights:
+      _load_params(directory, lm.max_len)  # a missing or mis-shaped tensor fails here, not in the step
+  except (OSError, ValueError) as e:
+    raise ValueError(f"config.model.checkpoint={directory!r}: {e}") from e
+  if max(ids_V) >= lm.vocab_size:
+    raise ValueError(f"config.model.checkpoint={directory!r}: its tokenizer gives token {max(ids_V)}, "
+                     f"beyond the model's vocab_size={lm.vocab_size}")
+  return LMAgent(lm, directory, model_config.random_weights, ids_V)

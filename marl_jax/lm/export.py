@@ -1,0 +1,54 @@
+"""Writes one trained role of a language-model run back as a Hugging Face checkpoint, to serve elsewhere.
+
+  python -m marl_jax.lm.export --workdir=DIR --role=verifier --out=OUT [--seed=0] [--best]
+
+OUT gets `config.json` and `model.safetensors` (float32) from `lm.checkpoint.save`, and the source
+checkpoint's `tokenizer.json`: the role's parameter set of seed `--seed` at the run's latest
+checkpoint (or its best-evaluated one with `--best`).
+"""
+import argparse
+import json
+import os
+import shutil
+
+import jax
+import ml_collections
+import numpy as np
+
+from marl_jax import experiment, loop
+from marl_jax.lm import agent as lm_agent
+from marl_jax.lm import checkpoint as lm_checkpoint
+
+
+def export(workdir: str, role: str, out: str, seed: int = 0, best: bool = False) -> None:
+  with open(os.path.join(workdir, "config.json")) as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  exp = experiment.build(config)
+  if not isinstance(exp.model, lm_agent.LMAgent):
+    raise ValueError(f"--workdir={workdir} trained the built-in model (config.model.checkpoint is empty); "
+                     f"only a language-model run exports to the Hugging Face format")
+  if role not in exp.protocol.roles:
+    raise ValueError(f"--role={role!r} is not a role of this run; allowed: {list(exp.protocol.roles)}")
+  if not 0 <= seed < config.num_seeds:
+    raise ValueError(f"--seed={seed}: the run has seeds 0..{config.num_seeds - 1}")
+  params_S = loop.load_params(exp, workdir + (":best" if best else ""))
+  role_set = exp.role_set_R[exp.protocol.roles.index(role)]
+  params = jax.tree.map(lambda p: np.asarray(p[seed, role_set]), params_S)
+  lm_checkpoint.save(out, exp.model.lm, params)
+  shutil.copy(os.path.join(exp.model.checkpoint, "tokenizer.json"), out)
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(prog="python -m marl_jax.lm.export", description=__doc__.split("\n")[0])
+  parser.add_argument("--workdir", required=True, help="a language-model run (config.json, checkpoints)")
+  parser.add_argument("--role", required=True, help="the role whose parameter set to write")
+  parser.add_argument("--out", required=True, help="a new directory for the Hugging Face checkpoint")
+  parser.add_argument("--seed", type=int, default=0, help="which of the run's vmapped seeds")
+  parser.add_argument("--best", action="store_true", help="the best-evaluated checkpoint, not the latest")
+  args = parser.parse_args(argv)
+  export(args.workdir, args.role, args.out, args.seed, args.best)
+  print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,137 @@
+"""Language-model agents in the engine (`marl_jax.lm.agent`): the symbol table of each fixture tokenizer,
+the agent's logits against the decoder's own, a checkpoint as every seed's and set's starting point,
+bad checkpoints refused before compiling, and a tiny solver-verifier run through the real CLI on each
+family, exported back to the Hugging Face format."""
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from marl_jax import configs, experiment, model as model_lib, state as state_lib, text
+from marl_jax.lm import agent as lm_agent
+from marl_jax.lm import checkpoint as lm_checkpoint
+from marl_jax.lm import model as lm_model
+from marl_jax.lm import tokenizer as lm_tokenizer
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures" / "lm"
+FAMILIES = ["qwen3", "llama"]
+
+
+def _model_config(family, **overrides):
+  return ml_collections.ConfigDict(dict(dict(max_len=24, dtype="float32", checkpoint=str(FIXTURES / family),
+                                             random_weights=False), **overrides))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_symbol_table(family):
+  tok = lm_tokenizer.load(str(FIXTURES / family))
+  ids_V = lm_agent.symbol_ids(tok)
+  assert len(ids_V) == text.VOCAB_SIZE
+  assert ids_V[text.EOS] == tok.end_of_turn_id
+  assert ids_V[text.BOS] == tok.tok.token_to_id({"qwen3": "<|im_start|>", "llama": "<|begin_of_text|>"}[family])
+  for symbol in "0123456789+-*=az":
+    assert ids_V[text.TOKEN_ID[symbol]] == tok.encode(symbol)[0]
+  assert [tok.decode([ids_V[text.role_marker(k)]]) for k in range(3)] == ["A", "B", "C"]
+  readable = [i for s, i in zip(text.TOKENS, ids_V) if s != "<pad>" and not s.startswith("<unused")]
+  assert len(set(readable)) == len(readable)  # the model tells every symbol apart
+
+
+def test_symbol_without_a_single_token_is_refused(monkeypatch):
+  monkeypatch.setitem(lm_agent.SPECIAL_TEXT, "<sep>", ("<sep> as words",))
+  with pytest.raises(ValueError, match=r"symbol '<sep>'.*single token"):
+    lm_agent.symbol_ids(lm_tokenizer.load(str(FIXTURES / "qwen3")))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_agent_logits_are_the_decoders_at_the_symbols(family):
+  """Tied (Qwen3) and untied (Llama) unembeddings: the agent's logits over symbols are the decoder's
+  logits of those symbols' tokens, through prefill and one cached decoding step."""
+  agent = lm_agent.from_config(_model_config(family))
+  params = agent.pretrained_stack(1)
+  params = jax.tree.map(lambda p: jnp.asarray(p[0]), params)
+  tokens_BxL = jnp.array([text.encode("<bos>3+4*2=<role0>8<eos>"), text.encode("<bos>9-1*3=<role0>4<eos>")])
+  B, L = tokens_BxL.shape
+  ok_BxT = jnp.ones((B, agent.max_len), bool).at[:, L:].set(False)
+  full_BxLxW, _ = lm_model.apply(agent.lm, params, jnp.asarray(agent.symbol_ids_V)[tokens_BxL], 0,
+                                 ok_BxT[:, :L])
+  expected_BxLxV = full_BxLxW[..., np.array(agent.symbol_ids_V)]
+  got_BxLxV, _ = model_lib.apply(agent, params, tokens_BxL, 0, ok_BxT[:, :L])
+  np.testing.assert_allclose(got_BxLxV, expected_BxLxV, atol=1e-5, rtol=1e-5)
+  cache = model_lib.empty_cache(agent, B, agent.max_len)
+  _, cache = model_lib.apply(agent, params, tokens_BxL[:, :-1], 0, ok_BxT.at[:, L - 1:].set(False), cache)
+  last_Bx1xV, _ = model_lib.apply(agent, params, tokens_BxL[:, -1:], L - 1, ok_BxT, cache)
+  np.testing.assert_allclose(last_Bx1xV[:, 0], expected_BxLxV[:, -1], atol=1e-5, rtol=1e-5)
+  assert agent.flops_per_token(10) < lm_model.flops_per_token(agent.lm, 10)  # 96 unembedding rows
+
+
+def test_every_seed_and_set_starts_from_the_checkpoint():
+  config = _config("qwen3")
+  config.sft.steps = 0
+  config.num_seeds = 2
+  exp = experiment.build(config)
+  params_S = state_lib.to_host(state_lib.initial_state(exp).params)
+  _, loaded = lm_checkpoint.load(str(FIXTURES / "qwen3"))
+  for got, want in zip(jax.tree.leaves(params_S), jax.tree.leaves(loaded)):
+    assert got.shape == (2, 2) + want.shape  # seeds x parameter sets (isolated solver, verifier)
+    np.testing.assert_array_equal(got, np.broadcast_to(want, got.shape))
+  config.model.random_weights = True
+  random_S = state_lib.to_host(state_lib.initial_state(experiment.build(config)).params)
+  assert not np.allclose(jax.tree.leaves(random_S)[0], jax.tree.leaves(params_S)[0])
+
+
+def _config(family):
+  experiment_file = str(REPO / "experiments" / "lm_solver_verifier.py")
+  return configs.sibling(experiment_file, "lm_solver_verifier").get_config(
+      f"size=tiny,checkpoint={FIXTURES / family}")
+
+
+def test_bad_checkpoints_are_refused_before_compiling(tmp_path):
+  with pytest.raises(ValueError, match=r"config.model.checkpoint='/no/such'.*does not exist"):
+    lm_agent.from_config(_model_config("qwen3", checkpoint="/no/such"))
+  no_weights = tmp_path / "no_weights"
+  no_weights.mkdir()
+  for name in ("config.json", "tokenizer.json"):
+    shutil.copy(FIXTURES / "qwen3" / name, no_weights)
+  with pytest.raises(ValueError, match=r"config.model.checkpoint=.*holds no weights"):
+    lm_agent.from_config(_model_config("qwen3", checkpoint=str(no_weights)))
+  assert lm_agent.from_config(_model_config("qwen3", checkpoint=str(no_weights), random_weights=True))
+  other = tmp_path / "other_arch"
+  shutil.copytree(FIXTURES / "qwen3", other)
+  hf = json.loads((other / "config.json").read_text())
+  (other / "config.json").write_text(json.dumps(dict(hf, model_type="gpt2")))
+  with pytest.raises(ValueError, match=r"config.model.checkpoint=.*model_type='gpt2'.*allowed"):
+    lm_agent.from_config(_model_config("qwen3", checkpoint=str(other)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tiny_solver_verifier_through_the_cli_and_export(family, tmp_path):
+  workdir, out = tmp_path / "run", tmp_path / "verifier_hf"
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  run = subprocess.run(
+      [sys.executable, "-m", "marl_jax.main",
+       f"--config={REPO / 'experiments' / 'lm_solver_verifier.py'}:size=tiny,checkpoint={FIXTURES / family}",
+       f"--workdir={workdir}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+  assert run.returncode == 0, run.stderr[-3000:]
+  lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  trained = [m for m in lines if "verifier/loss" in m]
+  assert trained and all(np.isfinite(m["verifier/loss"]) and m["tokens"] > 0 for m in trained)
+  assert any("eval_accuracy" in m for m in lines)
+  export = subprocess.run([sys.executable, "-m", "marl_jax.lm.export", f"--workdir={workdir}",
+                           "--role=verifier", f"--out={out}"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+  assert export.returncode == 0, export.stderr[-3000:]
+  _, exported = lm_checkpoint.load(str(out))
+  _, base = lm_checkpoint.load(str(FIXTURES / family))
+  assert (out / "tokenizer.json").exists()
+  changed = [not np.allclose(a, b) for a, b in zip(jax.tree.leaves(exported), jax.tree.leaves(base))]
+  assert all(changed)  # warm start and RL moved every tensor of the verifier's set
