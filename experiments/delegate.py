@@ -48,7 +48,7 @@ def get_config(arg=None):
     # 10 vmapped seeds (the README's results scale) but 100 steps, not 300: the canvas is twice a
     # solver-verifier's and every worker slot is its own view (measured: 2 seeds x 100 steps took
     # 23 minutes on 2 busy cores).  Delegation is learned in 20 steps, the combination by step 100.
-    c.num_seeds, c.total_steps, c.eval_every, c.checkpoint_every = 10, 100, 25, 100
+    c.num_seeds, c.total_steps, c.eval_every, c.checkpoint_every = 10, 100, 20, 100
   if args.size == "gpu":
     c.task.update(num_chains=3, num_ops=3)
     c.roles.sharing = ",".join(["0"] + ["1"] * c.task.num_chains)

@@ -345,6 +345,20 @@ def test_bad_experiment_arguments(name, arg, match):
     _experiment(name).get_config(arg)
 
 
+@pytest.mark.parametrize("name", ["single_agent", "solver_verifier", "vote", "best_of_n", "debate", "delegate",
+                                  "tasks", "quickstart", "lm_solver_verifier"])
+@pytest.mark.parametrize("size", ["cpu", "gpu"])
+def test_every_experiment_size_builds(name, size):
+  """The results and accelerator scales pass every check the CLI makes before compiling (the tests
+  run only the tiny ones); a size=gpu language-model run needs its checkpoint."""
+  arg = f"size={size}"
+  if name == "lm_solver_verifier" and size == "gpu":
+    with pytest.raises(ValueError, match="checkpoint is required at size=gpu"):
+      _experiment(name).get_config(arg)
+    arg += f",checkpoint={ROOT / 'tests' / 'fixtures' / 'lm' / 'llama'}"
+  assert experiment.build(_experiment(name).get_config(arg)).layout.length > 0
+
+
 # ---------------------------------------------------------------------------------------------
 # Each experiment's tiny variant through the command line.
 
