@@ -6,12 +6,14 @@ model differs (README, Language-model agents).
   python -m marl_jax.main --config=experiments/lm_solver_verifier.py:size=tiny --workdir=/tmp/lm_sv
   python -m marl_jax.main --config=experiments/lm_solver_verifier.py:size=gpu,checkpoint=/models/Qwen3-0.6B \
       --workdir=/tmp/lm_sv_gpu
+  python -m marl_jax.main --config=experiments/lm_solver_verifier.py:size=tiny,lora=true --workdir=/tmp/lm_sv_lora
   python -m marl_jax.lm.export --workdir=/tmp/lm_sv_gpu --role=verifier --out=/tmp/verifier_hf
 
 Arguments: size=tiny|cpu|gpu; checkpoint=DIR (a directory with config.json, the safetensors weights
 and tokenizer.json; tiny and cpu default to the 2-layer random Qwen3 fixture in tests/fixtures/lm,
 gpu needs one); random_weights=false|true (the checkpoint's shapes, randomly initialised: enough to
-measure speed); sharing=shared|isolated; credit=ESTIMATOR.
+measure speed); lora=false|true (train low-rank adapters per parameter set on the frozen checkpoint;
+`--config.model.lora.rank`, `.alpha`, `.targets`); sharing=shared|isolated; credit=ESTIMATOR.
 """
 import os
 
@@ -22,8 +24,8 @@ FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "t
 
 
 def get_config(arg=None):
-  args = configs.parse_arg(arg, size="tiny", checkpoint="", random_weights=False, sharing="isolated",
-                           credit="team")
+  args = configs.parse_arg(arg, size="tiny", checkpoint="", random_weights=False, lora=False,
+                           sharing="isolated", credit="team")
   c = configs.sibling(__file__, "solver_verifier").get_config(
       f"size={args.size},sharing={args.sharing},credit={args.credit}")
   if args.size == "gpu" and not args.checkpoint:
@@ -31,6 +33,7 @@ def get_config(arg=None):
                      "Hugging Face-format Qwen3 or Llama checkpoint (e.g. Qwen3-0.6B)")
   c.model.checkpoint = os.path.normpath(args.checkpoint or FIXTURE)
   c.model.random_weights = args.random_weights
+  c.model.lora.enabled = args.lora  # rank, alpha, targets: --config.model.lora.KEY
   if args.size == "gpu":  # a 0.6B-class model: fewer episodes per step than the built-in model's
     c.rl.update(batch_size=512, minibatches=4)
     c.sft.update(steps=200, batch_size=128, learning_rate=1e-5)

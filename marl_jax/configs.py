@@ -93,9 +93,11 @@ def base_config() -> ml_collections.ConfigDict:
 
   # checkpoint: a local Hugging Face-format Qwen3/Llama directory to use instead of the built-in model
   # (README, Language-model agents); random_weights: its shapes, randomly initialised.
+  # lora: train low-rank adapters on the checkpoint's frozen weights instead of the weights themselves.
   c.model = ml_collections.ConfigDict(dict(
       d_model=64, n_layers=2, n_heads=4, d_ff=256, max_len=32, dtype="auto", checkpoint="",
-      random_weights=False))
+      random_weights=False, lora=dict(enabled=False, rank=8, alpha=16.0,
+                                      targets="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")))
   c.task = ml_collections.ConfigDict(dict(name="arithmetic", num_ops=2, max_operand=9, modulus=10,
                                           demo_error_rate=0.6))
   c.protocol = ml_collections.ConfigDict(dict(name="single"))

@@ -170,7 +170,8 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
       raise ValueError(f"config.{key}={config[key]} must be a multiple of config.steps_per_call="
                        f"{config.steps_per_call}")
   model_cfg = make_model(config.model)
-  optimizer = make_optimizer(config.optim, config.total_steps * rl.epochs * rl.minibatches)
+  optimizer = model_lib.trainable(model_cfg, make_optimizer(config.optim,
+                                                            config.total_steps * rl.epochs * rl.minibatches))
   make_optimizer(sft_optim(config), config.sft.steps, "sft")  # refuses bad warm-start settings now
   return Experiment(config, task, protocol, layout, model_cfg, role_set_R, trainable_R, estimator,
                     loss, optimizer, mesh)
@@ -182,6 +183,9 @@ def make_model(model_config):
   checkpoint's, from its config.json)."""
   if model_config.checkpoint:
     return lm_agent.from_config(model_config)
+  if model_config.lora.enabled:
+    raise ValueError("config.model.lora.enabled=True needs config.model.checkpoint: adapters train on a "
+                     "checkpoint's frozen weights, not on the built-in model")
   return model_lib.ModelConfig(
       d_model=model_config.d_model, n_layers=model_config.n_layers, n_heads=model_config.n_heads,
       d_ff=model_config.d_ff, max_len=model_config.max_len, dtype=model_lib.compute_dtype(model_config.dtype))

@@ -39,6 +39,9 @@ class ModelConfig:
   def pretrained_stack(self, n_sets: int):
     return None  # the built-in model starts from random parameters (and the warm start)
 
+  def trainable(self, tx):
+    return tx  # every parameter trains
+
   def flops_per_token(self, context_len: int) -> int:
     """Forward FLOPs of one token (a multiply-add is 2): the dense layers and the unembedding, and
     attention over `context_len` keys (the whole canvas: the mask hides keys, it does not skip them)."""
@@ -183,6 +186,11 @@ def pretrained_stack(model, n_sets: int):
   """`n_sets` stacked copies of the model's pretrained parameters (host arrays), or None when it has
   none and starts from `init_stack`."""
   return model.pretrained_stack(n_sets)
+
+
+def trainable(model, tx):
+  """The optimiser `tx` restricted to the parameters the model trains (a LoRA agent's adapters)."""
+  return model.trainable(tx)
 
 
 def flops_per_token(model, context_len: int) -> int:

@@ -25,7 +25,8 @@ def warm_start(exp, keys_S):
   """params_S: `config.sft.steps` steps on fresh demonstrations, one model per seed, from random
   parameters or from the model's pretrained ones (a checkpoint)."""
   cfg = exp.config.sft
-  tx = experiment.make_optimizer(experiment.sft_optim(exp.config), cfg.steps, "sft")
+  tx = model_lib.trainable(exp.model, experiment.make_optimizer(experiment.sft_optim(exp.config), cfg.steps,
+                                                                "sft"))
 
   def demonstrations(key):
     k_problem, k_demo = jax.random.split(key)

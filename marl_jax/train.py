@@ -144,8 +144,10 @@ def local_step(exp: Experiment, state: TrainState, problem_key_B, sample_key_B, 
     grad_norm_R = jax.lax.cond(diagnose, lambda: update.role_grad_norms(exp, state.params, batch, devices),
                                lambda: jnp.full(R, jnp.nan))
 
-  role_metrics = {"grad_norm_share": grad_norm_R / grad_norm_R.sum(), "loss": aux["loss"],
-                  "entropy": aux["entropy"], "approx_kl": aux["approx_kl"]}
+  # 0 for every role, not 0/0, on a step without gradient (every advantage zero).
+  share_R = grad_norm_R / jnp.maximum(grad_norm_R.sum(), 1e-30)
+  role_metrics = {"grad_norm_share": share_R, "loss": aux["loss"], "entropy": aux["entropy"],
+                  "approx_kl": aux["approx_kl"]}
   if exp.config.rl.kl_coef > 0:
     role_metrics["kl_to_base"] = aux["kl_to_base"]
   metrics = step_metrics(exp, scored, episodes, devices, role_metrics,

@@ -1,7 +1,7 @@
 """Language-model agents in the engine (`marl_jax.lm.agent`): the symbol table of each fixture tokenizer,
-the agent's logits against the decoder's own, a checkpoint as every seed's and set's starting point,
-bad checkpoints refused before compiling, and a tiny solver-verifier run through the real CLI on each
-family, exported back to the Hugging Face format."""
+the agent's logits against the decoder's own (with and without LoRA adapters), a checkpoint as every
+seed's and set's starting point, bad checkpoints refused before compiling, and a tiny solver-verifier
+run through the real CLI on each family (Llama with LoRA), exported back to the Hugging Face format."""
 import json
 import os
 import pathlib
@@ -13,11 +13,13 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 import pytest
 
 from marl_jax import configs, experiment, model as model_lib, state as state_lib, text
 from marl_jax.lm import agent as lm_agent
 from marl_jax.lm import checkpoint as lm_checkpoint
+from marl_jax.lm import lora as lora_lib
 from marl_jax.lm import model as lm_model
 from marl_jax.lm import tokenizer as lm_tokenizer
 
@@ -27,8 +29,9 @@ FAMILIES = ["qwen3", "llama"]
 
 
 def _model_config(family, **overrides):
-  return ml_collections.ConfigDict(dict(dict(max_len=24, dtype="float32", checkpoint=str(FIXTURES / family),
-                                             random_weights=False), **overrides))
+  settings = dict(max_len=24, dtype="float32", checkpoint=str(FIXTURES / family), random_weights=False,
+                  lora=dict(enabled=False))
+  return ml_collections.ConfigDict(dict(settings, **overrides))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -112,14 +115,48 @@ def test_bad_checkpoints_are_refused_before_compiling(tmp_path):
     lm_agent.from_config(_model_config("qwen3", checkpoint=str(other)))
 
 
+def test_lora_agent_is_the_adapted_decoder():
+  """With LoRA a set is {base, adapter}: fresh adapters give the base's logits exactly, trained ones
+  `lm.lora.apply`'s; the optimiser holds state for the adapters only, and the base gets no update."""
+  plain = lm_agent.from_config(_model_config("llama"))
+  lora_cfg = ml_collections.ConfigDict(dict(enabled=True, rank=2, alpha=4.0, targets="q_proj,down_proj"))
+  agent = lm_agent.from_config(_model_config("llama", lora=lora_cfg))
+  params = jax.tree.map(lambda p: jnp.asarray(p[0]), agent.pretrained_stack(1))
+  tokens_BxL = jnp.array([text.encode("<bos>3+4*2=<role0>8<eos>")])
+  ok_BxL = jnp.ones(tokens_BxL.shape, bool)
+  base_logits, _ = model_lib.apply(plain, params["base"], tokens_BxL, 0, ok_BxL)
+  np.testing.assert_array_equal(model_lib.apply(agent, params, tokens_BxL, 0, ok_BxL)[0], base_logits)
+  adapter = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(1), p.shape), params["adapter"])
+  trained = {"base": params["base"], "adapter": adapter}
+  full, _ = lora_lib.apply(agent.lm, agent.lora, params["base"], adapter,
+                           jnp.asarray(agent.symbol_ids_V)[tokens_BxL], 0, ok_BxL)
+  np.testing.assert_allclose(model_lib.apply(agent, trained, tokens_BxL, 0, ok_BxL)[0],
+                             full[..., np.array(agent.symbol_ids_V)], atol=1e-5, rtol=1e-5)
+  tx = model_lib.trainable(agent, optax.adam(0.1))
+  state = tx.init(trained)
+  adapter_size = sum(p.size for p in jax.tree.leaves(adapter))
+  assert sum(p.size for p in jax.tree.leaves(state)) == 2 * adapter_size + 1  # mu, nu and a count
+  grads = jax.grad(lambda p: model_lib.apply(agent, p, tokens_BxL, 0, ok_BxL)[0].sum())(trained)
+  assert all(not g.any() for g in jax.tree.leaves(grads["base"]))  # read through stop_gradient
+  updates, _ = tx.update(jax.tree.map(jnp.ones_like, trained), state, trained)
+  assert all(not u.any() for u in jax.tree.leaves(updates["base"]))
+  assert all(u.any() for u in jax.tree.leaves(updates["adapter"]))
+  with pytest.raises(ValueError, match=r"config.model.lora.rank=0 must be an integer >= 1"):
+    lm_agent.from_config(_model_config("llama", lora=dict(lora_cfg, rank=0)))
+  with pytest.raises(ValueError, match=r"lora.enabled=True needs config.model.checkpoint"):
+    experiment.make_model(ml_collections.ConfigDict(dict(_model_config("llama", lora=lora_cfg),
+                                                         checkpoint="")))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("family", FAMILIES)
-def test_tiny_solver_verifier_through_the_cli_and_export(family, tmp_path):
+@pytest.mark.parametrize("family, lora", [("qwen3", False), ("llama", True)])
+def test_tiny_solver_verifier_through_the_cli_and_export(family, lora, tmp_path):
+  """A full run of each family (Llama with LoRA adapters), then its verifier exported and read back."""
   workdir, out = tmp_path / "run", tmp_path / "verifier_hf"
   env = dict(os.environ, JAX_PLATFORMS="cpu")
+  arg = f"size=tiny,checkpoint={FIXTURES / family},lora={str(lora).lower()}"
   run = subprocess.run(
-      [sys.executable, "-m", "marl_jax.main",
-       f"--config={REPO / 'experiments' / 'lm_solver_verifier.py'}:size=tiny,checkpoint={FIXTURES / family}",
+      [sys.executable, "-m", "marl_jax.main", f"--config={REPO / 'experiments' / 'lm_solver_verifier.py'}:{arg}",
        f"--workdir={workdir}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
   assert run.returncode == 0, run.stderr[-3000:]
   lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
@@ -130,8 +167,12 @@ def test_tiny_solver_verifier_through_the_cli_and_export(family, tmp_path):
                            "--role=verifier", f"--out={out}"], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
   assert export.returncode == 0, export.stderr[-3000:]
+  assert (out / "tokenizer.json").exists()
   _, exported = lm_checkpoint.load(str(out))
   _, base = lm_checkpoint.load(str(FIXTURES / family))
-  assert (out / "tokenizer.json").exists()
-  changed = [not np.allclose(a, b) for a, b in zip(jax.tree.leaves(exported), jax.tree.leaves(base))]
-  assert all(changed)  # warm start and RL moved every tensor of the verifier's set
+  changed = {"/".join(str(k.key) for k in path): not np.allclose(a, b) for (path, a), b in
+             zip(jax.tree_util.tree_leaves_with_path(exported), jax.tree.leaves(base))}
+  if lora:  # the adapters of every target projection merged in; the rest is the frozen base
+    assert changed and all(v == any(t in k for t in lora_lib.TARGETS) for k, v in changed.items())
+  else:  # warm start and RL moved every tensor of the verifier's set
+    assert all(changed.values())

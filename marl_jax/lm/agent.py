@@ -15,10 +15,12 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from marl_jax import model as model_lib
 from marl_jax import text
 from marl_jax.lm import checkpoint as lm_checkpoint
+from marl_jax.lm import lora as lora_lib
 from marl_jax.lm import model as lm_model
 from marl_jax.lm import tokenizer as lm_tokenizer
 
@@ -61,11 +63,17 @@ def symbol_ids(tok: lm_tokenizer.Tokenizer) -> tuple[int, ...]:
 @dataclasses.dataclass(frozen=True)
 class LMAgent:
   """The agent-model interface of `marl_jax.model.ModelConfig` (`apply`, `empty_cache`, `init_stack`,
-  `pretrained_stack`, `flops_per_token`, `max_len`) for a Qwen3/Llama checkpoint."""
+  `pretrained_stack`, `trainable`, `flops_per_token`, `max_len`) for a Qwen3/Llama checkpoint.
+
+  With `lora`, one parameter set is {"base": the decoder's parameters, "adapter": its low-rank
+  adapters} (`lm.lora`): the base is read through `stop_gradient` and `trainable` gives it no optimiser
+  state, so only adapters learn; every set starts from the same base and fresh adapters (b = 0, the
+  base's function).  The base is stacked with the sets like any parameter (one copy per set)."""
   lm: lm_model.LMConfig
   checkpoint: str  # the directory the weights and tokenizer come from
   random_weights: bool  # the checkpoint's shapes, randomly initialised (speed measurements)
   symbol_ids_V: tuple[int, ...]
+  lora: lora_lib.LoRAConfig | None = None
 
   @property
   def max_len(self) -> int:
@@ -74,12 +82,19 @@ class LMAgent:
   def apply(self, params, tokens_BxL, start, key_ok_BxT, cache=None):
     """Logits over the engine's symbols, logits_BxLxV, and the updated cache."""
     ids_V = jnp.asarray(self.symbol_ids_V)
-    x_BxLxD, cache = lm_model.Decoder(self.lm).apply({"params": params}, ids_V[tokens_BxL], start,
-                                                     key_ok_BxT, cache, features=True)
-    if self.lm.tie_word_embeddings:
-      unembed_DxV = params["embed_tokens"]["embedding"][ids_V].T
+    decoder = lambda base: lm_model.Decoder(self.lm).apply({"params": base}, ids_V[tokens_BxL], start,
+                                                           key_ok_BxT, cache, features=True)
+    if self.lora is None:
+      base = params
+      x_BxLxD, cache = decoder(base)
     else:
-      unembed_DxV = params["lm_head"]["kernel"][:, ids_V]
+      base = jax.lax.stop_gradient(params["base"])
+      with lora_lib.adapted(self.lora, params["adapter"]):
+        x_BxLxD, cache = decoder(base)
+    if self.lm.tie_word_embeddings:
+      unembed_DxV = base["embed_tokens"]["embedding"][ids_V].T
+    else:
+      unembed_DxV = base["lm_head"]["kernel"][:, ids_V]
     dtype = self.lm.dtype
     return jnp.dot(x_BxLxD.astype(dtype), unembed_DxV.astype(dtype)).astype(jnp.float32), cache
 
@@ -87,7 +102,7 @@ class LMAgent:
     return lm_model.empty_cache(self.lm, batch, length)
 
   def init_stack(self, key, n_sets: int):
-    return lm_model.init_stack(self.lm, key, n_sets)
+    return self._with_adapters(lm_model.init_stack(self.lm, key, n_sets), n_sets)
 
   def pretrained_stack(self, n_sets: int):
     """The checkpoint's parameters as `n_sets` stacked copies (numpy, float32), or None with
@@ -95,10 +110,34 @@ class LMAgent:
     if self.random_weights:
       return None
     params = _load_params(self.checkpoint, self.lm.max_len)
-    return jax.tree.map(lambda p: np.broadcast_to(p, (n_sets,) + p.shape), params)
+    stacked = jax.tree.map(lambda p: np.broadcast_to(p, (n_sets,) + p.shape), params)
+    return jax.tree.map(np.asarray, self._with_adapters(stacked, n_sets))
+
+  def _with_adapters(self, base_R, n_sets: int):
+    if self.lora is None:
+      return base_R
+    base = jax.tree.map(lambda p: p[0], base_R)  # only its shapes are read
+    # A fixed key: b = 0 makes every adapter the base's function whatever a is.
+    adapter_R = lora_lib.init_adapters(jax.random.key(0), self.lm, self.lora, base, n_sets)
+    return {"base": base_R, "adapter": adapter_R}
+
+  def trainable(self, tx: optax.GradientTransformation) -> optax.GradientTransformation:
+    """`tx` on the trained parameters; with LoRA the base gets no update and no optimiser state."""
+    if self.lora is None:
+      return tx
+    labels = lambda params: {"base": jax.tree.map(lambda _: "frozen", params["base"]),
+                             "adapter": jax.tree.map(lambda _: "train", params["adapter"])}
+    return optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
+
+  def servable(self, params):
+    """One parameter set as the plain decoder's parameters (LoRA merged in), for `lm.checkpoint.save`."""
+    if self.lora is None:
+      return params
+    return jax.tree.map(np.asarray, lora_lib.merged_params(self.lora, params["base"], params["adapter"]))
 
   def flops_per_token(self, context_len: int) -> int:
-    """As `lm.model.flops_per_token`, with the unembedding of the symbols only."""
+    """As `lm.model.flops_per_token`, with the unembedding of the symbols only (and without the
+    adapters' rank x (in + out) multiply-adds per target: a few percent at rank 8)."""
     return lm_model.flops_per_token(dataclasses.replace(self.lm, vocab_size=len(self.symbol_ids_V)),
                                     context_len)
 
@@ -109,8 +148,9 @@ def _load_params(directory: str, max_len: int):
 
 
 def from_config(model_config) -> LMAgent:
-  """An `LMAgent` from `config.model` (`checkpoint`, `random_weights`, `max_len`, `dtype`); every file
-  and shape problem is an error naming `config.model.checkpoint`, before anything is compiled."""
+  """An `LMAgent` from `config.model` (`checkpoint`, `random_weights`, `max_len`, `dtype`, `lora`);
+  every file and shape problem is an error naming `config.model.checkpoint`, before anything is
+  compiled."""
   directory = model_config.checkpoint
   try:
     lm = lm_model.LMConfig.from_hf_config(lm_checkpoint.read_hf_config(directory),
@@ -125,4 +165,12 @@ def from_config(model_config) -> LMAgent:
   if max(ids_V) >= lm.vocab_size:
     raise ValueError(f"config.model.checkpoint={directory!r}: its tokenizer gives token {max(ids_V)}, "
                      f"beyond the model's vocab_size={lm.vocab_size}")
-  return LMAgent(lm, directory, model_config.random_weights, ids_V)
+  return LMAgent(lm, directory, model_config.random_weights, ids_V, lora_config(model_config.lora))
+
+
+def lora_config(lora) -> lora_lib.LoRAConfig | None:
+  """`config.model.lora` -> LoRAConfig, or None when not `enabled`; bad values name their key."""
+  if not lora.enabled:
+    return None
+  return lora_lib.LoRAConfig(rank=lora.rank, alpha=float(lora.alpha),
+                             targets=tuple(t for t in lora.targets.split(",") if t))

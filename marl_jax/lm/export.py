@@ -4,7 +4,7 @@
 
 OUT gets `config.json` and `model.safetensors` (float32) from `lm.checkpoint.save`, and the source
 checkpoint's `tokenizer.json`: the role's parameter set of seed `--seed` at the run's latest
-checkpoint (or its best-evaluated one with `--best`).
+checkpoint (or its best-evaluated one with `--best`), with its LoRA adapters merged into the weights.
 """
 import argparse
 import json
@@ -34,7 +34,7 @@ def export(workdir: str, role: str, out: str, seed: int = 0, best: bool = False)
   params_S = loop.load_params(exp, workdir + (":best" if best else ""))
   role_set = exp.role_set_R[exp.protocol.roles.index(role)]
   params = jax.tree.map(lambda p: np.asarray(p[seed, role_set]), params_S)
-  lm_checkpoint.save(out, exp.model.lm, params)
+  lm_checkpoint.save(out, exp.model.lm, exp.model.servable(params))
   shutil.copy(os.path.join(exp.model.checkpoint, "tokenizer.json"), out)
 
 
