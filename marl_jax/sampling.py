@@ -30,19 +30,50 @@ def gather_params(params_R, view_set_V):
   return jax.tree.map(lambda p: p[np.asarray(view_set_V)], params_R)
 
 
+def decode_segments(layout: Layout):
+  """Runs of decoding positions P..T-1 with the same *live* views: [(start, stop, live_views)], where
+  view v reads position t (writes it to its KV cache and gives the next logits) only when it can see
+  t and a turn of v is still to come or running (t < the end of v's last turn).  A view never reads
+  what it cannot see (its cache slot stays empty and masked) nor anything after its last turn, and a
+  view without turns reads nothing here."""
+  P, T = layout.prompt_len, layout.length
+  end_V = np.full(len(layout.view_set_V), P)
+  for n, (_, stop) in enumerate(layout.turn_slices):
+    end_V[layout.turn_view_N[n]] = max(end_V[layout.turn_view_N[n]], stop)
+  live_VxT = layout.visible_VxT & (np.arange(T)[None] < end_V[:, None])
+  segments = []
+  for t in range(P, T):
+    live = tuple(np.flatnonzero(live_VxT[:, t]).tolist())
+    if segments and segments[-1][2] == live:
+      segments[-1] = (segments[-1][0], t + 1, live)
+    else:
+      segments.append((t, t + 1, live))
+  return segments
+
+
+def token_reads(layout: Layout) -> int:
+  """Model token-reads of one episode's `generate`: every view's prompt prefill, then each decoding
+  position's live views (what the lockstep decoder's `len(views) * length` shrank to)."""
+  return len(layout.view_set_V) * layout.prompt_len + sum(
+      (stop - start) * len(live) for start, stop, live in decode_segments(layout))
+
+
 def generate(cfg: model_lib.ModelConfig, layout: Layout, params_R, canvas_BxT, force_BxT, key_B,
              temperature: float, greedy: bool = False):
   """Fills the canvas; returns tokens_BxT, the sampling log-probs logp_BxT and the mask sampled_BxT.
 
   `canvas_BxT` holds the prompt and any forced tokens (where `force_BxT`); environment positions
   (role markers) come from the layout.  A message closes at EOS (the rest of its slot is PAD); a token
-  in the turn's `ends_episode_on` closes the episode (every later position is PAD).
+  in the turn's `ends_episode_on` closes the episode (every later position is PAD).  After the prompt,
+  each run of positions with the same live views (`decode_segments`) is one `lax.scan` over only
+  those views, so a view costs nothing where it cannot see or after its last turn; what a view
+  computes where it is live is unchanged (the same single-token step), so the tokens are too.
   """
   P, T = layout.prompt_len, layout.length
   B = canvas_BxT.shape[0]
   params_V = gather_params(params_R, layout.view_set_V)
   visible_VxT = jnp.asarray(layout.visible_VxT)
-  env_T, author_view_T = jnp.asarray(layout.env_T), jnp.asarray(layout.author_view_T)
+  env_T, author_view_T = jnp.asarray(layout.env_T), layout.author_view_T
   turn_start_T, ends_TxV = jnp.asarray(layout.turn_start_T), jnp.asarray(layout.ends_episode_TxV)
   canvas_BxT = jnp.where(layout.env_T[None] & (layout.turn_T[None] >= 0), layout.marker_T[None],
                          canvas_BxT)
@@ -53,10 +84,13 @@ def generate(cfg: model_lib.ModelConfig, layout: Layout, params_R, canvas_BxT, f
   cache_V = jax.vmap(lambda _: model_lib.empty_cache(cfg, B, T))(jnp.arange(len(layout.view_set_V)))
   key_ok_VxBxT = valid_BxT[None] & visible_VxT[:, None]
   logits_VxBxPxV, cache_V = apply_V(params_V, canvas_BxT[:, :P], 0, key_ok_VxBxT, cache_V)
+  logits_VxBxV = logits_VxBxPxV[:, :, -1]
 
-  def write(carry, t):
-    tokens_BxT, valid_BxT, cache_V, logits_VxBxV, ended_B, done_B = carry
-    logp_BxV = policy_log_probs(logits_VxBxV[author_view_T[t]], temperature)
+  def write(params_L, visible_LxT, author_T, carry, t):
+    """Position t, with the live views' parameters, caches and latest logits (L of them);
+    `author_T` is the author's index among the live views."""
+    tokens_BxT, valid_BxT, cache_L, logits_LxBxV, ended_B, done_B = carry
+    logp_BxV = policy_log_probs(logits_LxBxV[author_T[t]], temperature)
     if greedy:
       choice_B = jnp.argmax(logp_BxV, axis=-1)
     else:
@@ -75,18 +109,31 @@ def generate(cfg: model_lib.ModelConfig, layout: Layout, params_R, canvas_BxT, f
     done_B = done_B | closes_episode_B
     tokens_BxT = tokens_BxT.at[:, t].set(token_B)
     valid_BxT = valid_BxT.at[:, t].set(token_B != text.PAD)
-    key_ok_VxBxT = valid_BxT[None] & visible_VxT[:, None]
-    logits_VxBx1xV, cache_V = apply_V(params_V, token_B[:, None], t, key_ok_VxBxT, cache_V)
-    carry = (tokens_BxT, valid_BxT, cache_V, logits_VxBx1xV[:, :, 0], ended_B, done_B)
+    key_ok_LxBxT = valid_BxT[None] & visible_LxT[:, None]
+    logits_LxBx1xV, cache_L = apply_V(params_L, token_B[:, None], t, key_ok_LxBxT, cache_L)
+    carry = (tokens_BxT, valid_BxT, cache_L, logits_LxBx1xV[:, :, 0], ended_B, done_B)
     return carry, (logp_B, sampled_B)
 
-  carry = (canvas_BxT, valid_BxT, cache_V, logits_VxBxPxV[:, :, -1], jnp.zeros(B, bool),
-           jnp.zeros(B, bool))
-  carry, (logp_TxB, sampled_TxB) = jax.lax.scan(write, carry, jnp.arange(P, T))
+  tokens_BxT, ended_B, done_B = canvas_BxT, jnp.zeros(B, bool), jnp.zeros(B, bool)
+  logp_TxB, sampled_TxB = [], []
+  for start, stop, live in decode_segments(layout):
+    idx = np.asarray(live, int)
+    # The author's view is live at its message positions (it sees its own turn); an environment
+    # position's token is forced, so which live view's logits it reads there does not matter.
+    author_T = jnp.asarray([live.index(v) if v in live else 0 for v in author_view_T])
+    take = lambda tree: jax.tree.map(lambda x: x[idx], tree)
+    step = functools.partial(write, take(params_V), visible_VxT[idx], author_T)
+    carry = (tokens_BxT, valid_BxT, take(cache_V), logits_VxBxV[idx], ended_B, done_B)
+    carry, (logp_xB, sampled_xB) = jax.lax.scan(step, carry, jnp.arange(start, stop))
+    tokens_BxT, valid_BxT, cache_L, logits_LxBxV, ended_B, done_B = carry
+    cache_V = jax.tree.map(lambda c, new: c.at[idx].set(new), cache_V, cache_L)
+    logits_VxBxV = logits_VxBxV.at[idx].set(logits_LxBxV)
+    logp_TxB.append(logp_xB)
+    sampled_TxB.append(sampled_xB)
   pad = jnp.zeros((B, P))
-  logp_BxT = jnp.concatenate([pad, logp_TxB.T], axis=1)
-  sampled_BxT = jnp.concatenate([pad.astype(bool), sampled_TxB.T], axis=1)
-  return carry[0], logp_BxT, sampled_BxT
+  logp_BxT = jnp.concatenate([pad, jnp.concatenate(logp_TxB).T], axis=1)
+  sampled_BxT = jnp.concatenate([pad.astype(bool), jnp.concatenate(sampled_TxB).T], axis=1)
+  return tokens_BxT, logp_BxT, sampled_BxT
 
 
 def token_log_probs(cfg: model_lib.ModelConfig, layout: Layout, params_R, tokens_BxT,

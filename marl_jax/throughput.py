@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from marl_jax import configs, experiment, model as model_lib, state as state_lib, train
+from marl_jax import configs, experiment, model as model_lib, sampling, state as state_lib, train
 
 _JSON = flags.DEFINE_string("json", "", "Also write the rows here as a JSON list.")
 _BATCH = flags.DEFINE_integer("batch_size", 256, "Episodes per step (per seed).")
@@ -54,16 +54,16 @@ def relay_config(roles: int, seeds: int, credit: str, batch_size: int, steps_per
 
 
 def step_flops(exp: experiment.Experiment) -> float:
-  """Model FLOPs of one step of one seed: every view reads every canvas position in the rollout and
-  in each counterfactual re-run; the update runs a forward and a backward (2x) pass per epoch, plus
-  a forward under the base model with a KL term."""
+  """Model FLOPs of one step of one seed: the rollout and each counterfactual re-run read
+  `sampling.token_reads` tokens per episode (live views only); the update runs every view over the
+  whole canvas, forward and backward (2x) per epoch, plus a forward under the base model with a KL
+  term."""
   rl, layout = exp.config.rl, exp.layout
   reruns = exp.credit.reruns(len(layout.roles))
   rerun_rows = 0 if reruns is None else len(reruns.changed_CxR) * reruns.samples
-  passes = 1 + rerun_rows + 3 * rl.epochs + (1 if rl.kl_coef > 0 else 0)
-  views = len(layout.view_set_V)
-  return float(passes * views * rl.batch_size * layout.length *
-               model_lib.flops_per_token(exp.model, layout.length))
+  update_reads = len(layout.view_set_V) * layout.length * (3 * rl.epochs + (1 if rl.kl_coef > 0 else 0))
+  reads = (1 + rerun_rows) * sampling.token_reads(layout) + update_reads
+  return float(reads * rl.batch_size * model_lib.flops_per_token(exp.model, layout.length))
 
 
 def matmul_flops_per_s(n: int = 1024, reps: int = 20) -> float:

@@ -254,3 +254,19 @@ def test_next_token_divergence_compares_sets_on_each_roles_own_tokens():
   # Two copies of one set: nothing to tell the roles apart.
   copies = jax.tree.map(lambda p: jnp.stack([p[0], p[0]]), params_2)
   np.testing.assert_allclose(divergence(copies, tokens_BxT)[0], 0.0, atol=1e-5)
+
+
+def test_decode_segments_read_only_what_a_view_needs():
+  """Isolated solver-verifier (prompt 0..4, solver writes 6..7, verifier 9..11): both views read the
+  solver's turn, only the verifier its own; a debate round-0 view reads nothing after its own turn
+  and no other round-0 answer."""
+  layout = _layout("solver_verifier", (0, 1))
+  assert layout.turn_slices == ((6, 8), (9, 12))
+  assert sampling.decode_segments(layout) == [(5, 8, (0, 1)), (8, 12, (1,))]
+  assert sampling.token_reads(layout) == 2 * 5 + 3 * 2 + 4 * 1
+  debate = protocols.make("debate", Arithmetic(), agents=2, rounds=1).layout(Arithmetic(), (0, 0))
+  live_views = [live for _, _, live in sampling.decode_segments(debate)]
+  first = debate.turn_view_N[0]  # agent0's round-0 view: live only up to its turn's end
+  assert first in live_views[0] and all(first not in live for live in live_views[1:])
+  assert debate.turn_view_N[1] not in live_views[0]  # agent1's round 0 does not read agent0's
+  assert sampling.token_reads(debate) < len(debate.view_set_V) * debate.length
