@@ -25,6 +25,7 @@ import json
 import math
 import os
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -301,6 +302,7 @@ def fidelity_rows(workdir: str) -> list[dict]:
       for ref in ("shapley", "difference"):
         for stat in ("bias", "error_sd", "spearman"):
           row.update(ci_cells(f"{ref}_{stat}", r[f"{ref}_{stat}"]))
+          row[f"{ref}_{stat}_S"] = r[f"{ref}_{stat}"]  # per seed, for the means over games
       rows.append(row)
   return rows
 
@@ -342,13 +344,20 @@ def fmt(row: dict, key: str, scale: float = 1.0, digits: int = 3) -> str:
 
 def by_estimator(fid_rows: list[dict]) -> list[dict]:
   """The fidelity grid in one row per number of roles x estimator: each statistic's mean over the
-  games (the per-game rows, with their intervals, are the table above it)."""
+  games, with the 95% interval over seeds of each seed's mean over games (`STAT_S` per seed in the
+  per-game rows; games where a seed's statistic is undefined are left out of that seed's mean)."""
   stats = ("shapley_error_sd", "shapley_spearman", "difference_error_sd", "difference_spearman")
   rows = []
   for roles, name in dict.fromkeys((r["roles"], r["estimator"]) for r in fid_rows):
     mine = [r for r in fid_rows if (r["roles"], r["estimator"]) == (roles, name)]
-    rows.append({"roles": roles, "estimator": name, "games": len(mine), "reruns": mine[0]["reruns"],
-                 "turns": mine[0]["turns"], **{k: float(np.nanmean([r[k] for r in mine])) for k in stats}})
+    row = {"roles": roles, "estimator": name, "games": len(mine), "reruns": mine[0]["reruns"],
+           "turns": mine[0]["turns"]}
+    for k in stats:
+      games_S = np.array([r[f"{k}_S"] for r in mine], np.float64)
+      with warnings.catch_warnings():  # a seed with no defined value in any game: nan, not a warning
+        warnings.simplefilter("ignore", RuntimeWarning)
+        row.update(ci_cells(k, np.nanmean(games_S, axis=0)))
+    rows.append(row)
   return sorted(rows, key=lambda r: r["roles"])
 
 
@@ -365,8 +374,8 @@ def markdown(config, fid_rows, learn_rows) -> str:
                        "sd vs difference", "ρ difference"),
             "|---" * 9 + "|\n"]
     out += [report.row(r["roles"], r["estimator"], r["games"], r["reruns"], r["turns"],
-                       f"{r['shapley_error_sd']:.3f}", f"{r['shapley_spearman']:.2f}",
-                       f"{r['difference_error_sd']:.3f}", f"{r['difference_spearman']:.2f}")
+                       fmt(r, "shapley_error_sd"), fmt(r, "shapley_spearman", digits=2),
+                       fmt(r, "difference_error_sd"), fmt(r, "difference_spearman", digits=2))
             for r in by_estimator(fid_rows)]
     out += ["\n### Per game\n\n",
             report.row("game", "R", "estimator", "re-runs", "turns", "bias vs Shapley", "sd vs Shapley",

@@ -39,14 +39,21 @@ def test_grade_by_hand():
 
 
 def test_mean_over_games_by_hand():
-  cell = lambda game, roles, name, sd, rho: {
-      "game": game, "roles": roles, "estimator": name, "reruns": 3, "turns": 2, "shapley_error_sd": sd,
-      "shapley_spearman": rho, "difference_error_sd": 2 * sd, "difference_spearman": math.nan}
-  rows = benchmark.by_estimator([cell("synergy", 4, "team", 0.1, 0.2), cell("synergy", 2, "team", 0.5, 0.5),
-                                 cell("additive", 4, "team", 0.3, 0.6)])
+  """Each seed's mean over games, then the mean and 95% interval (Student t) over seeds."""
+  cell = lambda game, roles, name, sd_S, rho_S: {
+      "game": game, "roles": roles, "estimator": name, "reruns": 3, "turns": 2, "shapley_error_sd_S": sd_S,
+      "shapley_spearman_S": rho_S, "difference_error_sd_S": [2 * x for x in sd_S],
+      "difference_spearman_S": [math.nan] * len(sd_S)}
+  rows = benchmark.by_estimator([cell("synergy", 4, "team", [0.1, 0.3], [0.2, math.nan]),
+                                 cell("synergy", 2, "team", [0.5, 0.5], [0.5, 0.5]),
+                                 cell("additive", 4, "team", [0.3, 0.5], [0.6, 0.4])])
   assert [(r["roles"], r["games"]) for r in rows] == [(2, 1), (4, 2)]  # sorted by roles
-  assert rows[1]["shapley_error_sd"] == pytest.approx(0.2) and rows[1]["shapley_spearman"] == pytest.approx(0.4)
-  assert rows[1]["difference_error_sd"] == pytest.approx(0.4)
+  # R = 4: seeds' means over games 0.2 and 0.4 -> mean 0.3, half-width t(0.975, 1) * sd / sqrt(2)
+  # = 12.706 * 0.1414 / 1.414 = 1.2706; Spearman: seed 0 (0.2 + 0.6) / 2 = 0.4, seed 1 only 0.4.
+  assert rows[1]["shapley_error_sd"] == pytest.approx(0.3)
+  assert rows[1]["shapley_error_sd_ci"] == pytest.approx(1.2706, abs=1e-3)
+  assert rows[1]["shapley_spearman"] == pytest.approx(0.4) and rows[1]["shapley_spearman_ci"] == pytest.approx(0)
+  assert rows[1]["difference_error_sd"] == pytest.approx(0.6)
   assert math.isnan(rows[1]["difference_spearman"])  # no game ranks anything: nan, not 0
 
 
