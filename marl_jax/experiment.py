@@ -142,9 +142,6 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
   if layout.length > config.model.max_len:
     raise ValueError(f"config.model.max_len={config.model.max_len} is too short: prompt plus messages "
                      f"take {layout.length} tokens; allowed: >= {layout.length}")
-  if not config.model.checkpoint and config.model.d_model % config.model.n_heads:
-    raise ValueError(f"config.model.d_model={config.model.d_model} does not divide by "
-                     f"config.model.n_heads={config.model.n_heads}; allowed: multiples of it")
   rl = config.rl
   loss = losses.get(rl.algorithm)
   if rl.batch_size % rl.group_size:
@@ -186,6 +183,9 @@ def make_model(model_config):
   if model_config.lora.enabled:
     raise ValueError("config.model.lora.enabled=True needs config.model.checkpoint: adapters train on a "
                      "checkpoint's frozen weights, not on the built-in model")
+  if model_config.d_model % model_config.n_heads:
+    raise ValueError(f"config.model.d_model={model_config.d_model} does not divide by "
+                     f"config.model.n_heads={model_config.n_heads}; allowed: multiples of it")
   return model_lib.ModelConfig(
       d_model=model_config.d_model, n_layers=model_config.n_layers, n_heads=model_config.n_heads,
       d_ff=model_config.d_ff, max_len=model_config.max_len, dtype=model_lib.compute_dtype(model_config.dtype))

@@ -27,6 +27,7 @@ def policy_log_probs(logits_xV, temperature: float):
 
 
 def gather_params(params_R, view_set_V):
+  """The stacked entries `view_set_V` of any stacked tree (parameter sets, or the views' caches)."""
   return jax.tree.map(lambda p: p[np.asarray(view_set_V)], params_R)
 
 
@@ -121,9 +122,8 @@ def generate(cfg: model_lib.ModelConfig, layout: Layout, params_R, canvas_BxT, f
     # The author's view is live at its message positions (it sees its own turn); an environment
     # position's token is forced, so which live view's logits it reads there does not matter.
     author_T = jnp.asarray([live.index(v) if v in live else 0 for v in author_view_T])
-    take = lambda tree: jax.tree.map(lambda x: x[idx], tree)
-    step = functools.partial(write, take(params_V), visible_VxT[idx], author_T)
-    carry = (tokens_BxT, valid_BxT, take(cache_V), logits_VxBxV[idx], ended_B, done_B)
+    step = functools.partial(write, gather_params(params_V, live), visible_VxT[idx], author_T)
+    carry = (tokens_BxT, valid_BxT, gather_params(cache_V, live), logits_VxBxV[idx], ended_B, done_B)
     carry, (logp_xB, sampled_xB) = jax.lax.scan(step, carry, jnp.arange(start, stop))
     tokens_BxT, valid_BxT, cache_L, logits_LxBxV, ended_B, done_B = carry
     cache_V = jax.tree.map(lambda c, new: c.at[idx].set(new), cache_V, cache_L)
