@@ -16,21 +16,22 @@ run() {  # run NAME TASK PROTOCOL [FLAGS...]: both seed sets
       --workdir=$out/seed$seed/$name --config.seed=$seed $common "$@"
   done
 }
+# Each task alone and on its natural workflow first (the table's columns), then the variants.
 run subset_sum_single subset_sum single
 run subset_sum_sv subset_sum solver_verifier --config.roles.sharing=shared
-run subset_sum_sv_difference subset_sum solver_verifier --config.roles.sharing=shared --config.credit.name=difference
-run subset_sum_sv_two_rounds subset_sum solver_verifier --config.roles.sharing=shared --config.protocol.rounds=2 \
-  --config.model.max_len=48
 run hidden_sum_single hidden_sum single
 run hidden_sum_exchange hidden_sum exchange
 run multi_chain_single multi_chain single
 run multi_chain_orchestrator multi_chain orchestrator
-run multi_chain_orchestrator_per_role multi_chain orchestrator --config.credit.name=per_role
-run multi_chain_orchestrator_difference multi_chain orchestrator --config.credit.name=difference
 run stack_program_single stack_program single
 run stack_program_sv stack_program solver_verifier --config.roles.sharing=shared
 run matrix_game_single matrix_game single
 run matrix_game_two_players matrix_game matrix_game
+run subset_sum_sv_difference subset_sum solver_verifier --config.roles.sharing=shared --config.credit.name=difference
+run subset_sum_sv_two_rounds subset_sum solver_verifier --config.roles.sharing=shared --config.protocol.rounds=2 \
+  --config.model.max_len=48
+run multi_chain_orchestrator_per_role multi_chain orchestrator --config.credit.name=per_role
+run multi_chain_orchestrator_difference multi_chain orchestrator --config.credit.name=difference
 for seed in 0 1000; do
   echo "## seeds $seed.."
   python -m marl_jax.report "${names[@]/#/$out/seed$seed/}"
