@@ -18,13 +18,14 @@ def eval_problems(exp: Experiment, data_dir: str) -> dict:
   return tasks.eval_problems(exp.task, cfg.seed, cfg.size)
 
 
-def make_evaluate(exp: Experiment, greedy: bool = True):
-  """`evaluate(params_S) -> metrics_S` on the fixed evaluation set (greedy, or sampled)."""
+def make_evaluate(exp: Experiment):
+  """`evaluate(params_S, greedy=True) -> metrics_S` on the fixed evaluation set, greedy or sampled:
+  `greedy` is an argument of one compiled program, not a second program."""
   cfg = exp.config.eval
   problems = eval_problems(exp, cfg.data_dir)
   keys = jax.random.split(jax.random.PRNGKey(cfg.seed + 1), cfg.size)
 
-  def local(params_S, problems, key_B):
+  def local(params_S, greedy, problems, key_B):
     def one_seed(params_R):
       episodes = rollout.sample(exp, params_R, problems, key_B, greedy)
       scored = exp.protocol.rewards(exp.task, exp.layout,
@@ -33,9 +34,10 @@ def make_evaluate(exp: Experiment, greedy: bool = True):
     return jax.vmap(one_seed)(params_S)
 
   rows = P(parallel.DATA)
-  sharded = jax.shard_map(local, mesh=exp.mesh, in_specs=(P(), rows, rows), out_specs=P(),
+  sharded = jax.shard_map(local, mesh=exp.mesh, in_specs=(P(), P(), rows, rows), out_specs=P(),
                           check_vma=False)
-  return jax.jit(lambda params_S: sharded(params_S, problems, keys))
+  compiled = jax.jit(lambda params_S, greedy: sharded(params_S, greedy, problems, keys))
+  return lambda params_S, greedy=True: compiled(params_S, jnp.asarray(greedy))
 
 
 def role_divergence(exp: Experiment, params_R, tokens_BxT) -> dict:

@@ -144,13 +144,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   skipped_S = np.asarray(saved.get("skipped_updates", [0] * config.num_seeds), np.int64)
   peak = checkpoint.best_value(mngr)
   writer = metrics_lib.Writer(workdir, config.total_steps, start, enabled=lead)
-  evaluate_greedy = evaluate.make_evaluate(exp)
+  evaluate_set = evaluate.make_evaluate(exp)
 
   def evaluation(state_S) -> tuple[dict, float]:
     """Greedy evaluation scalars with the drop of their mean accuracy from the best so far (the best
     checkpoint's), and that mean accuracy."""
     nonlocal peak
-    scalars = {f"eval_{k}": v for k, v in state.to_host(evaluate_greedy(state_S.params)).items()}
+    scalars = {f"eval_{k}": v for k, v in state.to_host(evaluate_set(state_S.params)).items()}
     accuracy = float(np.mean(scalars["eval_accuracy"]))
     peak = max(peak, accuracy)  # a NaN accuracy leaves the peak as it was
     return {**scalars, "eval_drop_from_peak": np.asarray(peak - accuracy)}, accuracy
@@ -176,7 +176,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
       if start is None:
         start = 0
         state_S = state.initial_state(exp, init_params_S)
-        sampled = state.to_host(evaluate.make_evaluate(exp, greedy=False)(state_S.params))
+        sampled = state.to_host(evaluate_set(state_S.params, greedy=False))
         evals, accuracy = evaluation(state_S)
         log(0, {"accuracy": sampled["accuracy"], **evals, "skipped_updates": skipped_S})
         save(0, state_S, accuracy)  # the base model, reusable through config.init_from

@@ -23,7 +23,7 @@ class Episodes:
   sampled_BxT: jax.Array  # the token was sampled by a role (not the environment, not forced)
 
 
-def sample(exp, params_R, problems, key_B, greedy: bool = False) -> Episodes:
+def sample(exp, params_R, problems, key_B, greedy=False) -> Episodes:
   canvas_BxT = engine.assemble(exp.layout, problems["prompt"], [None] * len(exp.layout.turn_slices))
   return Episodes(*sampling.generate(exp.model, exp.layout, params_R, canvas_BxT,
                                      jnp.zeros(canvas_BxT.shape, bool), key_B,

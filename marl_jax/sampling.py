@@ -60,8 +60,10 @@ def token_reads(layout: Layout) -> int:
 
 
 def generate(cfg: model_lib.ModelConfig, layout: Layout, params_R, canvas_BxT, force_BxT, key_B,
-             temperature: float, greedy: bool = False):
+             temperature: float, greedy=False):
   """Fills the canvas; returns tokens_BxT, the sampling log-probs logp_BxT and the mask sampled_BxT.
+
+  `greedy` (a bool, or a traced scalar bool) picks each sampled token as the policy's mode.
 
   `canvas_BxT` holds the prompt and any forced tokens (where `force_BxT`); environment positions
   (role markers) come from the layout.  A message closes at EOS (the rest of its slot is PAD); a token
@@ -92,11 +94,11 @@ def generate(cfg: model_lib.ModelConfig, layout: Layout, params_R, canvas_BxT, f
     `author_T` is the author's index among the live views."""
     tokens_BxT, valid_BxT, cache_L, logits_LxBxV, ended_B, done_B = carry
     logp_BxV = policy_log_probs(logits_LxBxV[author_T[t]], temperature)
-    if greedy:
-      choice_B = jnp.argmax(logp_BxV, axis=-1)
-    else:
-      keys_B = jax.vmap(jax.random.fold_in, in_axes=(0, None))(key_B, t)
-      choice_B = jax.vmap(jax.random.categorical)(keys_B, logp_BxV)
+    keys_B = jax.vmap(jax.random.fold_in, in_axes=(0, None))(key_B, t)
+    # A select, not a Python branch, so evaluation compiles one program for both decodings; with a
+    # constant `greedy` XLA drops the branch not taken.
+    choice_B = jnp.where(greedy, jnp.argmax(logp_BxV, axis=-1),
+                         jax.vmap(jax.random.categorical)(keys_B, logp_BxV))
     forced_B = force_BxT[:, t] | env_T[t]
     token_B = jnp.where(forced_B, canvas_BxT[:, t], choice_B)
     is_message = ~env_T[t]

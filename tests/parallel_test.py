@@ -10,7 +10,7 @@ import sys
 
 import jax
 import ml_collections
-import numpy as np
+import optax
 import pytest
 
 from marl_jax import experiment, loop, metrics, state
@@ -41,14 +41,17 @@ def params(workdir, step=None):
   return state.to_host(loop.load_params(experiment.build(config), workdir, step))
 
 
-def max_diff(a, b) -> float:
-  return max(jax.tree.leaves(jax.tree.map(lambda x, y: float(np.abs(x - y).max()), a, b)))
+def distance(a, b) -> float:
+  return float(optax.tree_utils.tree_norm(jax.tree.map(lambda x, y: x - y, a, b)))
 
 
 def assert_same_training(dir_a, dir_b):
-  a, b = params(dir_a), params(dir_b)
-  assert max_diff(a, params(dir_a, step=0)) > 1e-3, "nothing trained: the comparison is vacuous"
-  assert max_diff(a, b) < 2e-4
+  a, b, start = params(dir_a), params(dir_b), params(dir_a, step=0)
+  moved, apart = distance(a, start), distance(a, b)
+  assert moved > 1e-2, "nothing trained: the comparison is vacuous"
+  # Rounding only: 8 devices against 1 measured 0.4% of how far training moved the parameters (a
+  # max-element bound is fragile: Adam turns a rounding-level gradient into a full-size step).
+  assert apart < 1e-2 * moved
 
 
 @pytest.mark.slow

@@ -25,6 +25,11 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 FLAGS = (f"--config={REPO / 'experiments' / 'single_agent.py'}:size=tiny", "--config.sft.steps=0",
          "--config.eval.size=16", "--config.checkpoint_every=4")
 OVERRIDES = {"sft.steps": 0, "eval.size": 16, "checkpoint_every": 4}
+# The resume test's credit is the critic, so a resume must restore the richest estimator state (the
+# critic's parameters and Adam); an entropy bonus moves the parameters even while every reward of
+# the untrained agent is 0.
+CRITIC_FLAGS = ("--config.credit.name=critic", "--config.rl.entropy_coef=0.01")
+CRITIC_OVERRIDES = {**OVERRIDES, "credit": configs.credit_config("critic"), "rl.entropy_coef": 0.01}
 
 # Patches run in the subprocess before the command line.
 SIGTERM_IN_FIRST_CALL = """
@@ -106,8 +111,8 @@ def _tensorboard_steps(workdir):
   return steps
 
 
-def _restore(workdir, step):
-  exp = experiment.build(tiny_config(**OVERRIDES))
+def _restore(workdir, step, overrides=OVERRIDES):
+  exp = experiment.build(tiny_config(**overrides))
   return jax.tree.map(np.asarray, checkpoint.restore(str(workdir), state.abstract_state(exp), step))
 
 
@@ -116,7 +121,7 @@ def test_sigterm_then_kill_during_a_save_resume_exactly(tmp_path):
   workdir = tmp_path / "run"
   # SIGTERM during the first call: it finishes, a checkpoint is written at step 2 (not a checkpoint
   # step), metrics and TensorBoard are flushed, and the run exits 0.
-  stopped = _run(workdir, patch=SIGTERM_IN_FIRST_CALL)
+  stopped = _run(workdir, *CRITIC_FLAGS, patch=SIGTERM_IN_FIRST_CALL)
   assert stopped.returncode == 0, stopped.stderr[-3000:]
   assert "SIGTERM: finishing the current call" in stopped.stderr
   assert "stopped at step 2" in stopped.stderr
@@ -126,7 +131,7 @@ def test_sigterm_then_kill_during_a_save_resume_exactly(tmp_path):
   # Resumed, then killed with SIGKILL while saving step 4, after logging it: step 2 stays the latest
   # complete checkpoint, beside the unfinished temporary directory.
   with open(tmp_path / "killed.stderr", "w") as stderr:  # a file: a full pipe would block the run
-    killed = _start(workdir, patch=SLOW_SAVE_OF_STEP_4, stderr=stderr)
+    killed = _start(workdir, *CRITIC_FLAGS, patch=SLOW_SAVE_OF_STEP_4, stderr=stderr)
     assert killed.stdout.readline() == "saving step 4\n", (tmp_path / "killed.stderr").read_text()[-3000:]
     killed.kill()
     killed.communicate()
@@ -135,15 +140,20 @@ def test_sigterm_then_kill_during_a_save_resume_exactly(tmp_path):
 
   # Resumed again: from step 2, the unfinished save removed, each step logged once, and the same
   # parameters, optimiser state and key as 4 uninterrupted steps (computed here).
-  resumed = _run(workdir)
+  resumed = _run(workdir, *CRITIC_FLAGS)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["0", "2", "4"]
   assert _steps(workdir) == [0, 2, 4]
-  exp = experiment.build(tiny_config(**OVERRIDES))
+  exp = experiment.build(tiny_config(**CRITIC_OVERRIDES))
   straight_S, train_call = state.initial_state(exp), train.make_train_call(exp)
   for _ in range(2):
     straight_S, _ = train_call(straight_S)
-  chex.assert_trees_all_equal(_restore(workdir, 4), jax.tree.map(np.asarray, straight_S))
+  resumed_S = _restore(workdir, 4, CRITIC_OVERRIDES)
+  chex.assert_trees_all_equal(resumed_S, jax.tree.map(np.asarray, straight_S))
+  # Not vacuous: the parameters moved, and the critic took its 4 updates.
+  assert int(resumed_S.step[0]) == 4 and int(resumed_S.credit["opt_state"][0].count[0]) == 4
+  assert not np.array_equal(resumed_S.params["embed"]["embedding"],
+                            _restore(workdir, 2, CRITIC_OVERRIDES).params["embed"]["embedding"])
 
   # init_from names the latest checkpoint or the best-evaluated one (the latest of the best).
   rows = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
@@ -151,7 +161,7 @@ def test_sigterm_then_kill_during_a_save_resume_exactly(tmp_path):
   assert checkpoint.best_step(str(workdir)) == best["step"]
   assert rows[-1]["eval_drop_from_peak"] == pytest.approx(best["eval_accuracy"] - rows[-1]["eval_accuracy"])
   chex.assert_trees_all_equal(jax.tree.map(np.asarray, loop.load_params(exp, f"{workdir}:best")),
-                              _restore(workdir, best["step"]).params)
+                              _restore(workdir, best["step"], CRITIC_OVERRIDES).params)
 
 
 @pytest.mark.slow

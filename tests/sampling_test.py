@@ -170,6 +170,18 @@ def test_greedy_is_deterministic():
                              np.asarray(logp_BxT)[np.asarray(sampled_BxT)], atol=1e-4)
 
 
+def test_traced_greedy_flag_decodes_as_the_constant_one_in_one_program():
+  """Evaluation passes `greedy` as an argument, so greedy and sampled decoding share one program."""
+  layout = _layout("solver_verifier", (0, 1), rounds=2)
+  canvas_BxT = engine.assemble(layout, _prompts(), [None] * len(layout.turn_slices))
+  force_BxT, keys_B = jnp.zeros(canvas_BxT.shape, bool), jax.random.split(jax.random.PRNGKey(1), B)
+  traced = jax.jit(lambda p, g: sampling.generate(CFG, layout, p, canvas_BxT, force_BxT, keys_B, TEMP, g))
+  for greedy in (True, False):
+    chex.assert_trees_all_equal(traced(_params(2), jnp.asarray(greedy)),
+                                _generate(layout, _params(2), seed=1, greedy=greedy))
+  assert traced._cache_size() == 1
+
+
 def test_accept_ends_the_episode():
   layout = _layout("solver_verifier", (0, 1), rounds=2)
   s0, v0, s1, v1 = layout.turn_slices
