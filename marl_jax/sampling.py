@@ -59,6 +59,28 @@ def token_reads(layout: Layout) -> int:
       (stop - start) * len(live) for start, stop, live in decode_segments(layout))
 
 
+def needed_reads_VxT(layout: Layout) -> np.ndarray:
+  """The positions view v must read in any sampler: those it sees, up to the last one whose logits it
+  gives (the position before its last turn's last token); the floor `token_reads` is measured against."""
+  last_V = np.full(len(layout.view_set_V), -1)
+  for n, (_, stop) in enumerate(layout.turn_slices):
+    last_V[layout.turn_view_N[n]] = max(last_V[layout.turn_view_N[n]], stop - 2)
+  return layout.visible_VxT & (np.arange(layout.length)[None] <= last_V[:, None])
+
+
+def episode_flops(cfg: model_lib.ModelConfig, layout: Layout) -> dict:
+  """Model FLOPs of one episode's `generate`, three ways:
+  - `lockstep`: every view reads every position (the sampler before `decode_segments`);
+  - `computed`: this sampler (`token_reads`, attention over the whole canvas, as computed);
+  - `minimum`: each view reads only `needed_reads_VxT`, attending to only the keys it sees so far."""
+  T = layout.length
+  keys_VxT = np.cumsum(layout.visible_VxT, axis=1)  # keys a view sees at or before each position
+  needed_VxT = needed_reads_VxT(layout)
+  return {"lockstep": len(layout.view_set_V) * T * model_lib.flops_per_token(cfg, T),
+          "computed": token_reads(layout) * model_lib.flops_per_token(cfg, T),
+          "minimum": sum(model_lib.flops_per_token(cfg, int(k)) for k in keys_VxT[needed_VxT])}
+
+
 def generate(cfg: model_lib.ModelConfig, layout: Layout, params_R, canvas_BxT, force_BxT, key_B,
              temperature: float, greedy=False):
   """Fills the canvas; returns tokens_BxT, the sampling log-probs logp_BxT and the mask sampled_BxT.

@@ -2,6 +2,7 @@
 
   python -m marl_jax.throughput [--json=PATH] [--batch_size=256] [--calls=3]
   python -m marl_jax.throughput --checkpoint=DIR [--random_weights] --grid=2/1 --credits=team
+  python -m marl_jax.throughput --workflows  # each workflow's sampling FLOPs against the minimum
 
 The relay job: agent 1 sees `a+b=` (digits 0-9) and writes up to 4 tokens; agent 2 sees the prompt and
 agent 1's message and writes the answer (up to 4 tokens); team reward 1 when it is right; isolated
@@ -15,6 +16,7 @@ FLOPs) and its fraction of a jitted float32 1024x1024 matmul timed in the same r
 step runs to what this machine's matmul unit delivers.
 """
 import json
+import os
 import time
 
 from absl import app, flags
@@ -35,6 +37,21 @@ _SHARING = flags.DEFINE_string("sharing", "isolated", "Parameter sharing to run:
 _CHECKPOINT = flags.DEFINE_string("checkpoint", "", "A local Qwen3/Llama checkpoint directory as the agents "
                                   "(config.model.checkpoint) instead of the built-in model.")
 _RANDOM = flags.DEFINE_bool("random_weights", False, "With --checkpoint: its shapes, randomly initialised.")
+_WORKFLOWS = flags.DEFINE_bool("workflows", False, "Instead of timing: each workflow's model FLOPs per "
+                               "episode of sampling against the minimum (analytic, nothing compiles).")
+
+# The workflows of the FLOPs-per-episode table: (name, experiment file, its argument).
+WORKFLOWS = (
+    ("single agent", "single_agent", "size=cpu"),
+    ("solver-verifier", "solver_verifier", "size=cpu"),
+    ("vote, 3 voters + aggregator", "vote", "size=cpu,aggregator=true"),
+    ("best_of_n", "best_of_n", "size=cpu"),
+    ("debate", "debate", "size=cpu"),
+    ("delegate", "delegate", "size=cpu"),
+    ("orchestrator (multi_chain)", "tasks", "task=multi_chain,size=cpu"),
+    ("exchange (hidden_sum)", "tasks", "task=hidden_sum,size=cpu"),
+    ("contribution, 3 roles", "tasks", "task=contribution,size=cpu"),
+)
 
 
 def relay_config(roles: int, seeds: int, credit: str, batch_size: int, steps_per_call: int,
@@ -103,8 +120,25 @@ def measure(config, calls: int) -> dict:
           "params_per_agent": model_lib.count_params(jax.tree.map(lambda p: p[0, 0], state.params))}
 
 
+def workflow_flops_table():
+  """Per workflow of WORKFLOWS at its size=cpu config: canvas length, views, and the model FLOPs per
+  episode of sampling (`sampling.episode_flops`) with the computed-to-minimum ratio."""
+  here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "x.py")
+  print(f"{'workflow':<30} {'T':>3} {'views':>5} {'lockstep MFLOP':>14} {'computed':>9} {'minimum':>8} "
+        f"{'computed/min':>12}")
+  for name, module, arg in WORKFLOWS:
+    exp = experiment.build(configs.sibling(here, module).get_config(arg))
+    flops = sampling.episode_flops(exp.model, exp.layout)
+    print(f"{name:<30} {exp.layout.length:>3} {len(exp.layout.view_set_V):>5} {flops['lockstep'] / 1e6:>14.1f} "
+          f"{flops['computed'] / 1e6:>9.1f} {flops['minimum'] / 1e6:>8.1f} "
+          f"{flops['computed'] / flops['minimum']:>12.2f}")
+
+
 def main(argv):
   del argv
+  if _WORKFLOWS.value:
+    workflow_flops_table()
+    return
   roles_grid, seeds_grid = ([int(x) for x in part.split(",")] for part in _GRID.value.split("/"))
   bound = matmul_flops_per_s()
   rows = []

@@ -182,6 +182,25 @@ def test_traced_greedy_flag_decodes_as_the_constant_one_in_one_program():
   assert traced._cache_size() == 1
 
 
+class _CountingModel:
+  """A model whose token costs 1000 FLOPs plus one per key attended to."""
+
+  def flops_per_token(self, context_len):
+    return 1000 + context_len
+
+
+def test_episode_flops_against_the_minimum_by_hand():
+  # single: T = 8 (prompt 5, marker, answer 2); the one view needs positions 0..6, with 1..7 keys.
+  flops = sampling.episode_flops(_CountingModel(), _layout("single", (0,)))
+  assert flops == {"lockstep": 8 * 1008, "computed": 8 * 1008, "minimum": 7000 + sum(range(1, 8))}
+  # solver-verifier: T = 12; the solver's view needs 0..6 (its last logits predict its EOS at 7), the
+  # verifier's 0..10; the sampler reads 5 prompt tokens per view, then 5..7 with both views and 8..11
+  # with the verifier's only: 20 reads of a 12-key canvas.
+  flops = sampling.episode_flops(_CountingModel(), _layout("solver_verifier", (0, 1)))
+  assert flops == {"lockstep": 24 * 1012, "computed": 20 * 1012,
+                   "minimum": 7000 + sum(range(1, 8)) + 11000 + sum(range(1, 12))}
+
+
 def test_accept_ends_the_episode():
   layout = _layout("solver_verifier", (0, 1), rounds=2)
   s0, v0, s1, v1 = layout.turn_slices
