@@ -54,10 +54,9 @@ def get_config(arg=None):
   c.seed = 0
   c.estimators = ESTIMATORS
   # Fidelity grid: estimator x game x number of roles, on the warm-started policy.
-  # rerun_chunk: coalitions re-run at once (`rl.rerun_chunk`): exact Shapley at 8 roles re-runs 255.
   c.fidelity = ml_collections.ConfigDict(dict(
       games=GAMES, roles="2,4,8", num_seeds=10, batch_size=256, sft_steps=150, adapt_steps=20,
-      demo_error_rate=0.5, rerun_chunk=8))
+      demo_error_rate=0.5))
   # Learning grid: estimator x scenario, `num_seeds` vmapped seeds each, from one warm start per
   # scenario; `target` is the eval accuracy whose first crossing is reported as steps-to-target.
   c.learning = ml_collections.ConfigDict(dict(
@@ -66,7 +65,7 @@ def get_config(arg=None):
   if size == "tiny":  # the seconds-long variant the tests run: one cell of each grid, two estimators
     c.estimators = "team,shapley"
     c.fidelity.update(games="synergy", roles="2", num_seeds=2, batch_size=32, sft_steps=10,
-                      adapt_steps=1, rerun_chunk=2)
+                      adapt_steps=1)
     c.learning.update(scenarios="free_rider", num_seeds=2, total_steps=2, eval_every=2)
   elif size == "gpu":
     c.fidelity.update(roles="2,3,4,6,8", num_seeds=20, batch_size=1024, sft_steps=600, adapt_steps=100)

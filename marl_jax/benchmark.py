@@ -87,7 +87,7 @@ def fidelity_config(config, num_roles: int, estimator: str) -> ml_collections.Co
   task = tasks.make("contribution", **task_knobs)
   layout = protocols.make("contribution", task).layout(task, (0,) * num_roles)
   c.model.max_len = max(c.model.max_len, layout.length)
-  c.rl.batch_size, c.rl.rerun_chunk = fid.batch_size, fid.rerun_chunk
+  c.rl.batch_size = fid.batch_size
   c.sft.steps = fid.sft_steps
   c.credit = credit_group(estimator, outcome_weight=0.0)
   return c

@@ -104,11 +104,10 @@ def base_config() -> ml_collections.ConfigDict:
   # sharing: 'isolated', 'shared' or one set per role ('0,0,1'); trainable: '' (all) or '1,0'.
   c.roles = ml_collections.ConfigDict(dict(sharing="isolated", trainable=""))
   # algorithm: a registered loss (marl_jax/losses.py); G = group_size samples of each problem;
-  # on_nonfinite: 'skip' or 'stop' at a non-finite reward, advantage, loss or gradient (README);
-  # rerun_chunk: counterfactual coalitions re-run at once (0: all; a few bound the re-runs' memory).
+  # on_nonfinite: 'skip' or 'stop' at a non-finite reward, advantage, loss or gradient (README).
   c.rl = ml_collections.ConfigDict(dict(
       algorithm="ppo", batch_size=256, group_size=8, temperature=1.0, epochs=1, minibatches=2,
-      clip_eps=0.2, kl_coef=0.0, entropy_coef=0.0, on_nonfinite="skip", rerun_chunk=0))
+      clip_eps=0.2, kl_coef=0.0, entropy_coef=0.0, on_nonfinite="skip"))
   # name: a registered estimator (marl_jax/credit/); the other keys are its settings.
   c.credit = credit_config("team")
   c.optim = ml_collections.ConfigDict(dict(

@@ -8,7 +8,7 @@ import jax
 import ml_collections
 import optax
 
-from marl_jax import credit, losses, parallel, protocols, rollout, tasks
+from marl_jax import credit, losses, parallel, protocols, tasks
 from marl_jax import model as model_lib
 from marl_jax.lm import agent as lm_agent
 from marl_jax.protocols import engine
@@ -138,7 +138,6 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
                      f"config.roles.sharing); allowed: '' (all trainable) or one 1 or 0 per set, "
                      f"such as {','.join(['1'] * num_sets)!r}")
   trainable_R = tuple(f in ("1", "true") for f in flags)
-  rollout.rerun_chunk(config)
   layout = protocol.layout(task, role_set_R)
   if layout.length > config.model.max_len:
     raise ValueError(f"config.model.max_len={config.model.max_len} is too short: prompt plus messages "

@@ -49,47 +49,20 @@ def rerun_masks(layout: engine.Layout, reruns: Reruns):
 
 
 def rerun_tokens(exp, params_R, tokens_BxT, key_B, reruns: Reruns):
-  """The re-drawn transcripts, tokens_CxKxBxT: one `generate` over the C x K x B rows, or, with
-  `config.rl.rerun_chunk` = c > 0, a `lax.map` over chunks of c coalitions (c x K x B rows each), so
-  that a large coalition set (exact Shapley at 8 roles: 255) fits in memory."""
+  """The re-drawn transcripts, tokens_CxKxBxT (one `generate` over all C x K x B rows)."""
   C, K = len(reruns.changed_CxR), reruns.samples
   B, T = tokens_BxT.shape
   free_CxT, absent_CxT, absent_msg_CxT = rerun_masks(exp.layout, reruns)
   canvas_CxBxT = jnp.where(absent_CxT[:, None], absent_msg_CxT[:, None], tokens_BxT[None])
+  canvas = jnp.broadcast_to(canvas_CxBxT[:, None], (C, K, B, T)).reshape(C * K * B, T)
   force_CxT = jnp.asarray(~free_CxT | absent_CxT)
-  # Row b's C x K re-runs draw from keys split off its own key: independent of the device count and
-  # of the chunking.
-  keys_CxKxB = jnp.swapaxes(jax.vmap(lambda k: jax.random.split(k, C * K))(key_B), 0, 1).reshape(
-      (C, K, B) + key_B.shape[1:])
-
-  def coalitions(canvas_cxBxT, force_cxT, keys_cxKxB):
-    c = canvas_cxBxT.shape[0]
-    canvas = jnp.broadcast_to(canvas_cxBxT[:, None], (c, K, B, T)).reshape(c * K * B, T)
-    force = jnp.broadcast_to(force_cxT[:, None, None], (c, K, B, T)).reshape(c * K * B, T)
-    keys = keys_cxKxB.reshape((c * K * B,) + key_B.shape[1:])
-    tokens, _, _ = sampling.generate(exp.model, exp.layout, params_R, canvas, force, keys,
-                                     exp.config.rl.temperature)
-    return tokens.reshape(c, K, B, T)
-
-  chunk = min(rerun_chunk(exp.config) or C, C)
-  if chunk == C:
-    return coalitions(canvas_CxBxT, force_CxT, keys_CxKxB)
-  # The last chunk is filled up with copies of the last coalition, whose re-runs are dropped.
-  n = -(-C // chunk)
-  fill = lambda x: jnp.concatenate([x, jnp.repeat(x[-1:], n * chunk - C, axis=0)]).reshape(
-      (n, chunk) + x.shape[1:])
-  tokens_NxcxKxBxT = jax.lax.map(lambda args: coalitions(*args),
-                                 (fill(canvas_CxBxT), fill(force_CxT), fill(keys_CxKxB)))
-  return tokens_NxcxKxBxT.reshape((n * chunk, K, B, T))[:C]
-
-
-def rerun_chunk(config) -> int:
-  """`config.rl.rerun_chunk`: coalitions re-run at once, 0 for all (configs saved before the key: 0)."""
-  chunk = config.rl.get("rerun_chunk", 0)
-  if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
-    raise ValueError(f"config.rl.rerun_chunk={chunk!r}; allowed: an integer >= 0 (0: every coalition "
-                     f"at once)")
-  return chunk
+  force = jnp.broadcast_to(force_CxT[:, None, None], (C, K, B, T)).reshape(C * K * B, T)
+  # Row b's C x K re-runs draw from keys split off its own key: independent of the device count.
+  keys = jnp.swapaxes(jax.vmap(lambda k: jax.random.split(k, C * K))(key_B), 0, 1)
+  keys = keys.reshape((C * K * B,) + key_B.shape[1:])
+  tokens, _, _ = sampling.generate(exp.model, exp.layout, params_R, canvas, force, keys,
+                                   exp.config.rl.temperature)
+  return tokens.reshape(C, K, B, T)
 
 
 def rerun(exp, params_R, problems, tokens_BxT, key_B, reruns: Reruns, step=None) -> Counterfactuals:

@@ -140,14 +140,6 @@ def test_counterfactual_keeps_the_turns_that_cannot_react():
       assert np.any(turn(cf_RxKxBxT[role], i) != turn(tokens_BxT, i)), (role, i)
   P = layout.prompt_len
   np.testing.assert_array_equal(cf_RxKxBxT[..., :P], np.broadcast_to(tokens_BxT[:, :P], (3, 2, B, P)))
-  # Re-run 2 coalitions at a time (the last chunk filled up): the same transcripts, drawn in a loop.
-  config.rl.rerun_chunk = 2
-  chunked_RxKxBxT = rollout.rerun_tokens(experiment.build(config), params_R, tokens_BxT,
-                                         jax.random.split(jax.random.PRNGKey(3), B), exp.credit.reruns(3))
-  np.testing.assert_array_equal(chunked_RxKxBxT, cf_RxKxBxT)
-  config.rl.rerun_chunk = -1
-  with pytest.raises(ValueError, match=r"config.rl.rerun_chunk=-1; allowed: an integer >= 0"):
-    experiment.build(config)
 
 
 def test_replace_reruns_free_only_the_coalitions_own_turns():
