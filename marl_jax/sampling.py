@@ -31,6 +31,13 @@ def gather_params(params_R, view_set_V):
   return jax.tree.map(lambda p: p[np.asarray(view_set_V)], params_R)
 
 
+def last_turn_end_V(layout: Layout) -> np.ndarray:
+  """The end (exclusive) of each view's last turn; 0 for a view without turns."""
+  end_V = np.zeros(len(layout.view_set_V), int)
+  np.maximum.at(end_V, np.asarray(layout.turn_view_N, int), [stop for _, stop in layout.turn_slices])
+  return end_V
+
+
 def decode_segments(layout: Layout):
   """Runs of decoding positions P..T-1 with the same *live* views: [(start, stop, live_views)], where
   view v reads position t (writes it to its KV cache and gives the next logits) only when it can see
@@ -38,10 +45,7 @@ def decode_segments(layout: Layout):
   what it cannot see (its cache slot stays empty and masked) nor anything after its last turn, and a
   view without turns reads nothing here."""
   P, T = layout.prompt_len, layout.length
-  end_V = np.full(len(layout.view_set_V), P)
-  for n, (_, stop) in enumerate(layout.turn_slices):
-    end_V[layout.turn_view_N[n]] = max(end_V[layout.turn_view_N[n]], stop)
-  live_VxT = layout.visible_VxT & (np.arange(T)[None] < end_V[:, None])
+  live_VxT = layout.visible_VxT & (np.arange(T)[None] < last_turn_end_V(layout)[:, None])
   segments = []
   for t in range(P, T):
     live = tuple(np.flatnonzero(live_VxT[:, t]).tolist())
@@ -62,10 +66,7 @@ def token_reads(layout: Layout) -> int:
 def needed_reads_VxT(layout: Layout) -> np.ndarray:
   """The positions view v must read in any sampler: those it sees, up to the last one whose logits it
   gives (the position before its last turn's last token); the floor `token_reads` is measured against."""
-  last_V = np.full(len(layout.view_set_V), -1)
-  for n, (_, stop) in enumerate(layout.turn_slices):
-    last_V[layout.turn_view_N[n]] = max(last_V[layout.turn_view_N[n]], stop - 2)
-  return layout.visible_VxT & (np.arange(layout.length)[None] <= last_V[:, None])
+  return layout.visible_VxT & (np.arange(layout.length)[None] <= last_turn_end_V(layout)[:, None] - 2)
 
 
 def episode_flops(cfg: model_lib.ModelConfig, layout: Layout) -> dict:
