@@ -16,6 +16,7 @@ import pytest
 from tensorboardX.proto import event_pb2
 
 from marl_jax import checkpoint, configs, experiment, loop, state, train
+from marl_jax import metrics as metrics_lib
 from main_test import _snapshot, _steps
 from train_test import tiny_config
 
@@ -146,8 +147,12 @@ def test_sigterm_then_kill_during_a_save_resume_exactly(tmp_path):
   assert _steps(workdir) == [0, 2, 4]
   exp = experiment.build(tiny_config(**CRITIC_OVERRIDES))
   straight_S, train_call = state.initial_state(exp), train.make_train_call(exp)
+  straight_rows = []
   for _ in range(2):
-    straight_S, _ = train_call(straight_S)
+    straight_S, metrics_SxN = train_call(straight_S)
+    metrics_SxN = state.to_host(metrics_SxN)
+    metrics_SxN.pop("nonfinite_QxR")
+    straight_rows.append(loop.summarize(metrics_SxN))
   resumed_S = _restore(workdir, 4, CRITIC_OVERRIDES)
   chex.assert_trees_all_equal(resumed_S, jax.tree.map(np.asarray, straight_S))
   # Not vacuous: the parameters moved, and the critic took its 4 updates.
@@ -155,8 +160,14 @@ def test_sigterm_then_kill_during_a_save_resume_exactly(tmp_path):
   assert not np.array_equal(resumed_S.params["embed"]["embedding"],
                             _restore(workdir, 2, CRITIC_OVERRIDES).params["embed"]["embedding"])
 
-  # init_from names the latest checkpoint or the best-evaluated one (the latest of the best).
+  # The stopped and the resumed run logged steps 2 and 4 as the straight steps: the same episodes,
+  # rewards and losses.
   rows = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
+  for row, summary in zip(rows[1:], straight_rows):
+    for name, values_S in summary.items():
+      assert row[name] == metrics_lib.per_seed(name, values_S)[name], (row["step"], name)
+
+  # init_from names the latest checkpoint or the best-evaluated one (the latest of the best).
   best = max(rows, key=lambda r: (r["eval_accuracy"], r["step"]))
   assert checkpoint.best_step(str(workdir)) == best["step"]
   assert rows[-1]["eval_drop_from_peak"] == pytest.approx(best["eval_accuracy"] - rows[-1]["eval_accuracy"])

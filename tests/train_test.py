@@ -282,10 +282,6 @@ def test_frozen_parameter_set_stays_unchanged():
   assert max(jax.tree.leaves(moved)) > 1e-4  # the trainable solver did learn
 
 
-def _restore(workdir, exp, step):
-  return jax.tree.map(np.asarray, checkpoint.restore(workdir, state.abstract_state(exp), step))
-
-
 @pytest.mark.slow
 def test_rl_raises_eval_accuracy_above_the_base_model(tmp_path):
   """Measured: greedy accuracy on the fixed eval set (128 problems, seed 1234) of the warm-started
