@@ -6,7 +6,6 @@ Fixed evaluation sets, versioned, one config per task, difficulty, seed and size
 `tasks.eval_problems`, so a number measured on either names the same dataset.  `archive.py` writes
 transcript archives with the same machinery.
 """
-import dataclasses
 import os
 import re
 
@@ -100,8 +99,8 @@ def task_name(task: tasks.Task) -> str:
 
 
 def task_knobs(task: tasks.Task) -> dict:
-  """The knobs that define the problems (demonstration noise does not)."""
-  return {f.name: getattr(task, f.name) for f in dataclasses.fields(task) if f.name != "demo_error_rate"}
+  """The knobs that define the problems (`Task.problem_knobs`)."""
+  return task.problem_knobs()
 
 
 def eval_set_config(task: tasks.Task, seed: int, size: int) -> str:

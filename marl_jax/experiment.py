@@ -124,6 +124,12 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
                      f"{list(ON_NONFINITE)}")
   task_name, task_knobs = _sub_config(config.task)
   task = tasks.make(task_name, **task_knobs)
+  if task.free_text:
+    if not config.model.checkpoint:
+      raise ValueError(f"config.task.name={task_name!r} is answered in free text by a language model; "
+                       "set config.model.checkpoint to a local Qwen3/Llama checkpoint directory")
+    task = dataclasses.replace(task, tokenizer=config.model.checkpoint)
+  task.check(config.eval.size)
   protocol_name, protocol_knobs = _sub_config(config.protocol)
   protocol = protocols.make(protocol_name, task, **protocol_knobs)
   role_set_R = role_map(protocol.roles, config.roles.sharing)
@@ -166,7 +172,7 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
     if config[key] % config.steps_per_call:
       raise ValueError(f"config.{key}={config[key]} must be a multiple of config.steps_per_call="
                        f"{config.steps_per_call}")
-  model_cfg = make_model(config.model)
+  model_cfg = make_model(config.model, task.free_text)
   optimizer = model_lib.trainable(model_cfg, make_optimizer(config.optim,
                                                             config.total_steps * rl.epochs * rl.minibatches))
   make_optimizer(sft_optim(config), config.sft.steps, "sft")  # refuses bad warm-start settings now
@@ -174,12 +180,12 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
                     loss, optimizer, mesh)
 
 
-def make_model(model_config):
+def make_model(model_config, free_text: bool = False):
   """`config.model` -> the agent model: the built-in transformer, or with `checkpoint` a local
-  Qwen3/Llama checkpoint (`lm.agent`; `d_model`, `n_layers`, `n_heads`, `d_ff` are then the
-  checkpoint's, from its config.json)."""
+  Qwen3/Llama checkpoint (`lm.agent`, over its whole vocabulary for a `free_text` task; `d_model`,
+  `n_layers`, `n_heads`, `d_ff` are then the checkpoint's, from its config.json)."""
   if model_config.checkpoint:
-    return lm_agent.from_config(model_config)
+    return lm_agent.from_config(model_config, free_text)
   if model_config.lora.enabled:
     raise ValueError("config.model.lora.enabled=True needs config.model.checkpoint: adapters train on a "
                      "checkpoint's frozen weights, not on the built-in model")

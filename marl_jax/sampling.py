@@ -22,8 +22,10 @@ _ENV_ONLY_V[[text.PAD, text.BOS, text.ABSENT]] = True
 
 
 def policy_log_probs(logits_xV, temperature: float):
-  """Log-probs of the policy that samples at `temperature`; training uses the same distribution."""
-  return jax.nn.log_softmax(jnp.where(_ENV_ONLY_V, -1e9, logits_xV / temperature), axis=-1)
+  """Log-probs of the policy that samples at `temperature`; training uses the same distribution.
+  Canvas values past the engine's symbols (a free-text agent's other tokens) are the policy's."""
+  env_only_V = np.pad(_ENV_ONLY_V, (0, logits_xV.shape[-1] - len(_ENV_ONLY_V)))
+  return jax.nn.log_softmax(jnp.where(env_only_V, -1e9, logits_xV / temperature), axis=-1)
 
 
 def gather_params(params_R, view_set_V):
@@ -130,7 +132,9 @@ def generate(cfg: model_lib.ModelConfig, layout: Layout, params_R, canvas_BxT, f
     token_B = jnp.where(blank_B, text.PAD, token_B)
     sampled_B = is_message & ~forced_B & ~blank_B
     logp_B = jnp.where(sampled_B, jnp.take_along_axis(logp_BxV, token_B[:, None], 1)[:, 0], 0.0)
-    closes_episode_B = is_message & ends_TxV[t][token_B] & ~blank_B
+    # Only engine symbols end an episode (a free-text token past them never does).
+    closes_episode_B = (is_message & ~blank_B & (token_B < text.VOCAB_SIZE)
+                        & ends_TxV[t][jnp.minimum(token_B, text.VOCAB_SIZE - 1)])
     ended_B = ended_B | (is_message & (token_B == text.EOS)) | closes_episode_B
     done_B = done_B | closes_episode_B
     tokens_BxT = tokens_BxT.at[:, t].set(token_B)

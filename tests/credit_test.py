@@ -341,7 +341,7 @@ def test_pure_shapley_refuses_monte_carlo_without_key_or_permutations():
 def shapley_credit(estimator, value_BxC):
   """The `shapley` estimator's phi_RxB when coalition S of episode b is worth value[b, sum_{r in S} 2^r]:
   its re-runs' outcomes looked up in that table (roles outside S are the changed ones)."""
-  (B, C), R = value_BxC.shape, int(np.log2(value_BxC.shape[1]))
+  B, R = value_BxC.shape[0], int(np.log2(value_BxC.shape[1]))
   reruns = estimator.reruns(R)
   assert (reruns.mode, reruns.samples) == ("absent", 1)
   index_C = ((~np.array(reruns.changed_CxR)) * 2 ** np.arange(R)).sum(1)

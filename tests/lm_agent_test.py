@@ -64,9 +64,9 @@ def test_agent_logits_are_the_decoders_at_the_symbols(family):
   tokens_BxL = jnp.array([text.encode("<bos>3+4*2=<role0>8<eos>"), text.encode("<bos>9-1*3=<role0>4<eos>")])
   B, L = tokens_BxL.shape
   ok_BxT = jnp.ones((B, agent.max_len), bool).at[:, L:].set(False)
-  full_BxLxW, _ = lm_model.apply(agent.lm, params, jnp.asarray(agent.symbol_ids_V)[tokens_BxL], 0,
+  full_BxLxW, _ = lm_model.apply(agent.lm, params, jnp.asarray(agent.canvas_ids_V)[tokens_BxL], 0,
                                  ok_BxT[:, :L])
-  expected_BxLxV = full_BxLxW[..., np.array(agent.symbol_ids_V)]
+  expected_BxLxV = full_BxLxW[..., np.array(agent.canvas_ids_V)]
   got_BxLxV, _ = model_lib.apply(agent, params, tokens_BxL, 0, ok_BxT[:, :L])
   np.testing.assert_allclose(got_BxLxV, expected_BxLxV, atol=1e-5, rtol=1e-5)
   cache = model_lib.empty_cache(agent, B, agent.max_len)
@@ -129,9 +129,9 @@ def test_lora_agent_is_the_adapted_decoder():
   adapter = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(1), p.shape), params["adapter"])
   trained = {"base": params["base"], "adapter": adapter}
   full, _ = lora_lib.apply(agent.lm, agent.lora, params["base"], adapter,
-                           jnp.asarray(agent.symbol_ids_V)[tokens_BxL], 0, ok_BxL)
+                           jnp.asarray(agent.canvas_ids_V)[tokens_BxL], 0, ok_BxL)
   np.testing.assert_allclose(model_lib.apply(agent, trained, tokens_BxL, 0, ok_BxL)[0],
-                             full[..., np.array(agent.symbol_ids_V)], atol=1e-5, rtol=1e-5)
+                             full[..., np.array(agent.canvas_ids_V)], atol=1e-5, rtol=1e-5)
   tx = model_lib.trainable(agent, optax.adam(0.1))
   state = tx.init(trained)
   adapter_size = sum(p.size for p in jax.tree.leaves(adapter))

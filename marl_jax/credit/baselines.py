@@ -1,5 +1,4 @@
 """Group baselines over G samples of the same problem (rows b*G .. b*G+G-1 share a problem)."""
-import jax.numpy as jnp
 
 BASELINES = ("grpo", "dr_grpo", "rloo", "none")
 

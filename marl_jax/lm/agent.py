@@ -6,8 +6,12 @@ letters, `<eos>`, role markers, ...).  An `LMAgent` maps each symbol to one toke
 tokenizer on the way in and, on the way out, applies only those tokens' unembedding rows, so the policy
 is the language model restricted to the task's alphabet: what it may write is exactly what the task can
 read, with the model's own end-of-turn token closing every message.  Roles stay engine-assigned: each
-role marker is a token the policy can never write (`sampling.policy_log_probs` masks it).  Free text
-(word problems scored by answer extraction) needs the whole vocabulary in the step; it is not here yet.
+role marker is a token the policy can never write (`sampling.policy_log_probs` masks it).
+
+A free-text task (`tasks.WordProblems`) needs the whole vocabulary: with `free_text` the canvas values
+are the 96 engine symbols followed by every other ordinary token of the tokenizer (`canvas_ids`), so
+the policy is the whole language model (its special tokens aside) and the engine still reads its own
+symbols (EOS, digits, accept/reject) where it needs them.
 """
 import dataclasses
 import functools
@@ -31,9 +35,14 @@ SPECIAL_TEXT = {"<sep>": ("\n", ";"), "<accept>": ("yes", " yes", "Y"), "<reject
                 "<absent>": ("_", "~")}
 SPECIAL_TEXT.update({text.TOKENS[text.role_marker(k)]: (chr(ord("A") + k),)
                      for k in range(len(text.ROLE_MARKERS))})
+# In free text a policy may write any letter, so role markers are control characters instead (0x10 +
+# k, never in text; byte-level tokenizers hold each as one token), the letter only where one is not.
+FREE_TEXT = dict(SPECIAL_TEXT)
+FREE_TEXT.update({text.TOKENS[text.role_marker(k)]: (chr(0x10 + k), chr(ord("A") + k))
+                  for k in range(len(text.ROLE_MARKERS))})
 
 
-def symbol_ids(tok: lm_tokenizer.Tokenizer) -> tuple[int, ...]:
+def symbol_ids(tok: lm_tokenizer.Tokenizer, free_text: bool = False) -> tuple[int, ...]:
   """The tokenizer's id of every engine symbol, ids_V (V = text.VOCAB_SIZE).
 
   `<eos>` is the end-of-turn token and `<bos>` the first special token of the chat layout (Qwen3's
@@ -41,12 +50,13 @@ def symbol_ids(tok: lm_tokenizer.Tokenizer) -> tuple[int, ...]:
   follow `SPECIAL_TEXT`.  A symbol with no single-token text, or two readable symbols on one token, is
   an error naming the symbol."""
   bos = lm_tokenizer.special_tokens(tok.layout.begin + tok.layout.header)[0]
+  texts = FREE_TEXT if free_text else SPECIAL_TEXT
   ids, readable = [], {}
   for symbol in text.TOKENS:
     if symbol in ("<pad>", "<eos>") or symbol.startswith("<unused"):
       ids.append(tok.end_of_turn_id)
       continue
-    choices = ((bos,) if symbol == "<bos>" else SPECIAL_TEXT.get(symbol, (symbol,)))
+    choices = ((bos,) if symbol == "<bos>" else texts.get(symbol, (symbol,)))
     single = [tok.encode(c) for c in choices]
     single = [e[0] for e in single if len(e) == 1]
     if not single:
@@ -58,6 +68,19 @@ def symbol_ids(tok: lm_tokenizer.Tokenizer) -> tuple[int, ...]:
     readable[single[0]] = symbol
     ids.append(single[0])
   return tuple(ids)
+
+
+def canvas_ids(tok: lm_tokenizer.Tokenizer, vocab_size: int) -> tuple[tuple[int, ...], int]:
+  """The tokenizer id of every canvas value of free text, ids_W, and how many of them a policy may
+  write: the engine symbols (`symbol_ids(tok, free_text=True)`), then every other ordinary token
+  below the model's `vocab_size` (id order), then the special tokens not among the symbols (such as
+  Llama's `<|start_header_id|>`), which a prompt may hold but a policy never writes."""
+  symbols = symbol_ids(tok, free_text=True)
+  special = [i for i, added in sorted(tok.tok.get_added_tokens_decoder().items())
+             if added.special and i < vocab_size and i not in symbols]
+  taken = set(symbols) | set(special)
+  ordinary = tuple(i for i in range(min(vocab_size, tok.vocab_size)) if i not in taken)
+  return symbols + ordinary + tuple(special), len(symbols) + len(ordinary)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,16 +95,22 @@ class LMAgent:
   lm: lm_model.LMConfig
   checkpoint: str  # the directory the weights and tokenizer come from
   random_weights: bool  # the checkpoint's shapes, randomly initialised (speed measurements)
-  symbol_ids_V: tuple[int, ...]
+  canvas_ids_V: tuple[int, ...]  # the tokenizer id of each canvas value: symbols (then free text)
   lora: lora_lib.LoRAConfig | None = None
+  num_writable: int = 0  # free text: canvas values past this are special tokens no policy writes
 
   @property
   def max_len(self) -> int:
     return self.lm.max_len
 
+  @property
+  def vocab_size(self) -> int:
+    """Canvas values the policy reads and writes: text.VOCAB_SIZE, or more with free text."""
+    return len(self.canvas_ids_V)
+
   def apply(self, params, tokens_BxL, start, key_ok_BxT, cache=None):
-    """Logits over the engine's symbols, logits_BxLxV, and the updated cache."""
-    ids_V = jnp.asarray(self.symbol_ids_V)
+    """Logits over the canvas values, logits_BxLxV, and the updated cache."""
+    ids_V = jnp.asarray(self.canvas_ids_V)
     decoder = lambda base: lm_model.Decoder(self.lm).apply({"params": base}, ids_V[tokens_BxL], start,
                                                            key_ok_BxT, cache, features=True)
     if self.lora is None:
@@ -91,12 +120,15 @@ class LMAgent:
       base = jax.lax.stop_gradient(params["base"])
       with lora_lib.adapted(self.lora, params["adapter"]):
         x_BxLxD, cache = decoder(base)
-    if self.lm.tie_word_embeddings:
-      unembed_DxV = base["embed_tokens"]["embedding"][ids_V].T
-    else:
-      unembed_DxV = base["lm_head"]["kernel"][:, ids_V]
+    unembed_DxW = (base["embed_tokens"]["embedding"].T if self.lm.tie_word_embeddings
+                   else base["lm_head"]["kernel"])
     dtype = self.lm.dtype
-    return jnp.dot(x_BxLxD.astype(dtype), unembed_DxV.astype(dtype)).astype(jnp.float32), cache
+    if self.vocab_size > text.VOCAB_SIZE:  # free text: every token's logit, then in canvas order
+      logits_BxLxW = jnp.dot(x_BxLxD.astype(dtype), unembed_DxW.astype(dtype))[..., ids_V]
+      writable_W = np.arange(self.vocab_size) < self.num_writable
+      return jnp.where(writable_W, logits_BxLxW.astype(jnp.float32), -1e9), cache
+    # Only the symbols' rows: gathering 96 rows is cheaper than the whole unembedding.
+    return jnp.dot(x_BxLxD.astype(dtype), unembed_DxW[:, ids_V].astype(dtype)).astype(jnp.float32), cache
 
   def empty_cache(self, batch: int, length: int):
     return lm_model.empty_cache(self.lm, batch, length)
@@ -138,8 +170,8 @@ class LMAgent:
   def flops_per_token(self, context_len: int) -> int:
     """As `lm.model.flops_per_token`, with the unembedding of the symbols only (and without the
     adapters' rank x (in + out) multiply-adds per target: a few percent at rank 8)."""
-    return lm_model.flops_per_token(dataclasses.replace(self.lm, vocab_size=len(self.symbol_ids_V)),
-                                    context_len)
+    unembedded = self.lm.vocab_size if self.vocab_size > text.VOCAB_SIZE else self.vocab_size
+    return lm_model.flops_per_token(dataclasses.replace(self.lm, vocab_size=unembedded), context_len)
 
 
 @functools.lru_cache(maxsize=2)
@@ -147,17 +179,17 @@ def _load_params(directory: str, max_len: int):
   return lm_checkpoint.load(directory, max_len=max_len)[1]
 
 
-def from_config(model_config) -> LMAgent:
-  """An `LMAgent` from `config.model` (`checkpoint`, `random_weights`, `max_len`, `dtype`, `lora`);
-  every file and shape problem is an error naming `config.model.checkpoint`, before anything is
-  compiled."""
+def from_config(model_config, free_text: bool = False) -> LMAgent:
+  """An `LMAgent` from `config.model` (`checkpoint`, `random_weights`, `max_len`, `dtype`, `lora`),
+  over the whole vocabulary with `free_text`; every file and shape problem is an error naming
+  `config.model.checkpoint`, before anything is compiled."""
   directory = model_config.checkpoint
   try:
     lm = lm_model.LMConfig.from_hf_config(lm_checkpoint.read_hf_config(directory),
                                           max_len=model_config.max_len,
                                           dtype=model_lib.compute_dtype(model_config.dtype))
     tok = lm_tokenizer.load(directory)
-    ids_V = symbol_ids(tok)
+    ids_V, num_writable = canvas_ids(tok, lm.vocab_size) if free_text else (symbol_ids(tok), 0)
     if not model_config.random_weights:
       _load_params(directory, lm.max_len)  # a missing or mis-shaped tensor fails here, not in the step
   except (OSError, ValueError) as e:
@@ -165,7 +197,8 @@ def from_config(model_config) -> LMAgent:
   if max(ids_V) >= lm.vocab_size:
     raise ValueError(f"config.model.checkpoint={directory!r}: its tokenizer gives token {max(ids_V)}, "
                      f"beyond the model's vocab_size={lm.vocab_size}")
-  return LMAgent(lm, directory, model_config.random_weights, ids_V, lora_config(model_config.lora))
+  return LMAgent(lm, directory, model_config.random_weights, ids_V, lora_config(model_config.lora),
+                 num_writable)
 
 
 def lora_config(lora) -> lora_lib.LoRAConfig | None:

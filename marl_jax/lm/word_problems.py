@@ -37,6 +37,7 @@ class WordProblems:
   questions: tuple[str, ...]
   answers: tuple[str, ...]  # final answers as canonical numbers: "42", "-3", "2.25"
   source: str  # the file, directory or evaluation set they come from
+  solutions: tuple[str, ...]  # the answer fields as written: a worked solution, or the number
 
 
 class Prompts(NamedTuple):
@@ -70,6 +71,20 @@ def extract_final_answer(message: str) -> str | None:
   return canonical_number(numbers[0] if marked else numbers[-1])
 
 
+def wrong_solution(solution: str) -> str:
+  """`solution` with the number its final answer is read from (`extract_final_answer`) one too high:
+  a systematic mistake for warm-start demonstrations.  A text without a number is returned as is."""
+  head, marked, tail = solution.rpartition(GSM8K_MARK)
+  if not marked:
+    head, tail = "", solution
+  numbers = list(_NUMBER.finditer(tail))
+  if not numbers:
+    return solution
+  number = numbers[0] if marked else numbers[-1]
+  wrong = canonical_number(str(decimal.Decimal(canonical_number(number.group())) + 1))
+  return head + marked + tail[:number.start()] + wrong + tail[number.end():]
+
+
 def score(predicted_text: str, reference: str) -> int:
   """1 when the final answer of `predicted_text` equals `reference` as a number, else 0; `reference`
   is a final answer (as `load` returns) or a text holding one."""
@@ -99,7 +114,8 @@ def load(path: str, *, source: str = "auto", answer_style: str = "auto", questio
   if answer_style == "auto":
     answer_style = "gsm8k" if GSM8K_MARK in records[0][2] else "plain"
   answers = tuple(_reference(where, answer, answer_style) for where, _, answer in records)
-  return WordProblems(tuple(question for _, question, _ in records), answers, path)
+  return WordProblems(tuple(question for _, question, _ in records), answers, path,
+                      tuple(answer for _, _, answer in records))
 
 
 def _read_jsonl(path: str, keys: tuple[str, str]) -> list[tuple[str, str, str]]:
@@ -230,5 +246,5 @@ def from_task(task: tasks.Task, seed: int, size: int) -> WordProblems:
     raise ValueError(f"task {task.name!r} has no word form; tasks with one: {sorted(_QUESTIONS)}")
   problems = jax.device_get(tasks.eval_problems(task, seed, size))
   pairs = [_QUESTIONS[task.name](task, {k: v[i] for k, v in problems.items()}) for i in range(size)]
-  return WordProblems(tuple(q for q, _ in pairs), tuple(a for _, a in pairs),
-                      datasets.eval_set_name(task, seed, size))
+  answers = tuple(a for _, a in pairs)
+  return WordProblems(tuple(q for q, _ in pairs), answers, datasets.eval_set_name(task, seed, size), answers)

@@ -9,10 +9,11 @@ from marl_jax.tasks.matrix_game import MatrixGame
 from marl_jax.tasks.multi_chain import MultiChain
 from marl_jax.tasks.stack_program import StackProgram
 from marl_jax.tasks.subset_sum import SubsetSum
+from marl_jax.tasks.word_problems import WordProblems
 
 REGISTRY: dict[str, type[Task]] = {
     cls.name: cls for cls in (Arithmetic, Contribution, HiddenSum, MatrixGame, MultiChain, StackProgram,
-                              SubsetSum)}
+                              SubsetSum, WordProblems)}
 
 
 def make(name: str, **kwargs) -> Task:

@@ -16,6 +16,8 @@ from marl_jax import text
 @dataclasses.dataclass(frozen=True)
 class Task:
   name: ClassVar[str] = ""  # the registry name (`config.task.name`); set by each registered task
+  # Free text (word problems): the agent writes over a language model's whole vocabulary, not symbols.
+  free_text: ClassVar[bool] = False
   # Fraction of warm-start demonstrations that carry a plausible wrong answer: the knob that keeps the
   # base model weak, as a small pretrained model is, so RL has room to show gains.
   demo_error_rate: float = 0.0
@@ -35,6 +37,19 @@ class Task:
 
   def sample(self, key) -> dict:
     raise NotImplementedError
+
+  def check(self, eval_size: int) -> None:
+    """Reads whatever the task needs from disk now, so a bad file fails before anything compiles, and
+    checks that its evaluation set can hold `eval_size` problems."""
+
+  def problem_knobs(self) -> dict:
+    """The knobs that define the problems, which name a saved evaluation set (`datasets`): every
+    field but the demonstrations' noise."""
+    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "demo_error_rate"}
+
+  def eval_set(self, seed: int, n: int) -> dict:
+    """The fixed evaluation set: `n` problems drawn with the seed (a file's task: its own questions)."""
+    return jax.jit(jax.vmap(self.sample))(jax.random.split(jax.random.PRNGKey(seed), n))
 
   def score(self, problem: dict, message_A) -> jax.Array:
     """Reward in [0, 1] for a final-answer message; default: exact match of the answer tokens."""
@@ -101,4 +116,4 @@ def fixed_width_tokens(x, width: int):
 
 def eval_problems(task: Task, seed: int, n: int) -> dict:
   """The fixed evaluation set: the same `n` problems for a given task, seed and difficulty."""
-  return jax.jit(jax.vmap(task.sample))(jax.random.split(jax.random.PRNGKey(seed), n))
+  return task.eval_set(seed, n)

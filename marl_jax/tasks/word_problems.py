@@ -1,0 +1,201 @@
+"""Word problems in free text, for a language-model agent (`config.model.checkpoint`).
+
+Questions and answers come from a local jsonl file or TFDS directory (`lm.word_problems.load`); each
+question is posed as the user turn of the checkpoint's chat layout, left-padded to `max_prompt_len`
+tokens, and the agent answers in free text over its whole vocabulary (`lm.agent.canvas_ids`) within
+`answer_len` tokens.  The reward is 1 when the final answer read from the message (GSM8K's
+conventions, `lm.word_problems.extract_final_answer`) equals the reference: the message is decoded
+with the tokenizer and scored on the host (`jax.pure_callback`) by the same function the tests check,
+not by a second parser written in JAX.  Demonstrations are the answer fields as written (a worked
+solution, or the number); a wrong one is the same text with its final answer one too high.
+
+The canvas holds canvas values (`lm.agent.canvas_ids`), not the engine's symbol strings, so a problem
+is only readable through the tokenizer (`render`).
+"""
+import dataclasses
+import functools
+import hashlib
+import os
+from typing import ClassVar, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from marl_jax import text
+from marl_jax.tasks.base import Task
+
+
+class _Data(NamedTuple):
+  """A task's problems as canvas values: the training rows, then the evaluation rows."""
+  prompt_NxP: np.ndarray
+  solution_NxA: np.ndarray  # the demonstration: the answer field as written, EOS, PAD
+  wrong_NxA: np.ndarray  # the same with its final answer one too high
+  reference_N: tuple[str, ...]  # final answers (canonical numbers)
+  num_train: int
+  canvas_ids_W: np.ndarray  # tokenizer id of each canvas value
+  tokenizer: object  # lm.tokenizer.Tokenizer
+
+  def decode(self, canvas_values, message: bool = True) -> str:
+    """The text of canvas values (padding left out); a `message` ends at its first EOS."""
+    values = np.asarray(canvas_values).reshape(-1)
+    if message and (values == text.EOS).any():
+      values = values[:np.argmax(values == text.EOS)]
+    return self.tokenizer.decode(self.canvas_ids_W[values[values != text.PAD]])
+
+
+@dataclasses.dataclass(frozen=True)
+class WordProblems(Task):
+  name: ClassVar[str] = "word_problems"
+  free_text: ClassVar[bool] = True  # needs a language-model agent over its whole vocabulary
+
+  path: str = ""  # training questions: a jsonl file or a TFDS version directory
+  eval_path: str = ""  # evaluation questions (default: `path`, its `eval_split` for a TFDS directory)
+  split: str = "train"  # TFDS splits
+  eval_split: str = "test"
+  question_key: str = "question"
+  answer_key: str = "answer"
+  answer_style: str = "auto"  # gsm8k (a worked solution ending '#### N'), plain (the number) or auto
+  max_prompt_len: int = 128
+  max_answer_len: int = 64  # tokens of a message, its end-of-turn token included
+  drop_long: bool = False  # leave out problems whose prompt or demonstration does not fit, not refuse
+  tokenizer: str = ""  # the checkpoint directory whose tokenizer poses the problems (set by the run)
+
+  @property
+  def prompt_len(self) -> int:
+    return self.max_prompt_len
+
+  @property
+  def answer_len(self) -> int:
+    return self.max_answer_len
+
+  def check(self, eval_size: int) -> None:
+    """Reads and encodes every problem now, so a bad file fails before anything compiles."""
+    data = self._data()
+    available = len(data.reference_N) - data.num_train
+    if eval_size > available:
+      raise ValueError(f"config.eval.size={eval_size} is more than the {available} evaluation questions "
+                       f"of config.task.eval_path (or path); allowed: at most {available}")
+
+  @functools.lru_cache(maxsize=4)
+  def _data(self) -> _Data:
+    # lm.word_problems reads files through marl_jax.datasets, which imports the task registry.
+    from marl_jax.lm import agent as lm_agent  # pylint: disable=g-import-not-at-top
+    from marl_jax.lm import checkpoint as lm_checkpoint  # pylint: disable=g-import-not-at-top
+    from marl_jax.lm import tokenizer as lm_tokenizer  # pylint: disable=g-import-not-at-top
+    from marl_jax.lm import word_problems  # pylint: disable=g-import-not-at-top
+    if not self.path:
+      raise ValueError("config.task.path is empty; allowed: a jsonl file of question/answer pairs or a "
+                       "TFDS directory in array_record format")
+    if not self.tokenizer:
+      raise ValueError("config.task.name='word_problems' needs a language-model agent: set "
+                       "config.model.checkpoint to a local Qwen3/Llama checkpoint directory")
+    if self.max_prompt_len < 1 or self.max_answer_len < 2:
+      raise ValueError(f"config.task.max_prompt_len={self.max_prompt_len}, max_answer_len="
+                       f"{self.max_answer_len}; allowed: >= 1 and >= 2")
+    tok = lm_tokenizer.load(self.tokenizer)
+    vocab_size = lm_checkpoint.read_hf_config(self.tokenizer)["vocab_size"]
+    canvas_ids_W = np.asarray(lm_agent.canvas_ids(tok, vocab_size)[0])
+    value_of_id = np.full(max(tok.vocab_size, vocab_size), -1)
+    value_of_id[canvas_ids_W] = np.arange(len(canvas_ids_W))
+    value_of_id[tok.end_of_turn_id] = text.EOS
+
+    def read(key, path, split):
+      try:
+        return word_problems.load(path, answer_style=self.answer_style, question_key=self.question_key,
+                                  answer_key=self.answer_key, split=split)
+      except (OSError, ValueError) as e:
+        raise ValueError(f"config.task.{key}={path!r}: {e}") from e
+
+    def encode(problems, key):
+      """Canvas rows of the problems that fit (all of them unless drop_long)."""
+      prompts = word_problems.encode_prompts(tok, problems.questions, self.max_prompt_len,
+                                             drop_long=True)
+      solutions = [tok.encode(s) + [tok.end_of_turn_id] for s in problems.solutions]
+      wrongs = [tok.encode(word_problems.wrong_solution(s)) + [tok.end_of_turn_id]
+                for s in problems.solutions]
+      fits = {int(i) for i in prompts.index_N} & {
+          i for i, (s, w) in enumerate(zip(solutions, wrongs)) if max(len(s), len(w)) <= self.answer_len}
+      if len(fits) < len(problems.questions) and not self.drop_long:
+        longest = max(len(x) for x in solutions)
+        raise ValueError(f"config.task.{key}: {len(problems.questions) - len(fits)} of "
+                         f"{len(problems.questions)} problems do not fit config.task.max_prompt_len="
+                         f"{self.max_prompt_len} (prompt) or max_answer_len={self.answer_len} (the "
+                         f"longest demonstration is {longest} tokens); raise them or set "
+                         f"config.task.drop_long=True")
+      if not fits:
+        raise ValueError(f"config.task.{key}: no problem fits max_prompt_len={self.max_prompt_len} "
+                         f"and max_answer_len={self.answer_len}")
+      rows = [r for r, i in enumerate(prompts.index_N) if int(i) in fits]
+      index = [int(prompts.index_N[r]) for r in rows]
+      prompt_NxP = np.where(np.arange(self.max_prompt_len) >= self.max_prompt_len
+                            - prompts.prompt_len_N[rows, None], value_of_id[prompts.prompt_NxP[rows]],
+                            text.PAD)
+
+      def messages(ids_list):
+        out = np.full((len(index), self.answer_len), text.PAD)
+        for row, i in enumerate(index):
+          out[row, :len(ids_list[i])] = value_of_id[ids_list[i]]
+        return out
+
+      unmapped = (prompt_NxP < 0).any() or (messages(solutions) < 0).any()
+      if unmapped:
+        raise ValueError(f"config.task.{key}: a problem holds a special token of the tokenizer that "
+                         "the chat layout does not use")
+      return (prompt_NxP, messages(solutions), messages(wrongs),
+              tuple(problems.answers[i] for i in index))
+
+    train = encode(read("path", self.path, self.split), "path")
+    # A jsonl file has no splits: without eval_path the evaluation questions are the training file's.
+    evals = encode(read("eval_path", self.eval_path or self.path, self.eval_split), "eval_path")
+    joined = [np.concatenate([a, b]).astype(np.int32) for a, b in zip(train[:3], evals[:3])]
+    return _Data(*joined, train[3] + evals[3], len(train[3]), canvas_ids_W, tok)
+
+  def problem_knobs(self) -> dict:
+    """The evaluation file's name and a digest of what the run reads from it (the encoded prompts,
+    demonstrations and answers, and the tokenizer's table), not the paths: a name must stay short, and
+    an edited file or another tokenizer is another set."""
+    data = self._data()
+    evals = slice(data.num_train, None)
+    digest = hashlib.sha256()
+    for array in (data.prompt_NxP[evals], data.solution_NxA[evals], data.canvas_ids_W):
+      digest.update(np.ascontiguousarray(array).tobytes())
+    digest.update("\n".join(data.reference_N[evals]).encode())
+    return {"source": os.path.basename(os.path.normpath(self.eval_path or self.path)),
+            "digest": digest.hexdigest()[:16]}
+
+  def _problem(self, i):
+    data = self._data()
+    return {"prompt": jnp.asarray(data.prompt_NxP)[i], "answer": jnp.asarray(data.solution_NxA)[i],
+            "wrong": jnp.asarray(data.wrong_NxA)[i], "index": jnp.asarray(i, jnp.int32)}
+
+  def sample(self, key) -> dict:
+    return self._problem(jax.random.randint(key, (), 0, self._data().num_train))
+
+  def eval_set(self, seed: int, n: int) -> dict:
+    """The first `n` evaluation questions, in order (the seed does not apply: the set is a file's)."""
+    del seed
+    self.check(n)
+    return jax.vmap(self._problem)(self._data().num_train + jnp.arange(n))
+
+  def score(self, problem: dict, message_A) -> jax.Array:
+    """1.0 when the message's final answer is the reference's, on the host (see the module's doc)."""
+    def host(index, message):
+      data = self._data()
+      from marl_jax.lm import word_problems  # pylint: disable=g-import-not-at-top
+      index, message = np.asarray(index), np.asarray(message)
+      reward = np.zeros(index.shape, np.float32)
+      for pos in np.ndindex(index.shape):
+        reward[pos] = word_problems.score(data.decode(message[pos]), data.reference_N[int(index[pos])])
+      return reward
+
+    return jax.pure_callback(host, jax.ShapeDtypeStruct((), jnp.float32), problem["index"], message_A,
+                             vmap_method="broadcast_all")
+
+  def wrong_answer(self, problem: dict, key) -> jax.Array:
+    del key
+    return problem["wrong"]
+
+  def render(self, problem: dict) -> str:
+    data = self._data()
+    return f"{data.decode(problem['prompt'], message=False)} {data.decode(problem['answer'])}"

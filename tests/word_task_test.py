@@ -1,0 +1,191 @@
+"""Word problems in the step (`tasks.WordProblems`, `lm.agent.canvas_ids`): the free-text canvas table of
+each fixture tokenizer, the agent's whole-vocabulary logits against the decoder's, problems that decode
+back to the file's questions and solutions, final answers scored inside a jitted function by hand-worked
+cases, sampled tokens that are all the policy's to write, bad input refused before compiling, and tiny
+runs through the real CLI (a warm start that learns the plain fixture's four answers)."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from marl_jax import configs, datasets, experiment, rollout, sampling, state as state_lib, text
+from marl_jax.lm import agent as lm_agent
+from marl_jax.lm import checkpoint as lm_checkpoint
+from marl_jax.lm import model as lm_model
+from marl_jax.lm import tokenizer as lm_tokenizer
+from marl_jax.lm import word_problems as wp
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures"
+EXPERIMENT = REPO / "experiments" / "lm_word_problems.py"
+PLAIN_ANSWERS = ("42", "1500", "-3", "2.5")  # tests/fixtures/word_problems/plain_tiny.jsonl
+FAMILIES = ["qwen3", "llama"]
+
+
+def _config(arg="size=tiny", **overrides):
+  c = configs.sibling(str(EXPERIMENT), "lm_word_problems").get_config(arg)
+  c.model.dtype = "float32"
+  for key, value in overrides.items():
+    group, name = key.split(".")
+    c[group][name] = value
+  return c
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_canvas_ids(family):
+  """Symbols first (role markers on control characters), then every ordinary token once, then the
+  special tokens that are not symbols, which no policy may write."""
+  tok = lm_tokenizer.load(str(FIXTURES / "lm" / family))
+  vocab_size = lm_checkpoint.read_hf_config(str(FIXTURES / "lm" / family))["vocab_size"]
+  ids_W, num_writable = lm_agent.canvas_ids(tok, vocab_size)
+  symbols = lm_agent.symbol_ids(tok, free_text=True)
+  assert ids_W[:text.VOCAB_SIZE] == symbols
+  assert symbols[text.role_marker(2)] == tok.encode("\x12")[0]
+  assert symbols[text.TOKEN_ID["a"]] == lm_agent.symbol_ids(tok)[text.TOKEN_ID["a"]]
+  # Every token of the tokenizer is a canvas value: symbols repeat only the end-of-turn id.
+  assert set(ids_W) == set(range(vocab_size))
+  assert len(ids_W) - text.VOCAB_SIZE == vocab_size - len(set(symbols))
+  tail = {"qwen3": ["<|endoftext|>"], "llama": ["<|end_of_text|>", "<|start_header_id|>",
+                                                  "<|end_header_id|>"]}[family]
+  assert [tok.tok.id_to_token(i) for i in ids_W[num_writable:]] == tail
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_free_text_logits_are_the_decoders(family):
+  agent = experiment.make_model(_config(**{"model.checkpoint": str(FIXTURES / "lm" / family)}).model,
+                                free_text=True)
+  params = jax.tree.map(lambda p: p[0], agent.pretrained_stack(1))
+  tokens_BxL = jax.random.randint(jax.random.PRNGKey(0), (2, 7), 0, agent.num_writable)
+  ok_BxL = jnp.ones((2, 7), bool)
+  logits_BxLxW, _ = agent.apply(params, tokens_BxL, 0, ok_BxL)
+  ids_W = np.asarray(agent.canvas_ids_V)
+  full_BxLxV, _ = lm_model.apply(agent.lm, params, jnp.asarray(ids_W)[tokens_BxL], 0, ok_BxL)
+  writable = agent.num_writable
+  np.testing.assert_allclose(logits_BxLxW[..., :writable], full_BxLxV[..., ids_W[:writable]], atol=1e-5,
+                             rtol=1e-5)
+  assert (logits_BxLxW[..., writable:] == -1e9).all()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_problems_decode_to_the_file(family):
+  """Prompts are the chat layout's user turn and assistant header; demonstrations are the answer
+  fields as written, and the wrong ones the same with the final answer one too high."""
+  checkpoint = str(FIXTURES / "lm" / family)
+  exp = experiment.build(_config(**{"model.checkpoint": checkpoint, "task.demo_error_rate": 1.0}))
+  tok = lm_tokenizer.load(checkpoint)
+  data = exp.task._data()  # pylint: disable=protected-access
+  problems = jax.device_get(exp.task.eval_set(0, 4))
+  source = wp.load(str(FIXTURES / "word_problems" / "plain_tiny.jsonl"), question_key="problem",
+                   answer_key="final")
+  for i in range(4):
+    prompt = problems["prompt"][i]
+    assert (prompt[:np.argmax(prompt != text.PAD)] == text.PAD).all()  # left-padded
+    assert data.decode(prompt, message=False) == tok.decode(
+        tok.render_chat([("user", source.questions[i])], next_role="assistant"))
+    assert data.decode(problems["answer"][i]) == source.solutions[i]
+    assert wp.extract_final_answer(data.decode(problems["wrong"][i])) == wp.canonical_number(
+        str(float(PLAIN_ANSWERS[i]) + 1))
+  np.testing.assert_array_equal(problems["index"], [4, 5, 6, 7])  # after the four training rows
+
+
+def _message(exp, words: str):
+  """`words` then the end of turn, as canvas values of the task's message slot."""
+  data = exp.task._data()  # pylint: disable=protected-access
+  value_of_id = {int(i): v for v, i in enumerate(data.canvas_ids_W) if v >= text.VOCAB_SIZE or v > text.EOS}
+  values = [value_of_id[i] for i in data.tokenizer.encode(words)] + [text.EOS]
+  return np.pad(values, (0, exp.task.answer_len - len(values)))
+
+
+def test_score_in_jit_by_hand():
+  exp = experiment.build(_config(**{"task.max_answer_len": 24, "model.max_len": 128}))
+  problems = exp.task.eval_set(0, 4)  # 7 x 6; $1,500; 10 - 13; half of 5
+  messages = np.stack([_message(exp, m) for m in (
+      "The answer is 42", "#### $1,500.", "it is 3", "2.50")])
+  score_B = jax.jit(jax.vmap(exp.task.score))(problems, jnp.asarray(messages))
+  np.testing.assert_array_equal(score_B, [1.0, 1.0, 0.0, 1.0])
+  # Text after the end of turn is not read: "42" then EOS then "7" is still 42.
+  late = _message(exp, "42")
+  late[3] = _message(exp, "7")[0]
+  assert float(jax.jit(exp.task.score)(jax.tree.map(lambda x: x[0], problems), jnp.asarray(late))) == 1.0
+
+
+def test_demonstrations_scored_by_the_protocol_in_the_step_functions():
+  """Solver-verifier on word problems: every right demonstration scores 1 and every wrong one 0,
+  through the protocol's jitted rewards (the host callback under vmap)."""
+  exp = experiment.build(_config("size=tiny,protocol=solver_verifier", **{"task.demo_error_rate": 0.5}))
+  problems = jax.vmap(exp.task.sample)(jax.random.split(jax.random.PRNGKey(1), 32))
+  tokens_BxT = jax.jit(lambda p, k: exp.protocol.demonstrate(exp.task, exp.layout, p, k))(
+      problems, jax.random.split(jax.random.PRNGKey(2), 32))
+  scored = jax.jit(lambda p, t: exp.protocol.rewards(exp.task, exp.layout, p, t))(problems, tokens_BxT)
+  answer_BxA = exp.protocol.final_answer(exp.layout, tokens_BxT)
+  right_B = np.asarray(jnp.all(answer_BxA == problems["answer"], -1))
+  assert 0 < right_B.sum() < 32
+  np.testing.assert_array_equal(scored.team_B, right_B.astype(np.float32))
+
+
+def test_sampled_tokens_are_the_policys():
+  """Free text over the whole vocabulary: nothing sampled is a role marker, padding, BOS, <absent> or a
+  special token of the tail, and some of it lies beyond the engine's symbols."""
+  exp = experiment.build(_config(**{"sft.steps": 0}))
+  state = state_lib.initial_state(exp)
+  problems = jax.vmap(exp.task.sample)(jax.random.split(jax.random.PRNGKey(3), 64))
+  params_R = jax.tree.map(lambda p: p[0], state.params)
+  episodes = jax.jit(lambda p, k: rollout.sample(exp, p, problems, k, False))(
+      params_R, jax.random.split(jax.random.PRNGKey(4), 64))
+  sampled = np.asarray(episodes.tokens_BxT)[np.asarray(episodes.sampled_BxT)]
+  env_only = np.pad(sampling._ENV_ONLY_V, (0, exp.model.vocab_size - text.VOCAB_SIZE))  # pylint: disable=protected-access
+  assert sampled.size and not env_only[sampled].any()
+  assert (sampled < exp.model.num_writable).all() and (sampled >= text.VOCAB_SIZE).any()
+
+
+def test_eval_set_archived_as_a_tfds_dataset(tmp_path):
+  """`config.eval.data_dir` works for a file's questions too: the archive holds exactly its rows."""
+  task = experiment.build(_config()).task
+  loaded = datasets.load_eval_set(task, seed=0, size=4, data_dir=str(tmp_path))
+  expected = jax.device_get(task.eval_set(0, 4))
+  assert sorted(loaded) == sorted(expected)
+  for k, v in expected.items():
+    np.testing.assert_array_equal(loaded[k], v)
+
+
+def test_bad_input_is_refused_before_compiling(tmp_path):
+  with pytest.raises(ValueError, match=r"config.task.name='word_problems' .*set config.model.checkpoint"):
+    experiment.build(_config(**{"model.checkpoint": ""}))
+  with pytest.raises(ValueError, match=r"config.task.path is empty"):
+    experiment.build(_config(**{"task.path": ""}))
+  with pytest.raises(ValueError, match=r"config.task.path='/nonexistent.jsonl': .*does not exist"):
+    experiment.build(_config(**{"task.path": "/nonexistent.jsonl"}))
+  with pytest.raises(ValueError, match=r"config.eval.size=8 is more than the 4 evaluation questions"):
+    experiment.build(_config(**{"eval.size": 8}))
+  gsm8k = str(FIXTURES / "word_problems" / "gsm8k_tiny.jsonl")
+  long = {"task.path": gsm8k, "task.question_key": "question", "task.answer_key": "answer",
+          "task.max_prompt_len": 160, "task.max_answer_len": 60, "model.max_len": 240}
+  with pytest.raises(ValueError, match=r"5 of 7 problems do not fit .*max_answer_len=60 .*drop_long=True"):
+    experiment.build(_config(**long))
+  kept = experiment.build(_config(**long, **{"task.drop_long": True, "eval.size": 2})).task._data()  # pylint: disable=protected-access
+  assert kept.num_train == 2 and kept.reference_N == ("-3", "2.25") * 2  # the two short solutions
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("protocol", ["single", "solver_verifier"])
+def test_tiny_runs_through_the_cli(protocol, tmp_path):
+  """The plain fixture's four questions, warm-started on right demonstrations long enough to learn
+  them: the greedy answers in free text, scored by their final answers, are all right."""
+  workdir = tmp_path / "run"
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  run = subprocess.run(
+      [sys.executable, "-m", "marl_jax.main", f"--config={EXPERIMENT}:size=tiny,protocol={protocol}",
+       f"--workdir={workdir}", "--config.sft.steps=150", "--config.sft.learning_rate=3e-3",
+       "--config.task.demo_error_rate=0"], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+  assert run.returncode == 0, run.stderr[-3000:]
+  rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows if "eval_accuracy" in r] == [0, 2, 4]
+  assert rows[0]["eval_accuracy"] == 1.0
+  losses = [v for r in rows for k, v in r.items() if k.endswith("/loss")]
+  assert losses and np.isfinite(losses).all()
