@@ -156,9 +156,9 @@ def make_fidelity(exp, adapt_steps: int):
     return parallel.gather_rows((by_row(jnp.swapaxes(adv_GxRxB, 1, 2)), *map(by_row, exact_GxBxR)))
 
   rows = P(None, parallel.DATA)
-  sharded = jax.shard_map(jax.vmap(local, in_axes=(0, 0, None, 0, 0, 0)), mesh=exp.mesh,
-                          in_specs=(P(), P(), P(), P(None, *rows), P(None, *rows), P(None, *rows)),
-                          out_specs=P(), check_vma=False)
+  sharded = parallel.shard_map(jax.vmap(local, in_axes=(0, 0, None, 0, 0, 0)), exp.mesh,
+                               in_specs=(P(), P(), P(), P(None, *rows), P(None, *rows), P(None, *rows)),
+                               out_specs=P())
   return jax.jit(sharded)
 
 

@@ -89,6 +89,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint_every = 100
   c.init_from = ""  # a workdir whose latest checkpoint gives the starting parameters
   c.num_devices = 0  # 0: every visible device
+  # Devices each parameter set is split over (a `model` mesh axis; the batch is split over the rest):
+  # for language models too large for one device, by config.model.sharding_rules (README).
+  c.model_shards = 1
   c.distributed = False  # call jax.distributed.initialize() first (multi-host)
 
   # checkpoint: a local Hugging Face-format Qwen3/Llama directory to use instead of the built-in model

@@ -34,8 +34,7 @@ def make_evaluate(exp: Experiment):
     return jax.vmap(one_seed)(params_S)
 
   rows = P(parallel.DATA)
-  sharded = jax.shard_map(local, mesh=exp.mesh, in_specs=(P(), P(), rows, rows), out_specs=P(),
-                          check_vma=False)
+  sharded = parallel.shard_map(local, exp.mesh, in_specs=(P(), P(), rows, rows), out_specs=P())
   compiled = jax.jit(lambda params_S, greedy: sharded(params_S, greedy, problems, keys))
   return lambda params_S, greedy=True: compiled(params_S, jnp.asarray(greedy))
 

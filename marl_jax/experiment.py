@@ -7,10 +7,13 @@ from collections.abc import Callable
 import jax
 import ml_collections
 import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from marl_jax import credit, losses, parallel, protocols, tasks
 from marl_jax import model as model_lib
 from marl_jax.lm import agent as lm_agent
+from marl_jax.lm import model as lm_model
+from marl_jax.lm import sharding as lm_sharding
 from marl_jax.protocols import engine
 
 
@@ -25,7 +28,7 @@ ON_NONFINITE = ("skip", "stop")
 
 # Integer settings that others divide by or loop over, with the least value each allows.
 _AT_LEAST = {"num_seeds": 1, "total_steps": 0, "steps_per_call": 1, "log_every": 1, "eval_every": 1,
-             "checkpoint_every": 1, "num_devices": 0, "model.d_model": 1, "model.n_layers": 1,
+             "checkpoint_every": 1, "num_devices": 0, "model_shards": 1, "model.d_model": 1, "model.n_layers": 1,
              "model.n_heads": 1, "model.d_ff": 1, "model.max_len": 1, "rl.batch_size": 1,
              "rl.group_size": 1, "rl.epochs": 1, "rl.minibatches": 1, "optim.warmup_steps": 0,
              "sft.steps": 0, "sft.batch_size": 1, "eval.size": 1}
@@ -64,6 +67,14 @@ class Experiment:
   @property
   def num_sets(self) -> int:
     return len(self.trainable_R)
+
+  def shardings(self, tree):
+    """Where each leaf of a state-shaped tree (arrays or shapes) lives on the mesh: replicated, or
+    with `config.model_shards` > 1 the parameters (and what mirrors them) split over the `model`
+    axis by `config.model.sharding_rules` (`lm.sharding.state_shardings`)."""
+    if parallel.MODEL not in self.mesh.shape:
+      return jax.tree.map(lambda _: NamedSharding(self.mesh, P()), tree)
+    return lm_sharding.state_shardings(tree, self.mesh, lm_sharding.rules_from_config(self.config.model))
 
 
 def role_map(roles, sharing) -> tuple[int, ...]:
@@ -156,8 +167,8 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
   credit_name, credit_knobs = _sub_config(config.credit)
   estimator = credit.make(credit_name, **credit_knobs)
   estimator.check(len(protocol.roles), rl.group_size)
-  mesh = parallel.make_mesh(config.num_devices)
-  devices = mesh.devices.size
+  mesh = parallel.make_mesh(config.num_devices, config.model_shards)
+  devices = mesh.shape[parallel.DATA]
   local_batch = rl.batch_size // devices
   if rl.batch_size % devices or local_batch % rl.group_size:
     raise ValueError(f"config.rl.batch_size={rl.batch_size} must split into {devices} devices with "
@@ -173,11 +184,25 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
       raise ValueError(f"config.{key}={config[key]} must be a multiple of config.steps_per_call="
                        f"{config.steps_per_call}")
   model_cfg = make_model(config.model, task.free_text)
+  if config.model_shards > 1:
+    check_model_sharding(config, model_cfg, mesh)
   optimizer = model_lib.trainable(model_cfg, make_optimizer(config.optim,
                                                             config.total_steps * rl.epochs * rl.minibatches))
   make_optimizer(sft_optim(config), config.sft.steps, "sft")  # refuses bad warm-start settings now
   return Experiment(config, task, protocol, layout, model_cfg, role_set_R, trainable_R, estimator,
                     loss, optimizer, mesh)
+
+
+def check_model_sharding(config, model_cfg, mesh) -> None:
+  """`config.model_shards` > 1 splits a language model's parameters: every parameter of the decoder
+  must match a rule of `config.model.sharding_rules` whose split dimensions divide by the axis."""
+  if not isinstance(model_cfg, lm_agent.LMAgent):
+    raise ValueError(f"config.model_shards={config.model_shards} splits a language model's parameters "
+                     f"(config.model.checkpoint); the built-in model is small enough for one device: "
+                     f"allowed: 1")
+  shapes = jax.eval_shape(lambda: lm_model.init_stack(model_cfg.lm, jax.random.PRNGKey(0), 1))
+  lm_sharding.partition_specs(shapes, mesh.shape, lm_sharding.rules_from_config(config.model),
+                              leading_axes=1)
 
 
 def make_model(model_config, free_text: bool = False):

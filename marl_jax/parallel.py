@@ -1,20 +1,36 @@
-"""Devices: the `data` mesh axis the batch is sharded over, and multi-host start-up."""
+"""Devices: the `data` mesh axis the batch is sharded over, the `model` axis parameters may be split
+over, and multi-host start-up."""
 import os
 
 import jax
 from jax.sharding import AxisType
 
 DATA = "data"
+MODEL = "model"
 
 
-def make_mesh(num_devices: int = 0) -> jax.sharding.Mesh:
-  """A 1-D `data` mesh over the first `num_devices` devices (0: all, across every process)."""
+def make_mesh(num_devices: int = 0, model_shards: int = 1) -> jax.sharding.Mesh:
+  """A `data` mesh over the first `num_devices` devices (0: all, across every process); with
+  `model_shards` > 1 a (data, model) mesh whose `model` axis splits each parameter set
+  (`config.model_shards`; the batch is split over the remaining `data` axis)."""
   available = jax.device_count()
   n = available if num_devices in (0, None) else num_devices
   if n > available:
     raise ValueError(f"config.num_devices={num_devices} but only {available} devices are visible; "
                      f"allowed: 0 (all of them) to {available}")
-  return auto_mesh({DATA: n}, jax.devices()[:n])
+  if model_shards < 1 or n % model_shards:
+    raise ValueError(f"config.model_shards={model_shards} does not divide the {n} devices "
+                     f"(config.num_devices={num_devices}); allowed: a divisor of {n}")
+  if model_shards == 1:
+    return auto_mesh({DATA: n}, jax.devices()[:n])
+  return auto_mesh({DATA: n // model_shards, MODEL: model_shards}, jax.devices()[:n])
+
+
+def shard_map(f, mesh: jax.sharding.Mesh, in_specs, out_specs):
+  """`jax.shard_map` manual over `data` only: each device runs `f` on its rows, and on a mesh with a
+  `model` axis XLA places the split parameters' communication inside `f` (that axis stays Auto)."""
+  return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names={DATA},
+                       check_vma=False)
 
 
 def auto_mesh(axis_sizes: dict[str, int], devices) -> jax.sharding.Mesh:

@@ -7,7 +7,6 @@ import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from marl_jax import model as model_lib
 from marl_jax import sft
@@ -41,11 +40,12 @@ def to_host(tree):
   return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), tree)
 
 
-def replicate(exp: Experiment, tree):
-  """Host-identical values to arrays replicated over the (possibly multi-process) mesh."""
-  sharding = NamedSharding(exp.mesh, P())
-  to_global = lambda x: jax.make_array_from_callback(x.shape, sharding, lambda i: np.asarray(x)[i])
-  return jax.tree.map(to_global, tree)
+def place(exp: Experiment, tree):
+  """Host-identical values to arrays on the (possibly multi-process) mesh, where `exp.shardings`
+  puts them: replicated, or parameters split over the `model` axis."""
+  to_global = lambda x, sharding: jax.make_array_from_callback(x.shape, sharding,
+                                                               lambda i: np.asarray(x)[i])
+  return jax.tree.map(to_global, tree, exp.shardings(tree))
 
 
 def initial_state(exp: Experiment, params_S=None) -> TrainState:
@@ -59,12 +59,12 @@ def initial_state(exp: Experiment, params_S=None) -> TrainState:
     pretrained_R = model_lib.pretrained_stack(exp.model, exp.num_sets)
     if pretrained_R is not None:
       params_S = jax.tree.map(lambda p: np.broadcast_to(p, (config.num_seeds,) + p.shape), pretrained_R)
-  return replicate(exp, jax.jit(jax.vmap(functools.partial(init_state, exp)))(keys_S, params_S))
+  return place(exp, jax.jit(jax.vmap(functools.partial(init_state, exp)))(keys_S, params_S))
 
 
 def abstract_state(exp: Experiment) -> TrainState:
-  """Shapes, dtypes and (replicated) shardings of the state of all seeds, for restoring."""
+  """Shapes, dtypes and shardings (`exp.shardings`) of the state of all seeds, for restoring."""
   shapes = jax.eval_shape(jax.vmap(functools.partial(init_state, exp)),
                           jax.random.split(jax.random.PRNGKey(0), exp.config.num_seeds))
-  sharding = NamedSharding(exp.mesh, P())
-  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), shapes)
+  return jax.tree.map(lambda a, sharding: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
+                      shapes, exp.shardings(shapes))

@@ -180,9 +180,9 @@ def make_train_call(exp: Experiment):
             fold_rows(k_rerun, rows))
 
   rows_spec = P(None, parallel.DATA)
-  sharded_step = jax.shard_map(
-      jax.vmap(functools.partial(local_step, exp), in_axes=(0, 0, 0, 0, None)), mesh=exp.mesh,
-      in_specs=(P(), rows_spec, rows_spec, rows_spec, P()), out_specs=(P(), P()), check_vma=False)
+  sharded_step = parallel.shard_map(
+      jax.vmap(functools.partial(local_step, exp), in_axes=(0, 0, 0, 0, None)), exp.mesh,
+      in_specs=(P(), rows_spec, rows_spec, rows_spec, P()), out_specs=(P(), P()))
 
   def one_step(state_S, i):
     return sharded_step(state_S, *jax.vmap(row_keys)(state_S), i == config.steps_per_call - 1)
@@ -190,6 +190,8 @@ def make_train_call(exp: Experiment):
   @functools.partial(jax.jit, donate_argnums=0)
   def train_call(state_S):
     state_S, metrics_NxS = jax.lax.scan(one_step, state_S, jnp.arange(config.steps_per_call))
+    if parallel.MODEL in exp.mesh.shape:  # split parameters leave as they came, not as XLA prefers
+      state_S = jax.lax.with_sharding_constraint(state_S, exp.shardings(state_S))
     return state_S, jax.tree.map(lambda m: jnp.swapaxes(m, 0, 1), metrics_NxS)
 
   return train_call

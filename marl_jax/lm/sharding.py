@@ -16,7 +16,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from marl_jax import parallel
 from marl_jax.lm import model as lm_model
 
-MODEL = "model"
+MODEL = parallel.MODEL
 DATA = parallel.DATA
 
 Rule = tuple[str, tuple[str | None, ...]]
@@ -98,6 +98,23 @@ def partition_specs(params, axis_sizes: Mapping[str, int], rules: Sequence[Rule]
     return _spec(jax.tree_util.keystr(path, simple=True, separator="/"), tuple(leaf.shape),
                  axis_sizes, rules, leading_axes)
   return jax.tree_util.tree_map_with_path(spec, params)
+
+
+def state_shardings(tree, mesh: jax.sharding.Mesh, rules: Sequence[Rule] = DEFAULT_RULES):
+  """A NamedSharding per leaf of a training state (arrays or shapes): a leaf whose path a rule matches
+  and that has the rule's dimensions after any leading (stacked: seeds, sets) axes is split as the
+  rule says, those axes whole: the parameter sets, the base model's copy and the optimiser's moments,
+  whose paths end with the parameter's.  Every other leaf (step counts, keys, LoRA adapters, a critic)
+  is replicated.  Check the parameters themselves with `partition_specs`, which refuses a parameter
+  no rule matches."""
+  def sharding(path, leaf):
+    name = jax.tree_util.keystr(path, simple=True, separator="/")
+    rule = next((r for r in rules if re.search(r[0], name)), None)
+    if rule is None or len(rule[1]) > len(leaf.shape):
+      return NamedSharding(mesh, PartitionSpec())
+    return NamedSharding(mesh, _spec(name, tuple(leaf.shape), mesh.shape, [rule],
+                                     len(leaf.shape) - len(rule[1])))
+  return jax.tree_util.tree_map_with_path(sharding, tree)
 
 
 def shard_params(params, mesh: jax.sharding.Mesh, rules: Sequence[Rule] = DEFAULT_RULES,
