@@ -1,9 +1,13 @@
-"""Sampling a whole protocol transcript: prefill the prompt, then one `lax.scan` over canvas positions.
+"""Sampling a whole protocol transcript, turn by turn: only the acting view computes.
 
-At each position every view (parameter set x visibility) reads the new token into its KV cache; the
-next token is written by the environment (prompt, role markers, forced overrides) or sampled from
-the author role's view.  Teacher-forced tokens take the same path, so a counterfactual re-run is
-just `generate` with more of the canvas forced.
+Before a turn, its view (parameter set x visibility) reads what it has not read yet and can see — the
+prompt, other roles' turns, the role marker — in parallel prefill chunks (one per run of visible
+positions; what it cannot see it never computes); it then writes
+its message one token at a time, reading each token it writes but the last (which the next chunk
+reads, or no one needs).  No other view computes during the turn, and a view without turns computes
+nothing.  The next token is written by the environment (role markers, forced overrides) or sampled
+from the acting view.  Teacher-forced tokens take the same path, so a counterfactual re-run is just
+`generate` with more of the canvas forced.
 """
 import functools
 
@@ -40,29 +44,28 @@ def last_turn_end_V(layout: Layout) -> np.ndarray:
   return end_V
 
 
-def decode_segments(layout: Layout):
-  """Runs of decoding positions P..T-1 with the same *live* views: [(start, stop, live_views)], where
-  view v reads position t (writes it to its KV cache and gives the next logits) only when it can see
-  t and a turn of v is still to come or running (t < the end of v's last turn).  A view never reads
-  what it cannot see (its cache slot stays empty and masked) nor anything after its last turn, and a
-  view without turns reads nothing here."""
-  P, T = layout.prompt_len, layout.length
-  live_VxT = layout.visible_VxT & (np.arange(T)[None] < last_turn_end_V(layout)[:, None])
-  segments = []
-  for t in range(P, T):
-    live = tuple(np.flatnonzero(live_VxT[:, t]).tolist())
-    if segments and segments[-1][2] == live:
-      segments[-1] = (segments[-1][0], t + 1, live)
-    else:
-      segments.append((t, t + 1, live))
-  return segments
+def read_schedule(layout: Layout) -> list[tuple[int, tuple[tuple[int, int], ...], int, int]]:
+  """Per turn, (view, chunks, start, stop): before the turn's message [start, stop) its view prefills
+  what it has not read yet and can see — `chunks`, runs [a, b) of visible positions, the last ending
+  with its marker at start - 1 — then reads its own tokens start..stop-2 as it writes them (the last
+  one is read by its next turn's first chunk, or by no one)."""
+  visible_VxT = layout.visible_VxT
+  read_V = [0] * len(layout.view_set_V)
+  schedule = []
+  for (start, stop), v in zip(layout.turn_slices, layout.turn_view_N):
+    unread = np.arange(read_V[v], start)
+    unread = unread[visible_VxT[v, unread]]
+    breaks = np.flatnonzero(np.diff(unread) > 1) + 1
+    chunks = tuple((int(run[0]), int(run[-1]) + 1) for run in np.split(unread, breaks))
+    schedule.append((v, chunks, start, stop))
+    read_V[v] = stop - 1
+  return schedule
 
 
 def token_reads(layout: Layout) -> int:
-  """Model token-reads of one episode's `generate`: every view's prompt prefill, then each decoding
-  position's live views (what the lockstep decoder's `len(views) * length` shrank to)."""
-  return len(layout.view_set_V) * layout.prompt_len + sum(
-      (stop - start) * len(live) for start, stop, live in decode_segments(layout))
+  """Model token-reads of one episode's `generate`: each turn's chunks and its decoding reads."""
+  return sum(sum(b - a for a, b in chunks) + (stop - 1 - start)
+             for _, chunks, start, stop in read_schedule(layout))
 
 
 def needed_reads_VxT(layout: Layout) -> np.ndarray:
@@ -73,7 +76,7 @@ def needed_reads_VxT(layout: Layout) -> np.ndarray:
 
 def episode_flops(cfg: model_lib.ModelConfig, layout: Layout) -> dict:
   """Model FLOPs of one episode's `generate`, three ways:
-  - `lockstep`: every view reads every position (the sampler before `decode_segments`);
+  - `lockstep`: every view reads every position (the first sampler);
   - `computed`: this sampler (`token_reads`, attention over the whole canvas, as computed);
   - `minimum`: each view reads only `needed_reads_VxT`, attending to only the keys it sees so far."""
   T = layout.length
@@ -90,78 +93,68 @@ def generate(cfg: model_lib.ModelConfig, layout: Layout, params_R, canvas_BxT, f
 
   `greedy` (a bool, or a traced scalar bool) picks each sampled token as the policy's mode.
 
-  `canvas_BxT` holds the prompt and any forced tokens (where `force_BxT`); environment positions
-  (role markers) come from the layout.  A message closes at EOS (the rest of its slot is PAD); a token
-  in the turn's `ends_episode_on` closes the episode (every later position is PAD).  After the prompt,
-  each run of positions with the same live views (`decode_segments`) is one `lax.scan` over only
-  those views, so a view costs nothing where it cannot see or after its last turn; what a view
-  computes where it is live is unchanged (the same single-token step), so the tokens are too.
+  `canvas_BxT` holds the prompt and any forced tokens (where `force_BxT`); role markers come from the
+  layout.  A message closes at EOS (the rest of its slot is PAD); a token in the turn's
+  `ends_episode_on` closes the episode (every later position is PAD, markers included).  Each turn is
+  its view's prefill chunks and one `lax.scan` over its message (`read_schedule`).
   """
-  P, T = layout.prompt_len, layout.length
-  B = canvas_BxT.shape[0]
+  B, T = canvas_BxT.shape
   params_V = gather_params(params_R, layout.view_set_V)
-  visible_VxT = jnp.asarray(layout.visible_VxT)
-  env_T, author_view_T = jnp.asarray(layout.env_T), layout.author_view_T
-  turn_start_T, ends_TxV = jnp.asarray(layout.turn_start_T), jnp.asarray(layout.ends_episode_TxV)
+  ends_TxV = jnp.asarray(layout.ends_episode_TxV)
   canvas_BxT = jnp.where(layout.env_T[None] & (layout.turn_T[None] >= 0), layout.marker_T[None],
                          canvas_BxT)
-  apply_V = jax.vmap(functools.partial(model_lib.apply, cfg), in_axes=(0, None, None, 0, 0))
+  apply = functools.partial(model_lib.apply, cfg)
 
-  # Prefill: the prompt in one parallel pass writes every view's cache for positions 0..P-1.
-  valid_BxT = jnp.zeros((B, T), bool).at[:, :P].set(canvas_BxT[:, :P] != text.PAD)
-  cache_V = jax.vmap(lambda _: model_lib.empty_cache(cfg, B, T))(jnp.arange(len(layout.view_set_V)))
-  key_ok_VxBxT = valid_BxT[None] & visible_VxT[:, None]
-  logits_VxBxPxV, cache_V = apply_V(params_V, canvas_BxT[:, :P], 0, key_ok_VxBxT, cache_V)
-  logits_VxBxV = logits_VxBxPxV[:, :, -1]
-
-  def write(params_L, visible_LxT, author_T, carry, t):
-    """Position t, with the live views' parameters, caches and latest logits (L of them);
-    `author_T` is the author's index among the live views."""
-    tokens_BxT, valid_BxT, cache_L, logits_LxBxV, ended_B, done_B = carry
-    logp_BxV = policy_log_probs(logits_LxBxV[author_T[t]], temperature)
+  def write(carry, t):
+    """Message position t of the acting view, from its latest logits."""
+    tokens_BxT, valid_BxT, cache, logits_BxV, ended_B, done_B = carry
+    logp_BxV = policy_log_probs(logits_BxV, temperature)
     keys_B = jax.vmap(jax.random.fold_in, in_axes=(0, None))(key_B, t)
     # A select, not a Python branch, so evaluation compiles one program for both decodings; with a
     # constant `greedy` XLA drops the branch not taken.
     choice_B = jnp.where(greedy, jnp.argmax(logp_BxV, axis=-1),
                          jax.vmap(jax.random.categorical)(keys_B, logp_BxV))
-    forced_B = force_BxT[:, t] | env_T[t]
-    token_B = jnp.where(forced_B, canvas_BxT[:, t], choice_B)
-    is_message = ~env_T[t]
-    ended_B = ended_B & ~turn_start_T[t]
-    blank_B = done_B | (is_message & ended_B)
-    token_B = jnp.where(blank_B, text.PAD, token_B)
-    sampled_B = is_message & ~forced_B & ~blank_B
+    forced_B = force_BxT[:, t]
+    blank_B = done_B | ended_B
+    token_B = jnp.where(blank_B, text.PAD, jnp.where(forced_B, canvas_BxT[:, t], choice_B))
+    sampled_B = ~forced_B & ~blank_B
     logp_B = jnp.where(sampled_B, jnp.take_along_axis(logp_BxV, token_B[:, None], 1)[:, 0], 0.0)
     # Only engine symbols end an episode (a free-text token past them never does).
-    closes_episode_B = (is_message & ~blank_B & (token_B < text.VOCAB_SIZE)
+    closes_episode_B = (~blank_B & (token_B < text.VOCAB_SIZE)
                         & ends_TxV[t][jnp.minimum(token_B, text.VOCAB_SIZE - 1)])
-    ended_B = ended_B | (is_message & (token_B == text.EOS)) | closes_episode_B
+    ended_B = ended_B | (token_B == text.EOS) | closes_episode_B
     done_B = done_B | closes_episode_B
-    tokens_BxT = tokens_BxT.at[:, t].set(token_B)
-    valid_BxT = valid_BxT.at[:, t].set(token_B != text.PAD)
-    key_ok_LxBxT = valid_BxT[None] & visible_LxT[:, None]
-    logits_LxBx1xV, cache_L = apply_V(params_L, token_B[:, None], t, key_ok_LxBxT, cache_L)
-    carry = (tokens_BxT, valid_BxT, cache_L, logits_LxBx1xV[:, :, 0], ended_B, done_B)
+    carry = (tokens_BxT.at[:, t].set(token_B), valid_BxT.at[:, t].set(token_B != text.PAD), cache,
+             logits_BxV, ended_B, done_B)
     return carry, (logp_B, sampled_B)
 
-  tokens_BxT, ended_B, done_B = canvas_BxT, jnp.zeros(B, bool), jnp.zeros(B, bool)
-  logp_TxB, sampled_TxB = [], []
-  for start, stop, live in decode_segments(layout):
-    idx = np.asarray(live, int)
-    # The author's view is live at its message positions (it sees its own turn); an environment
-    # position's token is forced, so which live view's logits it reads there does not matter.
-    author_T = jnp.asarray([live.index(v) if v in live else 0 for v in author_view_T])
-    step = functools.partial(write, gather_params(params_V, live), visible_VxT[idx], author_T)
-    carry = (tokens_BxT, valid_BxT, gather_params(cache_V, live), logits_VxBxV[idx], ended_B, done_B)
-    carry, (logp_xB, sampled_xB) = jax.lax.scan(step, carry, jnp.arange(start, stop))
-    tokens_BxT, valid_BxT, cache_L, logits_LxBxV, ended_B, done_B = carry
-    cache_V = jax.tree.map(lambda c, new: c.at[idx].set(new), cache_V, cache_L)
-    logits_VxBxV = logits_VxBxV.at[idx].set(logits_LxBxV)
-    logp_TxB.append(logp_xB)
-    sampled_TxB.append(sampled_xB)
-  pad = jnp.zeros((B, P))
-  logp_BxT = jnp.concatenate([pad, jnp.concatenate(logp_TxB).T], axis=1)
-  sampled_BxT = jnp.concatenate([pad.astype(bool), jnp.concatenate(sampled_TxB).T], axis=1)
+  def write_and_read(params, visible_T, carry, t):
+    """Writes position t, then the acting view reads it for the logits of t + 1."""
+    carry, out = write(carry, t)
+    tokens_BxT, valid_BxT, cache, _, ended_B, done_B = carry
+    logits_Bx1xV, cache = apply(params, tokens_BxT[:, t][:, None], t, valid_BxT & visible_T, cache)
+    return (tokens_BxT, valid_BxT, cache, logits_Bx1xV[:, 0], ended_B, done_B), out
+
+  tokens_BxT = canvas_BxT
+  valid_BxT = jnp.zeros((B, T), bool).at[:, :layout.prompt_len].set(
+      canvas_BxT[:, :layout.prompt_len] != text.PAD)
+  done_B = jnp.zeros(B, bool)
+  cache_V = [model_lib.empty_cache(cfg, B, T) for _ in layout.view_set_V]
+  logp_BxT, sampled_BxT = jnp.zeros((B, T)), jnp.zeros((B, T), bool)
+  for v, chunks, start, stop in read_schedule(layout):
+    params, visible_T = jax.tree.map(lambda p: p[v], params_V), jnp.asarray(layout.visible_VxT[v])
+    marker_B = jnp.where(done_B, text.PAD, canvas_BxT[:, start - 1])  # none once the episode is over
+    tokens_BxT = tokens_BxT.at[:, start - 1].set(marker_B)
+    valid_BxT = valid_BxT.at[:, start - 1].set(marker_B != text.PAD)
+    for a, b in chunks:  # the last chunk ends with the marker: its last logits give the first token
+      logits_BxLxV, cache_V[v] = apply(params, tokens_BxT[:, a:b], a, valid_BxT & visible_T, cache_V[v])
+    carry = (tokens_BxT, valid_BxT, cache_V[v], logits_BxLxV[:, -1], jnp.zeros(B, bool), done_B)
+    carry, (logp_xB, sampled_xB) = jax.lax.scan(functools.partial(write_and_read, params, visible_T),
+                                                carry, jnp.arange(start, stop - 1))
+    carry, (logp_B, sampled_B) = write(carry, stop - 1)  # its logits would predict the next turn's marker
+    tokens_BxT, valid_BxT, cache_V[v], _, _, done_B = carry
+    logp_BxT = logp_BxT.at[:, start:stop].set(jnp.concatenate([logp_xB, logp_B[None]]).T)
+    sampled_BxT = sampled_BxT.at[:, start:stop].set(jnp.concatenate([sampled_xB, sampled_B[None]]).T)
   return tokens_BxT, logp_BxT, sampled_BxT
 
 

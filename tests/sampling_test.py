@@ -190,14 +190,15 @@ class _CountingModel:
 
 
 def test_episode_flops_against_the_minimum_by_hand():
-  # single: T = 8 (prompt 5, marker, answer 2); the one view needs positions 0..6, with 1..7 keys.
+  # single: T = 8 (prompt 5, marker, answer 2); the one view needs positions 0..6, with 1..7 keys,
+  # and reads exactly those.
   flops = sampling.episode_flops(_CountingModel(), _layout("single", (0,)))
-  assert flops == {"lockstep": 8 * 1008, "computed": 8 * 1008, "minimum": 7000 + sum(range(1, 8))}
+  assert flops == {"lockstep": 8 * 1008, "computed": 7 * 1008, "minimum": 7000 + sum(range(1, 8))}
   # solver-verifier: T = 12; the solver's view needs 0..6 (its last logits predict its EOS at 7), the
-  # verifier's 0..10; the sampler reads 5 prompt tokens per view, then 5..7 with both views and 8..11
-  # with the verifier's only: 20 reads of a 12-key canvas.
+  # verifier's 0..10; the sampler reads 0..6 with the solver's view and 0..10 with the verifier's: 18
+  # reads of a 12-key canvas.
   flops = sampling.episode_flops(_CountingModel(), _layout("solver_verifier", (0, 1)))
-  assert flops == {"lockstep": 24 * 1012, "computed": 20 * 1012,
+  assert flops == {"lockstep": 24 * 1012, "computed": 18 * 1012,
                    "minimum": 7000 + sum(range(1, 8)) + 11000 + sum(range(1, 12))}
 
 
@@ -287,17 +288,25 @@ def test_next_token_divergence_compares_sets_on_each_roles_own_tokens():
   np.testing.assert_allclose(divergence(copies, tokens_BxT)[0], 0.0, atol=1e-5)
 
 
-def test_decode_segments_read_only_what_a_view_needs():
-  """Isolated solver-verifier (prompt 0..4, solver writes 6..7, verifier 9..11): both views read the
-  solver's turn, only the verifier its own; a debate round-0 view reads nothing after its own turn
-  and no other round-0 answer."""
+def test_read_schedule_reads_each_position_once_per_view_that_acts():
+  """Isolated solver-verifier (prompt 0..4, solver's marker 5 and message 6..7, verifier's marker 8
+  and message 9..11): the solver prefills 0..5 and reads 6 as it writes it; the verifier prefills
+  0..8 (the solver's turn with it) and reads 9..10.  A second round starts each view's chunk at the
+  last token it wrote, which it had not read."""
   layout = _layout("solver_verifier", (0, 1))
   assert layout.turn_slices == ((6, 8), (9, 12))
-  assert sampling.decode_segments(layout) == [(5, 8, (0, 1)), (8, 12, (1,))]
-  assert sampling.token_reads(layout) == 2 * 5 + 3 * 2 + 4 * 1
+  assert sampling.read_schedule(layout) == [(0, ((0, 6),), 6, 8), (1, ((0, 9),), 9, 12)]
+  assert sampling.token_reads(layout) == (6 + 1) + (9 + 2)
+  two_rounds = _layout("solver_verifier", (0, 1), rounds=2)
+  assert two_rounds.turn_slices == ((6, 8), (9, 12), (13, 15), (16, 19))
+  assert sampling.read_schedule(two_rounds) == [(0, ((0, 6),), 6, 8), (1, ((0, 9),), 9, 12),
+                                                (0, ((7, 13),), 13, 15), (1, ((11, 16),), 16, 19)]
+  assert sampling.token_reads(two_rounds) == 7 + 11 + (6 + 1) + (5 + 2)
+  # A shared 2-agent, 1-round debate (prompt 0..6; marker + answer at 7-9, 10-12, 13-15, 16-18), each
+  # turn through its own view, from position 0: agent1's round 0 skips agent0's round-0 answer (7..9),
+  # and agent1's round 1 skips agent0's round-1 answer (13..15), written in the same round.
   debate = protocols.make("debate", Arithmetic(), agents=2, rounds=1).layout(Arithmetic(), (0, 0))
-  live_views = [live for _, _, live in sampling.decode_segments(debate)]
-  first = debate.turn_view_N[0]  # agent0's round-0 view: live only up to its turn's end
-  assert first in live_views[0] and all(first not in live for live in live_views[1:])
-  assert debate.turn_view_N[1] not in live_views[0]  # agent1's round 0 does not read agent0's
-  assert sampling.token_reads(debate) < len(debate.view_set_V) * debate.length
+  assert sampling.read_schedule(debate) == [
+      (0, ((0, 8),), 8, 10), (2, ((0, 7), (10, 11)), 11, 13), (1, ((0, 14),), 14, 16),
+      (3, ((0, 13), (16, 17)), 17, 19)]
+  assert sampling.token_reads(debate) == (8 + 1) + (8 + 1) + (14 + 1) + (14 + 1)
