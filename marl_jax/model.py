@@ -42,6 +42,10 @@ class ModelConfig:
   def trainable(self, tx):
     return tx  # every parameter trains
 
+  def set_axes(self, params_R):
+    del params_R
+    return 0  # every parameter is stacked over the sets
+
   def flops_per_token(self, context_len: int) -> int:
     """Forward FLOPs of one token (a multiply-add is 2): the dense layers and the unembedding, and
     attention over `context_len` keys (the whole canvas: the mask hides keys, it does not skip them)."""
@@ -186,6 +190,19 @@ def pretrained_stack(model, n_sets: int):
   """`n_sets` stacked copies of the model's pretrained parameters (host arrays), or None when it has
   none and starts from `init_stack`."""
   return model.pretrained_stack(n_sets)
+
+
+def set_axes(model, params_R):
+  """Where params_R's set axis is, as a `jax.vmap` in_axes prefix of it: 0 (every leaf stacked over
+  the sets), or a model's own (a LoRA agent's frozen base is one copy that every set shares: None)."""
+  return model.set_axes(params_R)
+
+
+def take_sets(model, params_R, index):
+  """Sets `index` of params_R (an int: one set, unstacked; an index array: a stack of them); a part
+  every set shares is passed as it is."""
+  take = lambda axis, part: part if axis is None else jax.tree.map(lambda p: p[index], part)
+  return jax.tree.map(take, set_axes(model, params_R), params_R, is_leaf=lambda x: x is None)
 
 
 def trainable(model, tx):

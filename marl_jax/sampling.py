@@ -32,11 +32,6 @@ def policy_log_probs(logits_xV, temperature: float):
   return jax.nn.log_softmax(jnp.where(env_only_V, -1e9, logits_xV / temperature), axis=-1)
 
 
-def gather_params(params_R, view_set_V):
-  """The stacked entries `view_set_V` of any stacked tree (parameter sets, or the views' caches)."""
-  return jax.tree.map(lambda p: p[np.asarray(view_set_V)], params_R)
-
-
 def last_turn_end_V(layout: Layout) -> np.ndarray:
   """The end (exclusive) of each view's last turn; 0 for a view without turns."""
   end_V = np.zeros(len(layout.view_set_V), int)
@@ -99,7 +94,6 @@ def generate(cfg: model_lib.ModelConfig, layout: Layout, params_R, canvas_BxT, f
   its view's prefill chunks and one `lax.scan` over its message (`read_schedule`).
   """
   B, T = canvas_BxT.shape
-  params_V = gather_params(params_R, layout.view_set_V)
   ends_TxV = jnp.asarray(layout.ends_episode_TxV)
   canvas_BxT = jnp.where(layout.env_T[None] & (layout.turn_T[None] >= 0), layout.marker_T[None],
                          canvas_BxT)
@@ -142,7 +136,8 @@ def generate(cfg: model_lib.ModelConfig, layout: Layout, params_R, canvas_BxT, f
   cache_V = [model_lib.empty_cache(cfg, B, T) for _ in layout.view_set_V]
   logp_BxT, sampled_BxT = jnp.zeros((B, T)), jnp.zeros((B, T), bool)
   for v, chunks, start, stop in read_schedule(layout):
-    params, visible_T = jax.tree.map(lambda p: p[v], params_V), jnp.asarray(layout.visible_VxT[v])
+    params = model_lib.take_sets(cfg, params_R, layout.view_set_V[v])
+    visible_T = jnp.asarray(layout.visible_VxT[v])
     marker_B = jnp.where(done_B, text.PAD, canvas_BxT[:, start - 1])  # none once the episode is over
     tokens_BxT = tokens_BxT.at[:, start - 1].set(marker_B)
     valid_BxT = valid_BxT.at[:, start - 1].set(marker_B != text.PAD)
@@ -165,10 +160,11 @@ def token_log_probs(cfg: model_lib.ModelConfig, layout: Layout, params_R, tokens
   Position t is predicted from the logits at t-1; positions 0 and environment tokens get values that
   callers mask out.
   """
-  params_V = gather_params(params_R, layout.view_set_V)
+  params_V = model_lib.take_sets(cfg, params_R, np.asarray(layout.view_set_V))
   valid_BxT = tokens_BxT != text.PAD
   key_ok_VxBxT = valid_BxT[None] & jnp.asarray(layout.visible_VxT)[:, None]
-  apply_V = jax.vmap(functools.partial(model_lib.apply, cfg), in_axes=(0, None, None, 0))
+  apply_V = jax.vmap(functools.partial(model_lib.apply, cfg),
+                     in_axes=(model_lib.set_axes(cfg, params_V), None, None, 0))
   logits_VxBxTxV, _ = apply_V(params_V, tokens_BxT, 0, key_ok_VxBxT)
   # Position t (t >= 1) uses its author's view at t-1.
   author_view_T = layout.author_view_T[1:]
@@ -199,7 +195,8 @@ def next_token_divergence(cfg: model_lib.ModelConfig, layout: Layout, role_set_R
   """
   valid_BxT = tokens_BxT != text.PAD
   key_ok_VxBxT = valid_BxT[None] & jnp.asarray(layout.visible_VxT)[:, None]
-  apply_S = jax.vmap(functools.partial(model_lib.apply, cfg), in_axes=(0, None, None, None))
+  apply_S = jax.vmap(functools.partial(model_lib.apply, cfg),
+                     in_axes=(model_lib.set_axes(cfg, params_S), None, None, None))
   logits_VxSxBxTxN = jax.vmap(lambda key_ok_BxT: apply_S(params_S, tokens_BxT, 0, key_ok_BxT)[0])(
       key_ok_VxBxT)
   # Position t (t >= 1) is predicted at t-1 through its author's view.

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 
+import chex
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -16,7 +17,7 @@ import numpy as np
 import optax
 import pytest
 
-from marl_jax import configs, experiment, model as model_lib, state as state_lib, text
+from marl_jax import configs, experiment, model as model_lib, state as state_lib, text, train
 from marl_jax.lm import agent as lm_agent
 from marl_jax.lm import checkpoint as lm_checkpoint
 from marl_jax.lm import lora as lora_lib
@@ -116,12 +117,18 @@ def test_bad_checkpoints_are_refused_before_compiling(tmp_path):
 
 
 def test_lora_agent_is_the_adapted_decoder():
-  """With LoRA a set is {base, adapter}: fresh adapters give the base's logits exactly, trained ones
-  `lm.lora.apply`'s; the optimiser holds state for the adapters only, and the base gets no update."""
+  """With LoRA the sets are one shared base and stacked adapters: fresh adapters give the base's logits
+  exactly, trained ones `lm.lora.apply`'s; the optimiser holds state for the adapters only, and the
+  base gets no update."""
   plain = lm_agent.from_config(_model_config("llama"))
   lora_cfg = ml_collections.ConfigDict(dict(enabled=True, rank=2, alpha=4.0, targets="q_proj,down_proj"))
   agent = lm_agent.from_config(_model_config("llama", lora=lora_cfg))
-  params = jax.tree.map(lambda p: jnp.asarray(p[0]), agent.pretrained_stack(1))
+  # Three sets share one base (not stacked) and stack their adapters.
+  params_R = agent.pretrained_stack(3)
+  assert jax.tree.map(np.shape, params_R["base"]) == jax.tree.map(np.shape, lm_checkpoint.load(
+      str(FIXTURES / "llama"), max_len=24)[1])
+  assert {p.shape[0] for p in jax.tree.leaves(params_R["adapter"])} == {3}
+  params = jax.tree.map(jnp.asarray, model_lib.take_sets(agent, params_R, 1))
   tokens_BxL = jnp.array([text.encode("<bos>3+4*2=<role0>8<eos>")])
   ok_BxL = jnp.ones(tokens_BxL.shape, bool)
   base_logits, _ = model_lib.apply(plain, params["base"], tokens_BxL, 0, ok_BxL)
@@ -146,6 +153,29 @@ def test_lora_agent_is_the_adapted_decoder():
   with pytest.raises(ValueError, match=r"lora.enabled=True needs config.model.checkpoint"):
     experiment.make_model(ml_collections.ConfigDict(dict(_model_config("llama", lora=lora_cfg),
                                                          checkpoint="")))
+
+
+def test_lora_team_holds_one_base():
+  """An isolated LoRA solver-verifier: the training state holds the base once per seed (no set axis),
+  two sets of adapters and their Adam moments only; a training call leaves the base bit-identical."""
+  config = configs.sibling(str(REPO / "experiments" / "x.py"), "lm_solver_verifier").get_config(
+      "size=tiny,lora=true,checkpoint=" + str(FIXTURES / "llama"))
+  config.update(sft=dict(config.sft, steps=0), steps_per_call=1, num_seeds=1)
+  config.rl.entropy_coef = 0.01  # a gradient even when every reward of the untrained team ties
+  exp = experiment.build(config)
+  state_S = state_lib.initial_state(exp)
+  _, base = lm_checkpoint.load(str(FIXTURES / "llama"), max_len=exp.model.max_len)
+  assert jax.tree.map(lambda p: p.shape[1:], state_S.params["base"]) == jax.tree.map(np.shape, base)
+  assert {p.shape[:2] for p in jax.tree.leaves(state_S.params["adapter"])} == {(1, 2)}
+  adapter_size = sum(p.size for p in jax.tree.leaves(state_S.params["adapter"]))
+  moments = [p for p in jax.tree.leaves(state_S.opt_state) if p.ndim > 2]
+  assert sum(p.size for p in moments) == 2 * adapter_size
+  adapter_before = jax.device_get(state_S.params["adapter"])
+  trained_S, _ = train.make_train_call(exp)(state_S)  # donates state_S
+  chex.assert_trees_all_equal(jax.device_get(trained_S.params["base"]),
+                              jax.tree.map(lambda p: p[None], base))
+  assert optax.tree_utils.tree_norm(jax.tree.map(lambda a, b: a - b, jax.device_get(
+      trained_S.params["adapter"]), adapter_before)) > 0
 
 
 @pytest.mark.slow

@@ -88,10 +88,11 @@ class LMAgent:
   """The agent-model interface of `marl_jax.model.ModelConfig` (`apply`, `empty_cache`, `init_stack`,
   `pretrained_stack`, `trainable`, `flops_per_token`, `max_len`) for a Qwen3/Llama checkpoint.
 
-  With `lora`, one parameter set is {"base": the decoder's parameters, "adapter": its low-rank
-  adapters} (`lm.lora`): the base is read through `stop_gradient` and `trainable` gives it no optimiser
-  state, so only adapters learn; every set starts from the same base and fresh adapters (b = 0, the
-  base's function).  The base is stacked with the sets like any parameter (one copy per set)."""
+  With `lora`, the parameter sets are {"base": the decoder's parameters, "adapter": low-rank adapters
+  stacked over the sets} (`lm.lora`): one frozen base that every set shares (`set_axes`: not stacked,
+  so a team holds one copy, not one per set), read through `stop_gradient` and given no optimiser
+  state by `trainable`, so only adapters learn; every set starts from fresh adapters (b = 0, the
+  base's function)."""
   lm: lm_model.LMConfig
   checkpoint: str  # the directory the weights and tokenizer come from
   random_weights: bool  # the checkpoint's shapes, randomly initialised (speed measurements)
@@ -134,24 +135,29 @@ class LMAgent:
     return lm_model.empty_cache(self.lm, batch, length)
 
   def init_stack(self, key, n_sets: int):
-    return self._with_adapters(lm_model.init_stack(self.lm, key, n_sets), n_sets)
+    if self.lora is None:
+      return lm_model.init_stack(self.lm, key, n_sets)
+    return self._with_adapters(jax.tree.map(lambda p: p[0], lm_model.init_stack(self.lm, key, 1)), n_sets)
 
   def pretrained_stack(self, n_sets: int):
-    """The checkpoint's parameters as `n_sets` stacked copies (numpy, float32), or None with
-    `random_weights`: every parameter set starts from the checkpoint."""
+    """The checkpoint's parameters as `n_sets` stacked copies (numpy, float32; with LoRA one shared
+    base and fresh adapters), or None with `random_weights`: every set starts from the checkpoint."""
     if self.random_weights:
       return None
     params = _load_params(self.checkpoint, self.lm.max_len)
-    stacked = jax.tree.map(lambda p: np.broadcast_to(p, (n_sets,) + p.shape), params)
-    return jax.tree.map(np.asarray, self._with_adapters(stacked, n_sets))
+    if self.lora is not None:
+      return jax.tree.map(np.asarray, self._with_adapters(params, n_sets))
+    return jax.tree.map(lambda p: np.asarray(np.broadcast_to(p, (n_sets,) + p.shape)), params)
 
-  def _with_adapters(self, base_R, n_sets: int):
-    if self.lora is None:
-      return base_R
-    base = jax.tree.map(lambda p: p[0], base_R)  # only its shapes are read
+  def _with_adapters(self, base, n_sets: int):
     # A fixed key: b = 0 makes every adapter the base's function whatever a is.
     adapter_R = lora_lib.init_adapters(jax.random.key(0), self.lm, self.lora, base, n_sets)
-    return {"base": base_R, "adapter": adapter_R}
+    return {"base": base, "adapter": adapter_R}
+
+  def set_axes(self, params_R):
+    """The sets' axis of params_R (a `jax.vmap` in_axes prefix): a LoRA base is shared, not stacked."""
+    del params_R
+    return 0 if self.lora is None else {"base": None, "adapter": 0}
 
   def trainable(self, tx: optax.GradientTransformation) -> optax.GradientTransformation:
     """`tx` on the trained parameters; with LoRA the base gets no update and no optimiser state."""

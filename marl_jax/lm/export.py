@@ -16,6 +16,7 @@ import ml_collections
 import numpy as np
 
 from marl_jax import experiment, loop
+from marl_jax import model as model_lib
 from marl_jax.lm import agent as lm_agent
 from marl_jax.lm import checkpoint as lm_checkpoint
 
@@ -33,7 +34,7 @@ def export(workdir: str, role: str, out: str, seed: int = 0, best: bool = False)
     raise ValueError(f"--seed={seed}: the run has seeds 0..{config.num_seeds - 1}")
   params_S = loop.load_params(exp, workdir + (":best" if best else ""))
   role_set = exp.role_set_R[exp.protocol.roles.index(role)]
-  params = jax.tree.map(lambda p: np.asarray(p[seed, role_set]), params_S)
+  params = model_lib.take_sets(exp.model, jax.tree.map(lambda p: np.asarray(p[seed]), params_S), role_set)
   lm_checkpoint.save(out, exp.model.lm, exp.model.servable(params))
   shutil.copy(os.path.join(exp.model.checkpoint, "tokenizer.json"), out)
 
