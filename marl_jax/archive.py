@@ -7,6 +7,7 @@ reads them back as numpy arrays and readable text.
 """
 import argparse
 import dataclasses
+import functools
 import json
 import os
 
@@ -14,7 +15,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from marl_jax import checkpoint, credit, datasets, evaluate, experiment, loop, rollout, text
+from marl_jax import checkpoint, credit, datasets, evaluate, experiment, loop, rollout, tasks, text
+from marl_jax.lm import agent as lm_agent
 from marl_jax.datasets import VERSION, MarlTranscripts
 
 
@@ -94,14 +96,23 @@ class Transcripts:
   def __len__(self) -> int:
     return len(self.arrays["tokens"])
 
+  @functools.cached_property
+  def decode(self):
+    """Canvas values -> text: the engine's symbols, or a free-text task's tokens through the run's
+    checkpoint tokenizer (`config.model.checkpoint`, which must still be there)."""
+    config = ml_collections.ConfigDict(self.metadata["config"])
+    if not tasks.REGISTRY[self.metadata["task"]].free_text:
+      return text.decode
+    return lm_agent.from_config(config.model, free_text=True).decode
+
   def text(self, i: int) -> str:
     """Row i as text: the prompt, each played message under its role, rewards and credit."""
     meta, tokens_T = self.metadata, self.arrays["tokens"][i]
     roles = meta["roles"]
-    lines = [f"prompt: {text.decode(tokens_T[:meta['turn_slices'][0][0] - 1])}"]
+    lines = [f"prompt: {self.decode(tokens_T[:meta['turn_slices'][0][0] - 1])}"]
     for (start, stop), r in zip(meta["turn_slices"], meta["turn_roles"]):
       if (tokens_T[start:stop] != text.PAD).any():
-        lines.append(f"{roles[r]}: {text.decode(tokens_T[start:stop])}")
+        lines.append(f"{roles[r]}: {self.decode(tokens_T[start:stop])}")
     per_role = [f"{role} reward {self.arrays['role_reward'][i, r]:.2f}" +
                 (f" credit {self.arrays['credit'][i, r]:+.2f}" if "credit" in self.arrays else "")
                 for r, role in enumerate(roles)]

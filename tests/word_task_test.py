@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from marl_jax import configs, datasets, experiment, rollout, sampling, state as state_lib, text
+from marl_jax import archive, configs, datasets, experiment, rollout, sampling, state as state_lib, text
 from marl_jax.lm import agent as lm_agent
 from marl_jax.lm import checkpoint as lm_checkpoint
 from marl_jax.lm import model as lm_model
@@ -152,6 +152,17 @@ def test_eval_set_archived_as_a_tfds_dataset(tmp_path):
   assert sorted(loaded) == sorted(expected)
   for k, v in expected.items():
     np.testing.assert_array_equal(loaded[k], v)
+
+
+def test_transcripts_archived_read_back_as_text(tmp_path):
+  """`marl_jax.archive` of a free-text run: transcripts decode through the checkpoint's tokenizer."""
+  exp = experiment.build(_config(**{"sft.steps": 0}))
+  params_S = state_lib.initial_state(exp).params
+  name = archive.archive(exp, params_S, str(tmp_path), "wp", greedy=True, with_credit=False)
+  transcripts = archive.load_transcripts(str(tmp_path), name.split("/")[1].split(":")[0])
+  first = transcripts.text(0)
+  assert first.startswith("prompt: <|im_start|>user\nWhat is 7 times 6?<|im_end|>")
+  assert "\nagent: " in first and "team reward 0.00" in first
 
 
 def test_bad_input_is_refused_before_compiling(tmp_path):

@@ -83,6 +83,12 @@ def canvas_ids(tok: lm_tokenizer.Tokenizer, vocab_size: int) -> tuple[tuple[int,
   return symbols + ordinary + tuple(special), len(symbols) + len(ordinary)
 
 
+def decode(tok: lm_tokenizer.Tokenizer, canvas_ids_W, values) -> str:
+  """The text of canvas values (padding left out) through the tokenizer, `canvas_ids_W` their ids."""
+  values = np.asarray(values).reshape(-1)
+  return tok.decode(np.asarray(canvas_ids_W)[values[values != text.PAD]])
+
+
 @dataclasses.dataclass(frozen=True)
 class LMAgent:
   """The agent-model interface of `marl_jax.model.ModelConfig` (`apply`, `empty_cache`, `init_stack`,
@@ -173,11 +179,20 @@ class LMAgent:
       return params
     return jax.tree.map(np.asarray, lora_lib.merged_params(self.lora, params["base"], params["adapter"]))
 
+  def decode(self, values) -> str:
+    """The text of canvas values (padding left out), through the checkpoint's tokenizer."""
+    return decode(_load_tokenizer(self.checkpoint), self.canvas_ids_V, values)
+
   def flops_per_token(self, context_len: int) -> int:
     """As `lm.model.flops_per_token`, with the unembedding of the symbols only (and without the
     adapters' rank x (in + out) multiply-adds per target: a few percent at rank 8)."""
     unembedded = self.lm.vocab_size if self.vocab_size > text.VOCAB_SIZE else self.vocab_size
     return lm_model.flops_per_token(dataclasses.replace(self.lm, vocab_size=unembedded), context_len)
+
+
+@functools.lru_cache(maxsize=2)
+def _load_tokenizer(directory: str) -> lm_tokenizer.Tokenizer:
+  return lm_tokenizer.load(directory)
 
 
 @functools.lru_cache(maxsize=2)

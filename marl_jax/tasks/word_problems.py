@@ -38,10 +38,11 @@ class _Data(NamedTuple):
 
   def decode(self, canvas_values, message: bool = True) -> str:
     """The text of canvas values (padding left out); a `message` ends at its first EOS."""
+    from marl_jax.lm import agent as lm_agent  # pylint: disable=g-import-not-at-top
     values = np.asarray(canvas_values).reshape(-1)
     if message and (values == text.EOS).any():
       values = values[:np.argmax(values == text.EOS)]
-    return self.tokenizer.decode(self.canvas_ids_W[values[values != text.PAD]])
+    return lm_agent.decode(self.tokenizer, self.canvas_ids_W, values)
 
 
 @dataclasses.dataclass(frozen=True)
