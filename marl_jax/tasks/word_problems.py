@@ -23,6 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from marl_jax import text
+from marl_jax.lm import agent as lm_agent
+from marl_jax.lm import checkpoint as lm_checkpoint
+from marl_jax.lm import tokenizer as lm_tokenizer
 from marl_jax.tasks.base import Task
 
 
@@ -38,7 +41,6 @@ class _Data(NamedTuple):
 
   def decode(self, canvas_values, message: bool = True) -> str:
     """The text of canvas values (padding left out); a `message` ends at its first EOS."""
-    from marl_jax.lm import agent as lm_agent  # pylint: disable=g-import-not-at-top
     values = np.asarray(canvas_values).reshape(-1)
     if message and (values == text.EOS).any():
       values = values[:np.argmax(values == text.EOS)]
@@ -80,10 +82,7 @@ class WordProblems(Task):
 
   @functools.lru_cache(maxsize=4)
   def _data(self) -> _Data:
-    # lm.word_problems reads files through marl_jax.datasets, which imports the task registry.
-    from marl_jax.lm import agent as lm_agent  # pylint: disable=g-import-not-at-top
-    from marl_jax.lm import checkpoint as lm_checkpoint  # pylint: disable=g-import-not-at-top
-    from marl_jax.lm import tokenizer as lm_tokenizer  # pylint: disable=g-import-not-at-top
+    # Imported here: lm.word_problems reads files through marl_jax.datasets, which imports this registry.
     from marl_jax.lm import word_problems  # pylint: disable=g-import-not-at-top
     if not self.path:
       raise ValueError("config.task.path is empty; allowed: a jsonl file of question/answer pairs or a "
