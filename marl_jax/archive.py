@@ -99,11 +99,11 @@ class Transcripts:
   @functools.cached_property
   def decode(self):
     """Canvas values -> text: the engine's symbols, or a free-text task's tokens through the run's
-    checkpoint tokenizer (`config.model.checkpoint`, which must still be there)."""
-    config = ml_collections.ConfigDict(self.metadata["config"])
+    checkpoint tokenizer (`config.model.checkpoint`, which must still be there; no weights are read)."""
     if not tasks.REGISTRY[self.metadata["task"]].free_text:
       return text.decode
-    return lm_agent.from_config(config.model, free_text=True).decode
+    tok, canvas_ids_W = lm_agent.free_text_canvas(self.metadata["config"]["model"]["checkpoint"])
+    return functools.partial(lm_agent.decode, tok, canvas_ids_W)
 
   def text(self, i: int) -> str:
     """Row i as text: the prompt, each played message under its role, rewards and credit."""

@@ -68,11 +68,16 @@ class Experiment:
   def num_sets(self) -> int:
     return len(self.trainable_R)
 
+  @property
+  def splits_parameters(self) -> bool:
+    """Whether the mesh has a `model` axis that parameters are split over (`config.model_shards` > 1)."""
+    return parallel.MODEL in self.mesh.shape
+
   def shardings(self, tree):
     """Where each leaf of a state-shaped tree (arrays or shapes) lives on the mesh: replicated, or
     with `config.model_shards` > 1 the parameters (and what mirrors them) split over the `model`
     axis by `config.model.sharding_rules` (`lm.sharding.state_shardings`)."""
-    if parallel.MODEL not in self.mesh.shape:
+    if not self.splits_parameters:
       return jax.tree.map(lambda _: NamedSharding(self.mesh, P()), tree)
     return lm_sharding.state_shardings(tree, self.mesh, lm_sharding.rules_from_config(self.config.model))
 
@@ -135,10 +140,7 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
                      f"{list(ON_NONFINITE)}")
   task_name, task_knobs = _sub_config(config.task)
   task = tasks.make(task_name, **task_knobs)
-  if task.free_text:
-    if not config.model.checkpoint:
-      raise ValueError(f"config.task.name={task_name!r} is answered in free text by a language model; "
-                       "set config.model.checkpoint to a local Qwen3/Llama checkpoint directory")
+  if task.free_text:  # posed through the agent's tokenizer; without a checkpoint `check` refuses it
     task = dataclasses.replace(task, tokenizer=config.model.checkpoint)
   task.check(config.eval.size)
   protocol_name, protocol_knobs = _sub_config(config.protocol)

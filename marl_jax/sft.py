@@ -11,7 +11,7 @@ import optax
 
 from marl_jax import experiment
 from marl_jax import model as model_lib
-from marl_jax import parallel, sampling, text
+from marl_jax import sampling, text
 
 
 def demonstration_loss(exp, params_R, tokens_BxT):
@@ -54,7 +54,7 @@ def warm_start(exp, keys_S):
   # program; on a mesh with a `model` axis split as the run's parameters are, so that the warm start
   # runs split too.
   pretrained_R = model_lib.pretrained_stack(exp.model, exp.num_sets)
-  if pretrained_R is not None and parallel.MODEL in exp.mesh.shape:
+  if pretrained_R is not None and exp.splits_parameters:
     pretrained_R = jax.device_put(pretrained_R, exp.shardings(pretrained_R))
   params_S, loss_S = jax.jit(jax.vmap(one_seed, in_axes=(0, None)))(keys_S, pretrained_R)
   print(f"warm start: {cfg.steps} steps, final demonstration loss per seed "

@@ -190,7 +190,7 @@ def make_train_call(exp: Experiment):
   @functools.partial(jax.jit, donate_argnums=0)
   def train_call(state_S):
     state_S, metrics_NxS = jax.lax.scan(one_step, state_S, jnp.arange(config.steps_per_call))
-    if parallel.MODEL in exp.mesh.shape:  # split parameters leave as they came, not as XLA prefers
+    if exp.splits_parameters:  # split parameters leave as they came, not as XLA prefers
       state_S = jax.lax.with_sharding_constraint(state_S, exp.shardings(state_S))
     return state_S, jax.tree.map(lambda m: jnp.swapaxes(m, 0, 1), metrics_NxS)
 

@@ -83,6 +83,13 @@ def canvas_ids(tok: lm_tokenizer.Tokenizer, vocab_size: int) -> tuple[tuple[int,
   return symbols + ordinary + tuple(special), len(symbols) + len(ordinary)
 
 
+def free_text_canvas(directory: str) -> tuple[lm_tokenizer.Tokenizer, np.ndarray]:
+  """A checkpoint directory's tokenizer and the tokenizer id of each of its free-text canvas values
+  (`canvas_ids`), from `tokenizer.json` and `config.json` alone (no weights are read)."""
+  tok = _load_tokenizer(directory)
+  return tok, np.asarray(canvas_ids(tok, lm_checkpoint.read_hf_config(directory)["vocab_size"])[0])
+
+
 def decode(tok: lm_tokenizer.Tokenizer, canvas_ids_W, values) -> str:
   """The text of canvas values (padding left out) through the tokenizer, `canvas_ids_W` their ids."""
   values = np.asarray(values).reshape(-1)
@@ -92,7 +99,8 @@ def decode(tok: lm_tokenizer.Tokenizer, canvas_ids_W, values) -> str:
 @dataclasses.dataclass(frozen=True)
 class LMAgent:
   """The agent-model interface of `marl_jax.model.ModelConfig` (`apply`, `empty_cache`, `init_stack`,
-  `pretrained_stack`, `trainable`, `flops_per_token`, `max_len`) for a Qwen3/Llama checkpoint.
+  `pretrained_stack`, `trainable`, `set_axes`, `flops_per_token`, `max_len`) for a Qwen3/Llama
+  checkpoint.
 
   With `lora`, the parameter sets are {"base": the decoder's parameters, "adapter": low-rank adapters
   stacked over the sets} (`lm.lora`): one frozen base that every set shares (`set_axes`: not stacked,
@@ -178,10 +186,6 @@ class LMAgent:
     if self.lora is None:
       return params
     return jax.tree.map(np.asarray, lora_lib.merged_params(self.lora, params["base"], params["adapter"]))
-
-  def decode(self, values) -> str:
-    """The text of canvas values (padding left out), through the checkpoint's tokenizer."""
-    return decode(_load_tokenizer(self.checkpoint), self.canvas_ids_V, values)
 
   def flops_per_token(self, context_len: int) -> int:
     """As `lm.model.flops_per_token`, with the unembedding of the symbols only (and without the

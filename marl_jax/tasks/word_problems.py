@@ -24,8 +24,6 @@ import numpy as np
 
 from marl_jax import text
 from marl_jax.lm import agent as lm_agent
-from marl_jax.lm import checkpoint as lm_checkpoint
-from marl_jax.lm import tokenizer as lm_tokenizer
 from marl_jax.tasks.base import Task
 
 
@@ -93,10 +91,8 @@ class WordProblems(Task):
     if self.max_prompt_len < 1 or self.max_answer_len < 2:
       raise ValueError(f"config.task.max_prompt_len={self.max_prompt_len}, max_answer_len="
                        f"{self.max_answer_len}; allowed: >= 1 and >= 2")
-    tok = lm_tokenizer.load(self.tokenizer)
-    vocab_size = lm_checkpoint.read_hf_config(self.tokenizer)["vocab_size"]
-    canvas_ids_W = np.asarray(lm_agent.canvas_ids(tok, vocab_size)[0])
-    value_of_id = np.full(max(tok.vocab_size, vocab_size), -1)
+    tok, canvas_ids_W = lm_agent.free_text_canvas(self.tokenizer)
+    value_of_id = np.full(max(tok.vocab_size, int(canvas_ids_W.max()) + 1), -1)
     value_of_id[canvas_ids_W] = np.arange(len(canvas_ids_W))
     value_of_id[tok.end_of_turn_id] = text.EOS
 
