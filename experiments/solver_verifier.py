@@ -4,14 +4,19 @@ rejects it with a revision; how the team outcome is credited decides what the ve
   python -m marl_jax.main --config=experiments/solver_verifier.py:sharing=isolated,credit=difference,size=cpu --workdir=/tmp/sv
   python -m marl_jax.main --config=experiments/solver_verifier.py:size=gpu --workdir=/tmp/sv_gpu
 
+  python -m marl_jax.main --config=experiments/solver_verifier.py:team=mixed,size=cpu --workdir=/tmp/sv_mixed
+
 Arguments: sharing=shared|isolated, credit=ESTIMATOR (team, per_role, difference, ...: every name in
-marl_jax.credit.REGISTRY; its settings are then `--config.credit.KEY=VALUE`), size=tiny|cpu|gpu.
+marl_jax.credit.REGISTRY; its settings are then `--config.credit.KEY=VALUE`), size=tiny|cpu|gpu,
+team=uniform|mixed (mixed: the verifier is a model twice as wide and deep as the solver's,
+`config.models.verifier`, each of its keys settable as `--config.models.verifier.KEY`; needs
+sharing=isolated).
 """
 from marl_jax import configs, credit
 
 
 def get_config(arg=None):
-  args = configs.parse_arg(arg, sharing="isolated", credit="difference", size="cpu")
+  args = configs.parse_arg(arg, sharing="isolated", credit="difference", size="cpu", team="uniform")
   c = configs.base_config()
   c.protocol.update(name="solver_verifier", rounds=1, verifier_demo_error_rate=0.3)
   c.roles.sharing = configs.check_choice("sharing", args.sharing, ("shared", "isolated"))
@@ -23,4 +28,11 @@ def get_config(arg=None):
   if args.size == "gpu":
     c.task.num_ops = 4
     c.protocol.rounds = 2
+  if configs.check_choice("team", args.team, ("uniform", "mixed")) == "mixed":
+    if args.sharing != "isolated":
+      raise ValueError("config argument team=mixed gives the verifier its own model; it needs "
+                       "sharing=isolated")
+    m = c.model
+    configs.add_model(c, "verifier", d_model=2 * m.d_model, n_layers=2 * m.n_layers, d_ff=2 * m.d_ff)
+    c.roles.models = "model,verifier"
   return c

@@ -104,8 +104,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.task = ml_collections.ConfigDict(dict(name="arithmetic", num_ops=2, max_operand=9, modulus=10,
                                           demo_error_rate=0.6))
   c.protocol = ml_collections.ConfigDict(dict(name="single"))
-  # sharing: 'isolated', 'shared' or one set per role ('0,0,1'); trainable: '' (all) or '1,0'.
-  c.roles = ml_collections.ConfigDict(dict(sharing="isolated", trainable=""))
+  # Mixed teams: other model configs by name (`add_model`), each with config.model's keys.
+  c.models = ml_collections.ConfigDict()
+  # sharing: 'isolated', 'shared' or one set per role ('0,0,1'); trainable: '' (all) or '1,0';
+  # models: '' (config.model for every set) or one model per set, 'model' or a config.models name.
+  c.roles = ml_collections.ConfigDict(dict(sharing="isolated", trainable="", models=""))
   # algorithm: a registered loss (marl_jax/losses.py); G = group_size samples of each problem;
   # on_nonfinite: 'skip' or 'stop' at a non-finite reward, advantage, loss or gradient (README).
   c.rl = ml_collections.ConfigDict(dict(
@@ -123,6 +126,13 @@ def base_config() -> ml_collections.ConfigDict:
   # data_dir: read the fixed evaluation set as a versioned TFDS dataset there (built if missing).
   c.eval = ml_collections.ConfigDict(dict(size=512, seed=1234, data_dir=""))
   return c
+
+
+def add_model(c: ml_collections.ConfigDict, name: str, **overrides) -> ml_collections.ConfigDict:
+  """`config.models.NAME`: a copy of `config.model` with `overrides` (e.g. a larger verifier), for
+  `config.roles.models`; each of its keys can then be set as `--config.models.NAME.KEY`."""
+  c.models[name] = ml_collections.ConfigDict({**c.model.to_dict(), **overrides})
+  return c.models[name]
 
 
 SIZES = ("tiny", "cpu", "gpu")

@@ -10,6 +10,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from marl_jax import credit, losses, parallel, protocols, tasks
+from marl_jax import team as team_lib
 from marl_jax import model as model_lib
 from marl_jax.lm import agent as lm_agent
 from marl_jax.lm import model as lm_model
@@ -56,12 +57,12 @@ class Experiment:
   task: tasks.Task
   protocol: protocols.Protocol
   layout: engine.Layout
-  model: model_lib.ModelConfig | lm_agent.LMAgent
+  model: model_lib.ModelConfig | lm_agent.LMAgent | team_lib.Team
   role_set_R: tuple[int, ...]
   trainable_R: tuple[bool, ...]
   credit: credit.Estimator
   loss: Callable  # (losses.LossInput, config.rl) -> loss_BxT
-  optimizer: optax.GradientTransformation
+  optimizer: optax.GradientTransformation  # over params_R, one state per set (`model.per_set`)
   mesh: jax.sharding.Mesh
 
   @property
@@ -169,6 +170,10 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
   credit_name, credit_knobs = _sub_config(config.credit)
   estimator = credit.make(credit_name, **credit_knobs)
   estimator.check(len(protocol.roles), rl.group_size)
+  model_cfg = make_agents(config, num_sets, task.free_text)
+  if config.model_shards > 1 and isinstance(model_cfg, team_lib.Team):
+    raise ValueError(f"config.model_shards={config.model_shards} with a mixed team (config.roles.models="
+                     f"{config.roles.models!r}): split parameters serve one model; allowed: 1")
   mesh = parallel.make_mesh(config.num_devices, config.model_shards)
   devices = mesh.shape[parallel.DATA]
   local_batch = rl.batch_size // devices
@@ -185,11 +190,10 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
     if config[key] % config.steps_per_call:
       raise ValueError(f"config.{key}={config[key]} must be a multiple of config.steps_per_call="
                        f"{config.steps_per_call}")
-  model_cfg = make_model(config.model, task.free_text)
   if config.model_shards > 1:
     check_model_sharding(config, model_cfg, mesh)
-  optimizer = model_lib.trainable(model_cfg, make_optimizer(config.optim,
-                                                            config.total_steps * rl.epochs * rl.minibatches))
+  tx = make_optimizer(config.optim, config.total_steps * rl.epochs * rl.minibatches)
+  optimizer = model_lib.per_set(model_cfg, tx, trainable_R)
   make_optimizer(sft_optim(config), config.sft.steps, "sft")  # refuses bad warm-start settings now
   return Experiment(config, task, protocol, layout, model_cfg, role_set_R, trainable_R, estimator,
                     loss, optimizer, mesh)
@@ -207,18 +211,43 @@ def check_model_sharding(config, model_cfg, mesh) -> None:
                               leading_axes=1)
 
 
-def make_model(model_config, free_text: bool = False):
-  """`config.model` -> the agent model: the built-in transformer, or with `checkpoint` a local
-  Qwen3/Llama checkpoint (`lm.agent`, over its whole vocabulary for a `free_text` task; `d_model`,
-  `n_layers`, `n_heads`, `d_ff` are then the checkpoint's, from its config.json)."""
+def make_agents(config: ml_collections.ConfigDict, num_sets: int, free_text: bool = False):
+  """The agent model of every parameter set: `config.model` for all of them, or with
+  `config.roles.models` (one name per set: 'model' or a key of `config.models`) a mixed team, one
+  group per model (`marl_jax.team`).  Every model uses `config.model.max_len` (one canvas)."""
+  names = str(config.roles.models)
+  if not names:
+    return make_model(config.model, free_text)
+  allowed = ["model", *config.models.keys()]
+  names_S = tuple(n.strip() for n in names.split(","))
+  if len(names_S) != num_sets or not set(names_S) <= set(allowed):
+    raise ValueError(f"config.roles.models={names!r} for {num_sets} parameter sets (from "
+                     f"config.roles.sharing); allowed: '' (config.model for every set) or one name per set "
+                     f"from {allowed}, such as {','.join(allowed[:1] * num_sets)!r}")
+  group_names = tuple(dict.fromkeys(names_S))  # in order of first use
+  models = []
+  for name in group_names:
+    model_config = config.model if name == "model" else ml_collections.ConfigDict(config.models[name].to_dict())
+    model_config.max_len = config.model.max_len
+    models.append(make_model(model_config, free_text, "config." + ("model" if name == "model" else f"models.{name}")))
+  if len(models) == 1:  # every set on one named model: a uniform team of it
+    return models[0]
+  return team_lib.make(group_names, tuple(models), tuple(group_names.index(n) for n in names_S), free_text)
+
+
+def make_model(model_config, free_text: bool = False, key: str = "config.model"):
+  """`config.model` (or another model config, named `key` in errors) -> the agent model: the built-in
+  transformer, or with `checkpoint` a local Qwen3/Llama checkpoint (`lm.agent`, over its whole
+  vocabulary for a `free_text` task; `d_model`, `n_layers`, `n_heads`, `d_ff` are then the
+  checkpoint's, from its config.json)."""
   if model_config.checkpoint:
-    return lm_agent.from_config(model_config, free_text)
+    return lm_agent.from_config(model_config, free_text, key)
   if model_config.lora.enabled:
-    raise ValueError("config.model.lora.enabled=True needs config.model.checkpoint: adapters train on a "
+    raise ValueError(f"{key}.lora.enabled=True needs {key}.checkpoint: adapters train on a "
                      "checkpoint's frozen weights, not on the built-in model")
   if model_config.d_model % model_config.n_heads:
-    raise ValueError(f"config.model.d_model={model_config.d_model} does not divide by "
-                     f"config.model.n_heads={model_config.n_heads}; allowed: multiples of it")
+    raise ValueError(f"{key}.d_model={model_config.d_model} does not divide by "
+                     f"{key}.n_heads={model_config.n_heads}; allowed: multiples of it")
   return model_lib.ModelConfig(
       d_model=model_config.d_model, n_layers=model_config.n_layers, n_heads=model_config.n_heads,
       d_ff=model_config.d_ff, max_len=model_config.max_len, dtype=model_lib.compute_dtype(model_config.dtype))

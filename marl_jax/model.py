@@ -11,12 +11,60 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
+import optax
 
 from marl_jax import text
 
 
+class SetStack:
+  """The parameter sets of one agent model, stacked on a leading axis (`set_axes` says where): what
+  sampling, the update and the diagnostics do with every set at once, as vmaps over that axis.  A
+  mixed team (`marl_jax.team.Team`) does the same per model group."""
+
+  def set_model(self, index: int):
+    """The agent model of parameter set `index`: this one for every set."""
+    del index
+    return self
+
+  def take_sets(self, params_R, index):
+    """Sets `index` of params_R (an int: one set, unstacked; an index array: a stack of them); a part
+    every set shares is passed as it is."""
+    take = lambda axis, part: part if axis is None else jax.tree.map(lambda p: p[index], part)
+    return jax.tree.map(take, self.set_axes(params_R), params_R, is_leaf=lambda x: x is None)
+
+  def apply_sets(self, params_R, set_N, tokens_BxL, start, key_ok_NxBxT):
+    """logits_NxBxLxV: set `set_N[n]` (static) reading `tokens_BxL` with keys `key_ok_NxBxT[n]`."""
+    params_N = self.take_sets(params_R, np.asarray(set_N))
+    apply_N = jax.vmap(self.apply, in_axes=(self.set_axes(params_N), None, None, 0))
+    return apply_N(params_N, tokens_BxL, start, key_ok_NxBxT)[0]
+
+  def per_set(self, tx: optax.GradientTransformation, trainable_S) -> optax.GradientTransformation:
+    """`tx` on the parameters the model trains (`trainable`), with one state per parameter set (vmapped
+    over the sets); the sets whose `trainable_S` flag is False get zero updates."""
+    tx = self.trainable(tx)
+    keep_S = np.asarray(trainable_S, np.float32)
+
+    def init(params_R):
+      return jax.vmap(tx.init, in_axes=(self.set_axes(params_R),))(params_R)
+
+    def update(grads_R, state, params_R):
+      axes = self.set_axes(params_R)
+      updates, state = jax.vmap(tx.update, in_axes=(axes, 0, axes), out_axes=(axes, 0))(
+          grads_R, state, params_R)
+      still = lambda axis, part: part if axis is None else jax.tree.map(
+          lambda u: u * keep_S.reshape((-1,) + (1,) * (u.ndim - 1)), part)
+      return jax.tree.map(still, axes, updates, is_leaf=lambda x: x is None), state
+
+    return optax.GradientTransformation(init, update)
+
+  def set_norms(self, tree_R):
+    """norm_S: the global norm of each parameter set's part of a params-shaped tree (a gradient)."""
+    return jax.vmap(optax.tree_utils.tree_norm, in_axes=(self.set_axes(tree_R),))(tree_R)
+
+
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(SetStack):
   vocab_size: int = text.VOCAB_SIZE
   d_model: int = 64
   n_layers: int = 2
@@ -198,11 +246,32 @@ def set_axes(model, params_R):
   return model.set_axes(params_R)
 
 
+def set_model(model, index: int):
+  """The agent model of parameter set `index` (in a mixed team, its group's)."""
+  return model.set_model(index)
+
+
 def take_sets(model, params_R, index):
-  """Sets `index` of params_R (an int: one set, unstacked; an index array: a stack of them); a part
-  every set shares is passed as it is."""
-  take = lambda axis, part: part if axis is None else jax.tree.map(lambda p: p[index], part)
-  return jax.tree.map(take, set_axes(model, params_R), params_R, is_leaf=lambda x: x is None)
+  """Sets `index` of params_R (an int: one set, unstacked, for `set_model(model, index)`; an index
+  array: a stack of them, within one model group); a part every set shares is passed as it is."""
+  return model.take_sets(params_R, index)
+
+
+def apply_sets(model, params_R, set_N, tokens_BxL, start, key_ok_NxBxT):
+  """logits_NxBxLxV: parameter set `set_N[n]` (a static index) reading the same `tokens_BxL` through
+  its own keys `key_ok_NxBxT[n]`, all sets of one model group in one vmap."""
+  return model.apply_sets(params_R, set_N, tokens_BxL, start, key_ok_NxBxT)
+
+
+def per_set(model, tx, trainable_S) -> optax.GradientTransformation:
+  """`tx` on the trained parameters (`trainable`) with one optimiser state per parameter set; the sets
+  flagged False in `trainable_S` get zero updates."""
+  return model.per_set(tx, trainable_S)
+
+
+def set_norms(model, tree_R):
+  """norm_S: the global norm of each parameter set's part of a params-shaped tree."""
+  return model.set_norms(tree_R)
 
 
 def trainable(model, tx):

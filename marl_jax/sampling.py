@@ -57,10 +57,17 @@ def read_schedule(layout: Layout) -> list[tuple[int, tuple[tuple[int, int], ...]
   return schedule
 
 
+def token_reads_V(layout: Layout) -> np.ndarray:
+  """Model token-reads of one episode's `generate` per view: each turn's chunks and decoding reads."""
+  reads_V = np.zeros(len(layout.view_set_V), int)
+  for v, chunks, start, stop in read_schedule(layout):
+    reads_V[v] += sum(b - a for a, b in chunks) + (stop - 1 - start)
+  return reads_V
+
+
 def token_reads(layout: Layout) -> int:
-  """Model token-reads of one episode's `generate`: each turn's chunks and its decoding reads."""
-  return sum(sum(b - a for a, b in chunks) + (stop - 1 - start)
-             for _, chunks, start, stop in read_schedule(layout))
+  """Model token-reads of one episode's `generate`."""
+  return int(token_reads_V(layout).sum())
 
 
 def needed_reads_VxT(layout: Layout) -> np.ndarray:
@@ -70,16 +77,18 @@ def needed_reads_VxT(layout: Layout) -> np.ndarray:
 
 
 def episode_flops(cfg: model_lib.ModelConfig, layout: Layout) -> dict:
-  """Model FLOPs of one episode's `generate`, three ways:
+  """Model FLOPs of one episode's `generate`, three ways (each view at its set's model):
   - `lockstep`: every view reads every position (the first sampler);
-  - `computed`: this sampler (`token_reads`, attention over the whole canvas, as computed);
+  - `computed`: this sampler (`token_reads_V`, attention over the whole canvas, as computed);
   - `minimum`: each view reads only `needed_reads_VxT`, attending to only the keys it sees so far."""
   T = layout.length
   keys_VxT = np.cumsum(layout.visible_VxT, axis=1)  # keys a view sees at or before each position
   needed_VxT = needed_reads_VxT(layout)
-  return {"lockstep": len(layout.view_set_V) * T * model_lib.flops_per_token(cfg, T),
-          "computed": token_reads(layout) * model_lib.flops_per_token(cfg, T),
-          "minimum": sum(model_lib.flops_per_token(cfg, int(k)) for k in keys_VxT[needed_VxT])}
+  flops = lambda v, context: model_lib.flops_per_token(model_lib.set_model(cfg, layout.view_set_V[v]), context)
+  views = range(len(layout.view_set_V))
+  return {"lockstep": sum(T * flops(v, T) for v in views),
+          "computed": sum(int(reads) * flops(v, T) for v, reads in zip(views, token_reads_V(layout))),
+          "minimum": sum(flops(v, int(k)) for v in views for k in keys_VxT[v][needed_VxT[v]])}
 
 
 def generate(cfg: model_lib.ModelConfig, layout: Layout, params_R, canvas_BxT, force_BxT, key_B,
@@ -97,7 +106,6 @@ def generate(cfg: model_lib.ModelConfig, layout: Layout, params_R, canvas_BxT, f
   ends_TxV = jnp.asarray(layout.ends_episode_TxV)
   canvas_BxT = jnp.where(layout.env_T[None] & (layout.turn_T[None] >= 0), layout.marker_T[None],
                          canvas_BxT)
-  apply = functools.partial(model_lib.apply, cfg)
 
   def write(carry, t):
     """Message position t of the acting view, from its latest logits."""
@@ -122,29 +130,32 @@ def generate(cfg: model_lib.ModelConfig, layout: Layout, params_R, canvas_BxT, f
              logits_BxV, ended_B, done_B)
     return carry, (logp_B, sampled_B)
 
-  def write_and_read(params, visible_T, carry, t):
-    """Writes position t, then the acting view reads it for the logits of t + 1."""
+  def write_and_read(apply, visible_T, carry, t):
+    """Writes position t, then the acting view reads it (`apply`: its set) for the logits of t + 1."""
     carry, out = write(carry, t)
     tokens_BxT, valid_BxT, cache, _, ended_B, done_B = carry
-    logits_Bx1xV, cache = apply(params, tokens_BxT[:, t][:, None], t, valid_BxT & visible_T, cache)
+    logits_Bx1xV, cache = apply(tokens_BxT[:, t][:, None], t, valid_BxT & visible_T, cache)
     return (tokens_BxT, valid_BxT, cache, logits_Bx1xV[:, 0], ended_B, done_B), out
 
   tokens_BxT = canvas_BxT
   valid_BxT = jnp.zeros((B, T), bool).at[:, :layout.prompt_len].set(
       canvas_BxT[:, :layout.prompt_len] != text.PAD)
   done_B = jnp.zeros(B, bool)
-  cache_V = [model_lib.empty_cache(cfg, B, T) for _ in layout.view_set_V]
+  # A view's set may belong to any model group of a mixed team: its cache and calls are that model's.
+  model_V = [model_lib.set_model(cfg, s) for s in layout.view_set_V]
+  cache_V = [model_lib.empty_cache(model, B, T) for model in model_V]
   logp_BxT, sampled_BxT = jnp.zeros((B, T)), jnp.zeros((B, T), bool)
   for v, chunks, start, stop in read_schedule(layout):
-    params = model_lib.take_sets(cfg, params_R, layout.view_set_V[v])
+    apply = functools.partial(model_lib.apply, model_V[v],
+                              model_lib.take_sets(cfg, params_R, layout.view_set_V[v]))
     visible_T = jnp.asarray(layout.visible_VxT[v])
     marker_B = jnp.where(done_B, text.PAD, canvas_BxT[:, start - 1])  # none once the episode is over
     tokens_BxT = tokens_BxT.at[:, start - 1].set(marker_B)
     valid_BxT = valid_BxT.at[:, start - 1].set(marker_B != text.PAD)
     for a, b in chunks:  # the last chunk ends with the marker: its last logits give the first token
-      logits_BxLxV, cache_V[v] = apply(params, tokens_BxT[:, a:b], a, valid_BxT & visible_T, cache_V[v])
+      logits_BxLxV, cache_V[v] = apply(tokens_BxT[:, a:b], a, valid_BxT & visible_T, cache_V[v])
     carry = (tokens_BxT, valid_BxT, cache_V[v], logits_BxLxV[:, -1], jnp.zeros(B, bool), done_B)
-    carry, (logp_xB, sampled_xB) = jax.lax.scan(functools.partial(write_and_read, params, visible_T),
+    carry, (logp_xB, sampled_xB) = jax.lax.scan(functools.partial(write_and_read, apply, visible_T),
                                                 carry, jnp.arange(start, stop - 1))
     carry, (logp_B, sampled_B) = write(carry, stop - 1)  # its logits would predict the next turn's marker
     tokens_BxT, valid_BxT, cache_V[v], _, _, done_B = carry
@@ -160,12 +171,9 @@ def token_log_probs(cfg: model_lib.ModelConfig, layout: Layout, params_R, tokens
   Position t is predicted from the logits at t-1; positions 0 and environment tokens get values that
   callers mask out.
   """
-  params_V = model_lib.take_sets(cfg, params_R, np.asarray(layout.view_set_V))
   valid_BxT = tokens_BxT != text.PAD
   key_ok_VxBxT = valid_BxT[None] & jnp.asarray(layout.visible_VxT)[:, None]
-  apply_V = jax.vmap(functools.partial(model_lib.apply, cfg),
-                     in_axes=(model_lib.set_axes(cfg, params_V), None, None, 0))
-  logits_VxBxTxV, _ = apply_V(params_V, tokens_BxT, 0, key_ok_VxBxT)
+  logits_VxBxTxV = model_lib.apply_sets(cfg, params_R, layout.view_set_V, tokens_BxT, 0, key_ok_VxBxT)
   # Position t (t >= 1) uses its author's view at t-1.
   author_view_T = layout.author_view_T[1:]
   T1 = len(author_view_T)
@@ -195,10 +203,10 @@ def next_token_divergence(cfg: model_lib.ModelConfig, layout: Layout, role_set_R
   """
   valid_BxT = tokens_BxT != text.PAD
   key_ok_VxBxT = valid_BxT[None] & jnp.asarray(layout.visible_VxT)[:, None]
-  apply_S = jax.vmap(functools.partial(model_lib.apply, cfg),
-                     in_axes=(model_lib.set_axes(cfg, params_S), None, None, None))
-  logits_VxSxBxTxN = jax.vmap(lambda key_ok_BxT: apply_S(params_S, tokens_BxT, 0, key_ok_BxT)[0])(
-      key_ok_VxBxT)
+  S = len(set(role_set_R))
+  every_set = lambda key_ok_BxT: model_lib.apply_sets(cfg, params_S, range(S), tokens_BxT, 0,
+                                                       jnp.broadcast_to(key_ok_BxT, (S,) + key_ok_BxT.shape))
+  logits_VxSxBxTxN = jax.vmap(every_set)(key_ok_VxBxT)
   # Position t (t >= 1) is predicted at t-1 through its author's view.
   author_view_T, author_T = layout.author_view_T[1:], layout.author_T[1:]
   T1 = len(author_T)

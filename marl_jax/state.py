@@ -18,7 +18,7 @@ class TrainState:
   step: jax.Array
   params: Any  # params_R: parameter sets stacked on a leading axis
   ref_params: Any  # the warm-started base model, for the KL penalty
-  opt_state: Any  # one optimiser state per parameter set (vmapped)
+  opt_state: Any  # one optimiser state per parameter set (`model.per_set`)
   credit: Any  # the credit estimator's own state (a learned baseline or critic); () when it has none
   key: jax.Array
 
@@ -28,7 +28,7 @@ def init_state(exp: Experiment, key, params_R=None) -> TrainState:
   k_init, k_run = jax.random.split(key)
   if params_R is None:
     params_R = model_lib.init_stack(exp.model, k_init, exp.num_sets)
-  opt_state = jax.vmap(exp.optimizer.init, in_axes=(model_lib.set_axes(exp.model, params_R),))(params_R)
+  opt_state = exp.optimizer.init(params_R)
   # The estimator's own key, folded from the seed's: the parameters' and the run's keys stay as they were.
   credit_state = exp.credit.init(jax.random.fold_in(key, 2), exp.layout)
   return TrainState(step=jnp.zeros((), jnp.int32), params=params_R, ref_params=params_R,

@@ -78,9 +78,11 @@ def step_flops(exp: experiment.Experiment) -> float:
   rl, layout = exp.config.rl, exp.layout
   reruns = exp.credit.reruns(len(layout.roles))
   rerun_rows = 0 if reruns is None else len(reruns.changed_CxR) * reruns.samples
-  update_reads = len(layout.view_set_V) * layout.length * (3 * rl.epochs + (1 if rl.kl_coef > 0 else 0))
-  reads = (1 + rerun_rows) * sampling.token_reads(layout) + update_reads
-  return float(reads * rl.batch_size * model_lib.flops_per_token(exp.model, layout.length))
+  update_passes = 3 * rl.epochs + (1 if rl.kl_coef > 0 else 0)
+  reads_V = (1 + rerun_rows) * sampling.token_reads_V(layout) + layout.length * update_passes
+  flops_V = [model_lib.flops_per_token(model_lib.set_model(exp.model, s), layout.length)
+             for s in layout.view_set_V]  # each view at its set's model (a mixed team's differ)
+  return float(rl.batch_size * np.dot(reads_V, flops_V))
 
 
 def matmul_flops_per_s(n: int = 1024, reps: int = 20) -> float:

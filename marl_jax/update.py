@@ -2,8 +2,8 @@
 
 Each role's loss is its registered surrogate averaged over the tokens it sampled in the global batch
 (plus an entropy bonus and a k3 KL to the base model); the gradient of the sum over roles updates
-every parameter set at once, with one optimiser state per set (`jax.vmap(optimizer.update)`), and
-frozen sets get zero updates.
+every parameter set at once, with one optimiser state per set (`model.per_set`: vmapped over each
+model group's sets), and frozen sets get zero updates.
 """
 import flax
 import jax
@@ -63,24 +63,15 @@ def apply(exp, params_R, opt_state, batch: Batch, devices: int):
   gradient there (`grad_norm_S`), and whether every minibatch's loss and gradient were finite
   (`finite_loss_R`, `finite_grad_S`)."""
   R = len(exp.layout.roles)
-  trainable_R = np.asarray(exp.trainable_R)
-  axes = model_lib.set_axes(exp.model, params_R)  # a part every set shares (a frozen base) is not stacked
-
-  def frozen_sets_still(axis, updates):
-    if axis is None:
-      return updates
-    return jax.tree.map(lambda u: u * trainable_R.reshape((-1,) + (1,) * (u.ndim - 1)), updates)
 
   def minibatch_update(carry, rows):
     params, opt_state = carry
     mb = jax.tree.map(lambda x: x[rows], batch)
     loss_R, vjp_fn, aux = jax.vjp(lambda p: role_losses(exp, p, mb, devices), params, has_aux=True)
     grads = jax.lax.pmean(vjp_fn(jnp.ones(R))[0], parallel.DATA)
-    updates, opt_state = jax.vmap(exp.optimizer.update, in_axes=(axes, 0, axes), out_axes=(axes, 0))(
-        grads, opt_state, params)
-    updates = jax.tree.map(frozen_sets_still, axes, updates, is_leaf=lambda x: x is None)
+    updates, opt_state = exp.optimizer.update(grads, opt_state, params)  # per set; frozen sets still
     aux = {k: jax.lax.psum(v, parallel.DATA) for k, v in {**aux, "loss": loss_R}.items()}
-    aux["grad_norm_S"] = jax.vmap(optax.tree_utils.tree_norm, in_axes=(axes,))(grads)
+    aux["grad_norm_S"] = model_lib.set_norms(exp.model, grads)
     return (optax.apply_updates(params, updates), opt_state), aux
 
   def epoch(carry, _):

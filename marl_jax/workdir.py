@@ -7,6 +7,8 @@ import ml_collections
 
 # The groups that make a run's state and problems: resuming under different ones would mix two runs.
 IDENTITY = ("task", "model", "protocol", "roles")
+# A mixed team's other model configs make the run too; a run saved before they existed has none.
+LATER_IDENTITY = ("models",)
 FILES = ("config.json", "metrics.jsonl", "tensorboard", "checkpoints")
 
 
@@ -63,7 +65,8 @@ def check(config: ml_collections.ConfigDict, workdir: str) -> None:
     raise ValueError(f"--workdir={workdir}: its config.json is unreadable or not a marl_jax config "
                       f"({error if saved is None else 'no ' + '/'.join(IDENTITY)}); give a new workdir")
   now = json.loads(config.to_json())
-  differences = _differences({g: saved[g] for g in IDENTITY}, {g: now[g] for g in IDENTITY}, "")
+  groups = IDENTITY + LATER_IDENTITY
+  differences = _differences({g: saved.get(g, {}) for g in groups}, {g: now.get(g, {}) for g in groups}, "")
   if differences:
     raise ValueError(f"--workdir={workdir} holds a run of a different config ({'; '.join(differences)}): "
                       f"resuming it needs the same {'/'.join(IDENTITY)}; give a new workdir "

@@ -179,12 +179,15 @@ def test_lora_team_holds_one_base():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family, lora", [("qwen3", False), ("llama", True)])
-def test_tiny_solver_verifier_through_the_cli_and_export(family, lora, tmp_path):
-  """A full run of each family (Llama with LoRA adapters), then its verifier exported and read back."""
+@pytest.mark.parametrize("family, lora, verifier", [("qwen3", False, "llama"), ("llama", True, "")])
+def test_tiny_solver_verifier_through_the_cli_and_export(family, lora, verifier, tmp_path):
+  """A full run of each family (Llama with LoRA adapters; a mixed team of a Qwen3 solver and a Llama
+  verifier), then its verifier exported and read back."""
   workdir, out = tmp_path / "run", tmp_path / "verifier_hf"
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   arg = f"size=tiny,checkpoint={FIXTURES / family},lora={str(lora).lower()}"
+  if verifier:
+    arg += f",verifier_checkpoint={FIXTURES / verifier}"
   run = subprocess.run(
       [sys.executable, "-m", "marl_jax.main", f"--config={REPO / 'experiments' / 'lm_solver_verifier.py'}:{arg}",
        f"--workdir={workdir}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
@@ -199,7 +202,9 @@ def test_tiny_solver_verifier_through_the_cli_and_export(family, lora, tmp_path)
   assert export.returncode == 0, export.stderr[-3000:]
   assert (out / "tokenizer.json").exists()
   _, exported = lm_checkpoint.load(str(out))
-  _, base = lm_checkpoint.load(str(FIXTURES / family))
+  _, base = lm_checkpoint.load(str(FIXTURES / (verifier or family)))
+  assert (json.loads((out / "config.json").read_text())["model_type"]
+          == json.loads((FIXTURES / (verifier or family) / "config.json").read_text())["model_type"])
   changed = {"/".join(str(k.key) for k in path): not np.allclose(a, b) for (path, a), b in
              zip(jax.tree_util.tree_leaves_with_path(exported), jax.tree.leaves(base))}
   if lora:  # the adapters of every target projection merged in; the rest is the frozen base

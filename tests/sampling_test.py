@@ -182,7 +182,7 @@ def test_traced_greedy_flag_decodes_as_the_constant_one_in_one_program():
   assert traced._cache_size() == 1
 
 
-class _CountingModel:
+class _CountingModel(model_lib.SetStack):
   """A model whose token costs 1000 FLOPs plus one per key attended to."""
 
   def flops_per_token(self, context_len):

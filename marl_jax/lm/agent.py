@@ -97,7 +97,7 @@ def decode(tok: lm_tokenizer.Tokenizer, canvas_ids_W, values) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class LMAgent:
+class LMAgent(model_lib.SetStack):
   """The agent-model interface of `marl_jax.model.ModelConfig` (`apply`, `empty_cache`, `init_stack`,
   `pretrained_stack`, `trainable`, `set_axes`, `flops_per_token`, `max_len`) for a Qwen3/Llama
   checkpoint.
@@ -204,10 +204,10 @@ def _load_params(directory: str, max_len: int):
   return lm_checkpoint.load(directory, max_len=max_len)[1]
 
 
-def from_config(model_config, free_text: bool = False) -> LMAgent:
+def from_config(model_config, free_text: bool = False, key: str = "config.model") -> LMAgent:
   """An `LMAgent` from `config.model` (`checkpoint`, `random_weights`, `max_len`, `dtype`, `lora`),
   over the whole vocabulary with `free_text`; every file and shape problem is an error naming
-  `config.model.checkpoint`, before anything is compiled."""
+  `config.model.checkpoint` (`key`.checkpoint), before anything is compiled."""
   directory = model_config.checkpoint
   try:
     lm = lm_model.LMConfig.from_hf_config(lm_checkpoint.read_hf_config(directory),
@@ -218,9 +218,9 @@ def from_config(model_config, free_text: bool = False) -> LMAgent:
     if not model_config.random_weights:
       _load_params(directory, lm.max_len)  # a missing or mis-shaped tensor fails here, not in the step
   except (OSError, ValueError) as e:
-    raise ValueError(f"config.model.checkpoint={directory!r}: {e}") from e
+    raise ValueError(f"{key}.checkpoint={directory!r}: {e}") from e
   if max(ids_V) >= lm.vocab_size:
-    raise ValueError(f"config.model.checkpoint={directory!r}: its tokenizer gives token {max(ids_V)}, "
+    raise ValueError(f"{key}.checkpoint={directory!r}: its tokenizer gives token {max(ids_V)}, "
                      f"beyond the model's vocab_size={lm.vocab_size}")
   return LMAgent(lm, directory, model_config.random_weights, ids_V, lora_config(model_config.lora),
                  num_writable)

@@ -25,18 +25,19 @@ def export(workdir: str, role: str, out: str, seed: int = 0, best: bool = False)
   with open(os.path.join(workdir, "config.json")) as f:
     config = ml_collections.ConfigDict(json.load(f))
   exp = experiment.build(config)
-  if not isinstance(exp.model, lm_agent.LMAgent):
-    raise ValueError(f"--workdir={workdir} trained the built-in model (config.model.checkpoint is empty); "
-                     f"only a language-model run exports to the Hugging Face format")
   if role not in exp.protocol.roles:
     raise ValueError(f"--role={role!r} is not a role of this run; allowed: {list(exp.protocol.roles)}")
+  role_set = exp.role_set_R[exp.protocol.roles.index(role)]
+  model = model_lib.set_model(exp.model, role_set)  # in a mixed team, the role's own model
+  if not isinstance(model, lm_agent.LMAgent):
+    raise ValueError(f"--workdir={workdir}: role {role!r} is the built-in model (its model config has no "
+                     f"checkpoint); only a language-model role exports to the Hugging Face format")
   if not 0 <= seed < config.num_seeds:
     raise ValueError(f"--seed={seed}: the run has seeds 0..{config.num_seeds - 1}")
   params_S = loop.load_params(exp, workdir + (":best" if best else ""))
-  role_set = exp.role_set_R[exp.protocol.roles.index(role)]
   params = model_lib.take_sets(exp.model, jax.tree.map(lambda p: np.asarray(p[seed]), params_S), role_set)
-  lm_checkpoint.save(out, exp.model.lm, exp.model.servable(params))
-  shutil.copy(os.path.join(exp.model.checkpoint, "tokenizer.json"), out)
+  lm_checkpoint.save(out, model.lm, model.servable(params))
+  shutil.copy(os.path.join(model.checkpoint, "tokenizer.json"), out)
 
 
 def main(argv=None) -> None:
