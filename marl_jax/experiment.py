@@ -214,7 +214,8 @@ def check_model_sharding(config, model_cfg, mesh) -> None:
 def make_agents(config: ml_collections.ConfigDict, num_sets: int, free_text: bool = False):
   """The agent model of every parameter set: `config.model` for all of them, or with
   `config.roles.models` (one name per set: 'model' or a key of `config.models`) a mixed team, one
-  group per model (`marl_jax.team`).  Every model uses `config.model.max_len` (one canvas)."""
+  group per distinct model (`marl_jax.team`; names whose configs build the same model share a group,
+  stacked together).  Every model uses `config.model.max_len` (one canvas)."""
   names = str(config.roles.models)
   if not names:
     return make_model(config.model, free_text)
@@ -224,15 +225,17 @@ def make_agents(config: ml_collections.ConfigDict, num_sets: int, free_text: boo
     raise ValueError(f"config.roles.models={names!r} for {num_sets} parameter sets (from "
                      f"config.roles.sharing); allowed: '' (config.model for every set) or one name per set "
                      f"from {allowed}, such as {','.join(allowed[:1] * num_sets)!r}")
-  group_names = tuple(dict.fromkeys(names_S))  # in order of first use
-  models = []
-  for name in group_names:
+  by_name = {}
+  for name in dict.fromkeys(names_S):  # in order of first use
     model_config = config.model if name == "model" else ml_collections.ConfigDict(config.models[name].to_dict())
     model_config.max_len = config.model.max_len
-    models.append(make_model(model_config, free_text, "config." + ("model" if name == "model" else f"models.{name}")))
-  if len(models) == 1:  # every set on one named model: a uniform team of it
-    return models[0]
-  return team_lib.make(group_names, tuple(models), tuple(group_names.index(n) for n in names_S), free_text)
+    by_name[name] = make_model(model_config, free_text, "config." + ("model" if name == "model" else f"models.{name}"))
+  group_of = {model: name for name, model in reversed(by_name.items())}  # the first name of each model
+  group_names = tuple(dict.fromkeys(group_of[by_name[n]] for n in names_S))
+  if len(group_names) == 1:  # every set on one model: a uniform team of it
+    return by_name[group_names[0]]
+  return team_lib.make(group_names, tuple(by_name[n] for n in group_names),
+                       tuple(group_names.index(group_of[by_name[n]]) for n in names_S), free_text)
 
 
 def make_model(model_config, free_text: bool = False, key: str = "config.model"):

@@ -1,6 +1,7 @@
 """Mixed teams (`config.roles.models`, `marl_jax.team`): each model group's sets called at their own
 model, a team of one model twice training exactly as the uniform team, a small solver and a larger
 verifier trained in one step (a frozen set still), the CLI, and bad teams refused before compiling."""
+import dataclasses
 import importlib.util
 import json
 import pathlib
@@ -53,16 +54,26 @@ def test_each_set_runs_at_its_groups_model():
                                                      jax.tree.leaves(params["large"]))), rtol=1e-6)
 
 
+def test_names_of_one_model_share_a_group():
+  config = _sv_config("size=tiny,team=mixed")
+  config.models.verifier.update(config.model.to_dict())  # the verifier's config now builds config.model
+  exp = experiment.build(config)
+  assert exp.model == experiment.build(_sv_config("size=tiny")).model  # one group: a uniform team
+  config = _sv_config("size=tiny,team=mixed")
+  configs.add_model(config, "solver_twin")
+  config.roles.models = "solver_twin,verifier"
+  assert experiment.build(config).model.names == ("solver_twin", "verifier")
+
+
 @pytest.mark.slow
 def test_team_of_one_model_twice_trains_as_the_uniform_team():
   uniform = _sv_config("size=tiny,credit=team")
   uniform.num_seeds, uniform.sft.steps, uniform.rl.entropy_coef = 2, 0, 0.01
-  twins = _sv_config("size=tiny,credit=team")
-  twins.num_seeds, twins.sft.steps, twins.rl.entropy_coef = 2, 0, 0.01
-  configs.add_model(twins, "twin")  # the same model config under another name: a second group
-  twins.roles.models = "model,twin"
-  exp_u, exp_t = experiment.build(uniform), experiment.build(twins)
-  assert isinstance(exp_t.model, team_lib.Team) and not isinstance(exp_u.model, team_lib.Team)
+  exp_u = experiment.build(uniform)
+  # The same model as two groups of one set each: every per-set operation goes through the team.
+  twins = team_lib.Team(("model", "twin"), (exp_u.model, exp_u.model), (0, 1))
+  tx = experiment.make_optimizer(uniform.optim, uniform.total_steps * uniform.rl.epochs * uniform.rl.minibatches)
+  exp_t = dataclasses.replace(exp_u, model=twins, optimizer=model_lib.per_set(twins, tx, exp_u.trainable_R))
   state_u = state.initial_state(exp_u)
   params_S = jax.tree.map(np.asarray, state_u.params)
   split = {"model": jax.tree.map(lambda p: p[:, :1], params_S), "twin": jax.tree.map(lambda p: p[:, 1:], params_S)}
