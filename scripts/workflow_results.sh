@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Reproduces the README's workflow comparison (Workflows: results): single agent, solver-verifier, vote,
-# best_of_n and debate with and without influence rewards on arithmetic and on subset_sum (checking is
-# easier than solving), and delegate with annealed, never-annealed and no auxiliary rewards on
+# best_of_n and debate with and without influence rewards on subset_sum (checking is easier than
+# solving) and on arithmetic, and delegate with annealed, never-annealed and no auxiliary rewards on
 # multi_chain; 10 vmapped seeds per run on two disjoint seed sets (0 and 1000), then the report per seed
-# set and each workflow's Welch comparison with the single agent on its task.  Arithmetic's single agent
-# and solver-verifier runs are scripts/results.sh's (same task and budget), read from RESULTS.
+# set and each workflow's Welch comparison with the single agent on its task.
+# subset_sum's single agent and solver-verifier runs are scripts/task_results.sh's (read from TASKS),
+# and its workflows run at that script's budget (200 steps); arithmetic's are scripts/results.sh's
+# (read from RESULTS, 300 steps), the arithmetic workflows' own size=cpu budget.
 # A finished run is not re-run; an interrupted one resumes.
-# Usage: scripts/workflow_results.sh [OUT] [RESULTS]
+# Usage: scripts/workflow_results.sh [OUT] [RESULTS] [TASKS]
 set -euo pipefail
 out=${1:-workdirs/workflows}
 results=${2:-workdirs/results}
+tasks=${3:-workdirs/tasks}
 names=()
 run() {  # run NAME EXPERIMENT_ARG [FLAGS...]: both seed sets, the experiment's size=cpu (10 seeds, 300 steps)
   local name=$1 experiment=$2
@@ -20,36 +23,34 @@ run() {  # run NAME EXPERIMENT_ARG [FLAGS...]: both seed sets, the experiment's 
       --config.seed=$seed "$@"
   done
 }
-# The task suite's config at the workflow experiments' results scale (configs.workflow_config).
-scale=(--config.num_seeds=10 --config.total_steps=300 --config.eval_every=50 --config.checkpoint_every=300)
+# The task suite's budget (scripts/task_results.sh), so subset_sum's workflows compare with its runs.
+suite=(--config.total_steps=200 --config.checkpoint_every=100)
+run subset_sum_vote vote.py:size=cpu,task=subset_sum "${suite[@]}"
+run subset_sum_best_of_n best_of_n.py:size=cpu,task=subset_sum "${suite[@]}"
+run subset_sum_debate debate.py:size=cpu,task=subset_sum "${suite[@]}"
+run subset_sum_debate_plain debate.py:size=cpu,task=subset_sum,alpha=0,beta=0 "${suite[@]}"
 run arithmetic_vote vote.py:size=cpu
 run arithmetic_vote_isolated vote.py:size=cpu,sharing=isolated
 run arithmetic_best_of_n best_of_n.py:size=cpu
 run arithmetic_debate debate.py:size=cpu
 run arithmetic_debate_plain debate.py:size=cpu,alpha=0,beta=0
-run subset_sum_single tasks.py:task=subset_sum,size=cpu,protocol=single "${scale[@]}"
-run subset_sum_sv tasks.py:task=subset_sum,size=cpu,protocol=solver_verifier --config.roles.sharing=shared \
-  "${scale[@]}"
-run subset_sum_vote vote.py:size=cpu,task=subset_sum
-run subset_sum_best_of_n best_of_n.py:size=cpu,task=subset_sum
-run subset_sum_debate debate.py:size=cpu,task=subset_sum
-run subset_sum_debate_plain debate.py:size=cpu,task=subset_sum,alpha=0,beta=0
 run delegate_annealed delegate.py:size=cpu,aux=annealed
 run delegate_never delegate.py:size=cpu,aux=never
 run delegate_none delegate.py:size=cpu,aux=none
 for seed in 0 1000; do
   echo "## seeds $seed.."
-  dirs=("$results/seed$seed/single" "$results/seed$seed/sv_shared_team" "${names[@]/#/$out/seed$seed/}")
+  dirs=("$tasks/seed$seed/subset_sum_single" "$tasks/seed$seed/subset_sum_sv" "$results/seed$seed/single"
+        "$results/seed$seed/sv_shared_team" "${names[@]/#/$out/seed$seed/}")
   python -m marl_jax.report "${dirs[@]}"
   for name in arithmetic_vote arithmetic_vote_isolated arithmetic_best_of_n arithmetic_debate \
       arithmetic_debate_plain; do
     python -m marl_jax.report --compare "$results/seed$seed/single" "$out/seed$seed/$name"
   done
-  for name in subset_sum_sv subset_sum_vote subset_sum_best_of_n subset_sum_debate subset_sum_debate_plain; do
-    python -m marl_jax.report --compare "$out/seed$seed/subset_sum_single" "$out/seed$seed/$name"
+  for name in subset_sum_vote subset_sum_best_of_n subset_sum_debate subset_sum_debate_plain; do
+    python -m marl_jax.report --compare "$tasks/seed$seed/subset_sum_single" "$out/seed$seed/$name"
   done
   for task_dir in "$results/seed$seed/sv_shared_team:$out/seed$seed/arithmetic" \
-      "$out/seed$seed/subset_sum_sv:$out/seed$seed/subset_sum"; do
+      "$tasks/seed$seed/subset_sum_sv:$out/seed$seed/subset_sum"; do
     python -m marl_jax.report --compare "${task_dir%%:*}" "${task_dir#*:}_vote"      # complementary vs voting
     python -m marl_jax.report --compare "${task_dir#*:}_debate_plain" "${task_dir#*:}_debate"  # influence
   done
