@@ -31,14 +31,6 @@ class Team:
   def _sets(self, g: int) -> list[int]:
     return [s for s, group in enumerate(self.group_S) if group == g]
 
-  @property
-  def max_len(self) -> int:
-    return self.models[0].max_len
-
-  @property
-  def vocab_size(self) -> int:
-    return self.models[0].vocab_size
-
   def set_model(self, index: int):
     return self.models[self.group_S[index]]
 
