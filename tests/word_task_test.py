@@ -20,6 +20,7 @@ from marl_jax.lm import checkpoint as lm_checkpoint
 from marl_jax.lm import model as lm_model
 from marl_jax.lm import tokenizer as lm_tokenizer
 from marl_jax.lm import word_problems as wp
+from marl_jax.protocols import vote
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -115,6 +116,26 @@ def test_score_in_jit_by_hand():
   assert float(jax.jit(exp.task.score)(jax.tree.map(lambda x: x[0], problems), jnp.asarray(late))) == 1.0
 
 
+def test_votes_compare_final_answers():
+  """Vote and debate on word problems: answers are the same vote when their final answers are, whatever
+  the words around them; an answer with no number agrees only with the same text."""
+  short = {"task.max_answer_len": 24, "model.max_len": 256}
+  exp = experiment.build(_config("size=tiny,protocol=vote", **short))
+  said = ["so 6 * 7 = 42", "#### 41", "The answer is 42.", "no idea", "no idea", "not sure"]
+  messages_NxA = jnp.asarray(np.stack([_message(exp, m) for m in said]))
+  key_NxK = np.asarray(jax.jit(jax.vmap(exp.task.vote_key))(messages_NxA))
+  same = lambda i, j: bool(np.all(key_NxK[i] == key_NxK[j]))
+  assert same(0, 2) and not same(0, 1) and same(3, 4) and not same(3, 5) and not same(0, 3)
+  # Three voters per row: row 0 "42", "41", "42" (the majority is 42, voter0's words); row 1 "41",
+  # "42", "42" (42 by two votes, in voter1's words); row 2 three different answers (the tie goes to voter0).
+  rows = [[0, 1, 2], [1, 2, 0], [1, 0, 3]]
+  answers_KxBxA = jnp.asarray(np.stack([[_message(exp, said[i]) for i in row] for row in rows], 1))
+  final_BxA = jax.jit(lambda a: vote.majority(a, exp.protocol.vote_key))(answers_KxBxA)
+  np.testing.assert_array_equal(final_BxA, answers_KxBxA[np.array([0, 1, 0]), np.arange(3)])
+  debate = experiment.build(_config("size=tiny,protocol=debate", **short))
+  assert debate.protocol.vote_key == debate.task.vote_key
+
+
 def test_demonstrations_scored_by_the_protocol_in_the_step_functions():
   """Solver-verifier on word problems: every right demonstration scores 1 and every wrong one 0,
   through the protocol's jitted rewards (the host callback under vmap)."""
@@ -184,7 +205,7 @@ def test_bad_input_is_refused_before_compiling(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("protocol", ["single", "solver_verifier"])
+@pytest.mark.parametrize("protocol", ["single", "solver_verifier", "vote"])
 def test_tiny_runs_through_the_cli(protocol, tmp_path):
   """The plain fixture's four questions, warm-started on right demonstrations long enough to learn
   them: the greedy answers in free text, scored by their final answers, are all right."""

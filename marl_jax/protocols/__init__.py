@@ -39,7 +39,7 @@ def _check_name(name: str) -> type[Protocol]:
 def knobs(name: str) -> dict:
   """A protocol's settable fields and their defaults (the schedule and visibility come from `build`)."""
   return {f.name: f.default for f in dataclasses.fields(_check_name(name))
-          if f.name not in ("roles", "turns", "hidden")}
+          if f.name not in ("roles", "turns", "hidden") and f.metadata.get("knob", True)}
 
 
 def make(name: str, task, **kwargs) -> Protocol:

@@ -17,6 +17,7 @@ Per-role signals: an agent's last-round answer is right.  An `<absent>` answer (
 counts as a wrong vote left out of the majority.
 """
 import dataclasses
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +32,7 @@ class Debate(engine.Protocol):
   rounds: int = 1  # revision rounds after the independent answers
   alpha: float = 0.5  # reward for fixing one's own wrong answer (and penalty for breaking a right one)
   beta: float = 0.25  # reward per other agent whose next answer goes wrong -> right (penalty: -> wrong)
+  vote_key: Callable = vote.task_key_field()
 
   @classmethod
   def build(cls, task, agents: int = 3, rounds: int = 1, alpha: float = 0.5, beta: float = 0.25,
@@ -47,7 +49,8 @@ class Debate(engine.Protocol):
         engine.Turn(names[i], task.answer_len, hidden=tuple(
             segment(k, r) for k in range(agents) for r in range(rounds + 1) if k != i and r != j - 1))
         for j in range(rounds + 1) for i in range(agents))
-    return cls(roles=names, turns=turns, agents=agents, rounds=rounds, alpha=alpha, beta=beta, **kwargs)
+    return cls(roles=names, turns=turns, agents=agents, rounds=rounds, alpha=alpha, beta=beta,
+               vote_key=task.vote_key, **kwargs)
 
   def answers(self, layout, tokens_BxT):
     """answers_JxKxBxA: every agent's answer in every round (J = rounds + 1)."""
@@ -56,14 +59,14 @@ class Debate(engine.Protocol):
                       for j in range(self.rounds + 1)])
 
   def final_answer(self, layout, tokens_BxT):
-    return vote.majority(self.answers(layout, tokens_BxT)[-1])
+    return vote.majority(self.answers(layout, tokens_BxT)[-1], self.vote_key)
 
   def rewards(self, task, layout, problems, tokens_BxT):
     score = jax.vmap(task.score)
     answers_JxKxBxA = self.answers(layout, tokens_BxT)
     J, K, B, _ = answers_JxKxBxA.shape
     right_JxKxB = jax.vmap(jax.vmap(score, (None, 0)), (None, 0))(problems, answers_JxKxBxA)
-    majority_right_JxB = jnp.stack([score(problems, vote.majority(a)) for a in answers_JxKxBxA])
+    majority_right_JxB = jnp.stack([score(problems, vote.majority(a, self.vote_key)) for a in answers_JxKxBxA])
     team_B = majority_right_JxB[-1]
     turn_NxB = influence_bonus(right_JxKxB, self.alpha, self.beta).reshape(J * K, B)
     delta_J1xKxB, before_J1xKxB = right_JxKxB[1:] - right_JxKxB[:-1], right_JxKxB[:-1]
@@ -86,7 +89,7 @@ class Debate(engine.Protocol):
     answers_KxBxA = jnp.stack([jax.vmap(task.demonstrate)(problems, keys) for keys in keys_KxB])
     messages = list(answers_KxBxA)
     for _ in range(self.rounds):
-      majority_BxA = vote.majority(answers_KxBxA)
+      majority_BxA = vote.majority(answers_KxBxA, self.vote_key)
       answers_KxBxA = jnp.broadcast_to(majority_BxA, answers_KxBxA.shape)
       messages += list(answers_KxBxA)
     return engine.assemble(layout, problems["prompt"], messages)

@@ -252,10 +252,11 @@ def assemble(layout: Layout, prompt_BxP, messages):
   return jnp.concatenate(pieces, axis=1).astype(jnp.int32)
 
 
-def same_messages(messages_KxBxL):
-  """same_KxKxB[i, j, b]: messages i and j of row b are the same (compared up to their first EOS)."""
-  canonical_KxBxL = jax.vmap(jax.vmap(canonical))(messages_KxBxL)
-  return jnp.all(canonical_KxBxL[:, None] == canonical_KxBxL[None], -1)
+def same_messages(messages_KxBxL, key=canonical):
+  """same_KxKxB[i, j, b]: messages i and j of row b are the same: equal `key`s (by default the tokens
+  up to the first EOS; a task's `vote_key` compares final answers)."""
+  key_KxBxN = jax.vmap(jax.vmap(key))(messages_KxBxL)
+  return jnp.all(key_KxBxN[:, None] == key_KxBxN[None], -1)
 
 
 def same_message_rate(messages_KxBxL):

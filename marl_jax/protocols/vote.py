@@ -8,19 +8,22 @@ such as `--config.roles.sharing=0,0,0,1` gives three voters one parameter set an
 Per-role signals: a voter's own answer is right; the aggregator gets the team outcome.
 """
 import dataclasses
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 
 from marl_jax import text
 from marl_jax.protocols import engine
+from marl_jax.tasks.base import canonical
 
 
-def majority(answers_KxBxA):
-  """Each row's most common answer over K voters, `<absent>` ones left out: final_BxA.  Ties go to the
+def majority(answers_KxBxA, key=canonical):
+  """Each row's most common answer over K voters, `<absent>` ones left out: final_BxA.  Answers with
+  equal `key`s are one answer (a task's `vote_key`: by default the tokens up to EOS).  Ties go to the
   answer the earliest voter among the tied answers wrote; with no vote left, voter0's message."""
   valid_KxB = answers_KxBxA[:, :, 0] != text.ABSENT
-  same_KxKxB = engine.same_messages(answers_KxBxA) & valid_KxB[None]
+  same_KxKxB = engine.same_messages(answers_KxBxA, key) & valid_KxB[None]
   votes_KxB = jnp.where(valid_KxB, same_KxKxB.sum(1), -1)
   winner_B = jnp.argmax(votes_KxB, 0)  # the first index of the largest count: the tie rule
   return jnp.take_along_axis(answers_KxBxA, winner_B[None, :, None], 0)[0]
@@ -43,10 +46,16 @@ def check_switch(key: str, value) -> None:
     raise ValueError(f"config.protocol.{key}={value!r} is unknown; allowed: [False, True]")
 
 
+def task_key_field():
+  """A protocol field (not a knob) holding the task's `vote_key`, set by `build`."""
+  return dataclasses.field(default=canonical, repr=False, metadata={"knob": False})
+
+
 @dataclasses.dataclass(frozen=True)
 class Vote(engine.Protocol):
   voters: int = 3
   aggregator: bool = False
+  vote_key: Callable = task_key_field()
 
   @classmethod
   def build(cls, task, voters: int = 3, aggregator: bool = False, **kwargs):
@@ -57,13 +66,14 @@ class Vote(engine.Protocol):
     turns = tuple(engine.Turn(v, task.answer_len) for v in names)
     if aggregator:
       names, turns = names + ("aggregator",), turns + (engine.Turn("aggregator", task.answer_len),)
-    return cls(roles=names, turns=turns, voters=voters, aggregator=aggregator, **kwargs)
+    return cls(roles=names, turns=turns, voters=voters, aggregator=aggregator, vote_key=task.vote_key,
+               **kwargs)
 
   def answers(self, layout, tokens_BxT):
     return jnp.stack([engine.message(layout, tokens_BxT, i) for i in range(self.voters)])
 
   def final_answer(self, layout, tokens_BxT):
-    majority_BxA = majority(self.answers(layout, tokens_BxT))
+    majority_BxA = majority(self.answers(layout, tokens_BxT), self.vote_key)
     if not self.aggregator:
       return majority_BxA
     aggregate_BxA = engine.message(layout, tokens_BxT, self.voters)
@@ -78,7 +88,7 @@ class Vote(engine.Protocol):
     metrics = {
         "accuracy": team_B.mean(),
         "voter_accuracy": voter_KxB.mean(),
-        "majority_right": score(problems, majority(answers_KxBxA)).mean(),
+        "majority_right": score(problems, majority(answers_KxBxA, self.vote_key)).mean(),
         "agreement": agreement,  # voter pairs writing the same answer: here also the collapse rate
         "same_message_rate": agreement,
     }
@@ -89,5 +99,5 @@ class Vote(engine.Protocol):
     """Each voter gives its own (noisy) answer; the aggregator writes their majority."""
     keys_KxB = jax.vmap(lambda k: jax.random.split(k, self.voters), out_axes=1)(key_B)
     answers_KxBxA = jnp.stack([jax.vmap(task.demonstrate)(problems, keys) for keys in keys_KxB])
-    messages = list(answers_KxBxA) + ([majority(answers_KxBxA)] if self.aggregator else [])
+    messages = list(answers_KxBxA) + ([majority(answers_KxBxA, self.vote_key)] if self.aggregator else [])
     return engine.assemble(layout, problems["prompt"], messages)

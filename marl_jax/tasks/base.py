@@ -55,6 +55,11 @@ class Task:
     """Reward in [0, 1] for a final-answer message; default: exact match of the answer tokens."""
     return jnp.all(canonical(message_A) == problem["answer"]).astype(jnp.float32)
 
+  def vote_key(self, message_A) -> jax.Array:
+    """What makes two final-answer messages the same vote (`protocols.vote.majority`): equal keys,
+    key_K.  Default: the message's tokens up to its first EOS."""
+    return canonical(message_A)
+
   def wrong_answer(self, problem: dict, key) -> jax.Array:
     """A plausible mistake for demonstrations (a systematic one, so greedy decoding can pick it)."""
     raise NotImplementedError

@@ -188,6 +188,25 @@ class WordProblems(Task):
     return jax.pure_callback(host, jax.ShapeDtypeStruct((), jnp.float32), problem["index"], message_A,
                              vmap_method="broadcast_all")
 
+  def vote_key(self, message_A) -> jax.Array:
+    """Votes compare final answers: key_2 is a 64-bit digest of the message's final answer (of its
+    whole text when it gives none, so only identical such messages agree), on the host."""
+    def host(message):
+      data = self._data()
+      from marl_jax.lm import word_problems  # pylint: disable=g-import-not-at-top
+      message = np.asarray(message)
+      key = np.zeros(message.shape[:-1] + (2,), np.int32)
+      for pos in np.ndindex(message.shape[:-1]):
+        said = data.decode(message[pos])
+        final = word_problems.extract_final_answer(said)
+        digest = hashlib.blake2b((f"answer:{final}" if final is not None else f"text:{said}").encode(),
+                                 digest_size=8).digest()
+        key[pos] = np.frombuffer(digest, np.int32)
+      return key
+
+    return jax.pure_callback(host, jax.ShapeDtypeStruct((2,), jnp.int32), message_A,
+                             vmap_method="broadcast_all")
+
   def wrong_answer(self, problem: dict, key) -> jax.Array:
     del key
     return problem["wrong"]
