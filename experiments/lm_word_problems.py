@@ -8,8 +8,8 @@ model's whole vocabulary and scored by the final answer (README, Language-model 
   python -m marl_jax.main --config=experiments/lm_word_problems.py:size=gpu,checkpoint=/models/Qwen3-0.6B,\
 path=/data/gsm8k/train.jsonl,eval_path=/data/gsm8k/test.jsonl --workdir=/tmp/gsm8k_qwen
 
-Arguments: size=tiny|cpu|gpu; protocol=single|solver_verifier|vote|debate (votes compare final
-answers, `Task.vote_key`; the protocol's knobs are `--config.protocol.KEY`); checkpoint=DIR (tiny and cpu default
+Arguments: size=tiny|cpu|gpu; protocol=single|solver_verifier|vote|debate|best_of_n (votes compare
+final answers, `Task.vote_key`; the protocol's knobs are `--config.protocol.KEY`); checkpoint=DIR (tiny and cpu default
 to the 2-layer random Qwen3 fixture in tests/fixtures/lm; gpu needs one); path=FILE_OR_DIR and
 eval_path=... (tiny and cpu default to the hand-written fixtures in tests/fixtures/word_problems: the
 plain set at tiny, the GSM8K-style set at cpu; gpu needs them); lora=false|true; sharing=shared|
@@ -22,7 +22,7 @@ from marl_jax import configs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.normpath(os.path.join(HERE, os.pardir, "tests", "fixtures"))
-PROTOCOLS = ("single", "solver_verifier", "vote", "debate")
+PROTOCOLS = ("single", "solver_verifier", "vote", "debate", "best_of_n")
 
 
 def get_config(arg=None):

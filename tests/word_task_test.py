@@ -136,10 +136,11 @@ def test_votes_compare_final_answers():
   assert debate.protocol.vote_key == debate.task.vote_key
 
 
-def test_demonstrations_scored_by_the_protocol_in_the_step_functions():
-  """Solver-verifier on word problems: every right demonstration scores 1 and every wrong one 0,
+@pytest.mark.parametrize("protocol", ["solver_verifier", "vote", "debate", "best_of_n"])
+def test_demonstrations_scored_by_the_protocol_in_the_step_functions(protocol):
+  """Each workflow on word problems: every right demonstration scores 1 and every wrong one 0,
   through the protocol's jitted rewards (the host callback under vmap)."""
-  exp = experiment.build(_config("size=tiny,protocol=solver_verifier", **{"task.demo_error_rate": 0.5}))
+  exp = experiment.build(_config(f"size=tiny,protocol={protocol}", **{"task.demo_error_rate": 0.5}))
   problems = jax.vmap(exp.task.sample)(jax.random.split(jax.random.PRNGKey(1), 32))
   tokens_BxT = jax.jit(lambda p, k: exp.protocol.demonstrate(exp.task, exp.layout, p, k))(
       problems, jax.random.split(jax.random.PRNGKey(2), 32))
