@@ -67,7 +67,7 @@ def workflow_config(config_file: str, args: ml_collections.ConfigDict, protocol:
 def fit_canvas(c: ml_collections.ConfigDict) -> None:
   """Raises `config.model.max_len` to the canvas of the config's task and protocol (the prompt and
   every turn), so a protocol with more turns (voters, rounds) fits the model's positions."""
-  task = tasks.make(c.task.name, **{k: v for k, v in c.task.items() if k != "name"})
+  task = tasks.from_config(c)
   protocol = protocols.make(c.protocol.name, task, **{k: v for k, v in c.protocol.items() if k != "name"})
   c.model.max_len = max(c.model.max_len, protocol.layout(task, (0,) * len(protocol.roles)).length)
 

@@ -139,10 +139,7 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
   if config.rl.on_nonfinite not in ON_NONFINITE:
     raise ValueError(f"config.rl.on_nonfinite={config.rl.on_nonfinite!r} is unknown; allowed: "
                      f"{list(ON_NONFINITE)}")
-  task_name, task_knobs = _sub_config(config.task)
-  task = tasks.make(task_name, **task_knobs)
-  if task.free_text:  # posed through the agent's tokenizer; without a checkpoint `check` refuses it
-    task = dataclasses.replace(task, tokenizer=config.model.checkpoint)
+  task = tasks.from_config(config)
   task.check(config.eval.size)
   protocol_name, protocol_knobs = _sub_config(config.protocol)
   protocol = protocols.make(protocol_name, task, **protocol_knobs)

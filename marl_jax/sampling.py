@@ -1,7 +1,7 @@
 """Sampling a whole protocol transcript, turn by turn: only the acting view computes.
 
 Before a turn, its view (parameter set x visibility) reads what it has not read yet and can see — the
-prompt, other roles' turns, the role marker — in parallel prefill chunks (one per run of visible
+prompt, other roles' turns, its turn's header (the role marker) — in parallel prefill chunks (one per run of visible
 positions; what it cannot see it never computes); it then writes
 its message one token at a time, reading each token it writes but the last (which the next chunk
 reads, or no one needs).  No other view computes during the turn, and a view without turns computes
@@ -42,7 +42,7 @@ def last_turn_end_V(layout: Layout) -> np.ndarray:
 def read_schedule(layout: Layout) -> list[tuple[int, tuple[tuple[int, int], ...], int, int]]:
   """Per turn, (view, chunks, start, stop): before the turn's message [start, stop) its view prefills
   what it has not read yet and can see — `chunks`, runs [a, b) of visible positions, the last ending
-  with its marker at start - 1 — then reads its own tokens start..stop-2 as it writes them (the last
+  with its header (ending at start - 1) — then reads its own tokens start..stop-2 as it writes them (the last
   one is read by its next turn's first chunk, or by no one)."""
   visible_VxT = layout.visible_VxT
   read_V = [0] * len(layout.view_set_V)
@@ -97,9 +97,9 @@ def generate(cfg: model_lib.ModelConfig, layout: Layout, params_R, canvas_BxT, f
 
   `greedy` (a bool, or a traced scalar bool) picks each sampled token as the policy's mode.
 
-  `canvas_BxT` holds the prompt and any forced tokens (where `force_BxT`); role markers come from the
-  layout.  A message closes at EOS (the rest of its slot is PAD); a token in the turn's
-  `ends_episode_on` closes the episode (every later position is PAD, markers included).  Each turn is
+  `canvas_BxT` holds the prompt and any forced tokens (where `force_BxT`); turn headers (role
+  markers) come from the layout.  A message closes at EOS (the rest of its slot is PAD); a token in the turn's
+  `ends_episode_on` closes the episode (every later position is PAD, headers included).  Each turn is
   its view's prefill chunks and one `lax.scan` over its message (`read_schedule`).
   """
   B, T = canvas_BxT.shape
@@ -145,19 +145,20 @@ def generate(cfg: model_lib.ModelConfig, layout: Layout, params_R, canvas_BxT, f
   model_V = [model_lib.set_model(cfg, s) for s in layout.view_set_V]
   cache_V = [model_lib.empty_cache(model, B, T) for model in model_V]
   logp_BxT, sampled_BxT = jnp.zeros((B, T)), jnp.zeros((B, T), bool)
-  for v, chunks, start, stop in read_schedule(layout):
+  for (v, chunks, start, stop), header_start in zip(read_schedule(layout), layout.header_starts):
     apply = functools.partial(model_lib.apply, model_V[v],
                               model_lib.take_sets(cfg, params_R, layout.view_set_V[v]))
     visible_T = jnp.asarray(layout.visible_VxT[v])
-    marker_B = jnp.where(done_B, text.PAD, canvas_BxT[:, start - 1])  # none once the episode is over
-    tokens_BxT = tokens_BxT.at[:, start - 1].set(marker_B)
-    valid_BxT = valid_BxT.at[:, start - 1].set(marker_B != text.PAD)
-    for a, b in chunks:  # the last chunk ends with the marker: its last logits give the first token
+    # The turn's header (its role marker), none once the episode is over.
+    header_BxH = jnp.where(done_B[:, None], text.PAD, canvas_BxT[:, header_start:start])
+    tokens_BxT = tokens_BxT.at[:, header_start:start].set(header_BxH)
+    valid_BxT = valid_BxT.at[:, header_start:start].set(header_BxH != text.PAD)
+    for a, b in chunks:  # the last chunk ends with the header: its last logits give the first token
       logits_BxLxV, cache_V[v] = apply(tokens_BxT[:, a:b], a, valid_BxT & visible_T, cache_V[v])
     carry = (tokens_BxT, valid_BxT, cache_V[v], logits_BxLxV[:, -1], jnp.zeros(B, bool), done_B)
     carry, (logp_xB, sampled_xB) = jax.lax.scan(functools.partial(write_and_read, apply, visible_T),
                                                 carry, jnp.arange(start, stop - 1))
-    carry, (logp_B, sampled_B) = write(carry, stop - 1)  # its logits would predict the next turn's marker
+    carry, (logp_B, sampled_B) = write(carry, stop - 1)  # its logits would predict the next turn's header
     tokens_BxT, valid_BxT, cache_V[v], _, _, done_B = carry
     logp_BxT = logp_BxT.at[:, start:stop].set(jnp.concatenate([logp_xB, logp_B[None]]).T)
     sampled_BxT = sampled_BxT.at[:, start:stop].set(jnp.concatenate([sampled_xB, sampled_B[None]]).T)

@@ -26,7 +26,7 @@ def test_single_layout():
   np.testing.assert_array_equal(layout.segment_T, [0] * 7 + [1] * 3)
   np.testing.assert_array_equal(layout.turn_T, [-1] * 7 + [0] * 3)
   np.testing.assert_array_equal(layout.marker_T, [text.PAD] * 7 + [text.role_marker(0)] + [text.PAD] * 2)
-  np.testing.assert_array_equal(np.flatnonzero(layout.turn_start_T), [7])
+  np.testing.assert_array_equal(np.flatnonzero(layout.header_T), [7])
   assert not layout.ends_episode_TxV.any()  # nothing ends a single agent's episode early
   assert layout.view_set_V == (0,) and layout.role_view_R == (0,)
 

@@ -35,6 +35,8 @@ def _config(arg="size=tiny", **overrides):
   for key, value in overrides.items():
     group, name = key.split(".")
     c[group][name] = value
+  if c.model.checkpoint and c.task.path:  # the canvas of the overrides (turn headers, message lengths)
+    configs.fit_canvas(c)
   return c
 
 
@@ -75,8 +77,9 @@ def test_free_text_logits_are_the_decoders(family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_problems_decode_to_the_file(family):
-  """Prompts are the chat layout's user turn and assistant header; demonstrations are the answer
-  fields as written, and the wrong ones the same with the final answer one too high."""
+  """Prompts are the chat layout's user turn; demonstrations are the answer fields as written, and the
+  wrong ones the same with the final answer one too high; a whole demonstrated transcript is the chat
+  template's rendering of the conversation (the engine writes each turn's header)."""
   checkpoint = str(FIXTURES / "lm" / family)
   exp = experiment.build(_config(**{"model.checkpoint": checkpoint, "task.demo_error_rate": 1.0}))
   tok = lm_tokenizer.load(checkpoint)
@@ -87,12 +90,23 @@ def test_problems_decode_to_the_file(family):
   for i in range(4):
     prompt = problems["prompt"][i]
     assert (prompt[:np.argmax(prompt != text.PAD)] == text.PAD).all()  # left-padded
-    assert data.decode(prompt, message=False) == tok.decode(
-        tok.render_chat([("user", source.questions[i])], next_role="assistant"))
+    assert data.decode(prompt, message=False) == tok.decode(tok.render_chat([("user", source.questions[i])]))
     assert data.decode(problems["answer"][i]) == source.solutions[i]
     assert wp.extract_final_answer(data.decode(problems["wrong"][i])) == wp.canonical_number(
         str(float(PLAIN_ANSWERS[i]) + 1))
   np.testing.assert_array_equal(problems["index"], [4, 5, 6, 7])  # after the four training rows
+  for protocol, roles in (("single", ["assistant"]), ("solver_verifier", ["solver", "verifier"])):
+    exp = experiment.build(_config(f"size=tiny,protocol={protocol}", **{"model.checkpoint": checkpoint,
+                                                                          "task.demo_error_rate": 0.0}))
+    tokens_BxT = jax.device_get(exp.protocol.demonstrate(exp.task, exp.layout, exp.task.eval_set(0, 4),
+                                                         jax.random.split(jax.random.PRNGKey(0), 4)))
+    for i in range(4):
+      said = [data.decode(tokens_BxT[i, slice(*s)]) for s in exp.layout.turn_slices]
+      conversation = [("user", source.questions[i])] + list(zip(roles, said))
+      expected = tok.decode(tok.render_chat(conversation)).removesuffix(tok.layout.after_turn)
+      if text.EOS not in tokens_BxT[i, slice(*exp.layout.turn_slices[-1])]:  # an accept ends the episode
+        expected = expected.removesuffix(tok.layout.end_of_turn)
+      assert data.decode(tokens_BxT[i], message=False) == expected
 
 
 def _message(exp, words: str):
@@ -104,7 +118,7 @@ def _message(exp, words: str):
 
 
 def test_score_in_jit_by_hand():
-  exp = experiment.build(_config(**{"task.max_answer_len": 24, "model.max_len": 128}))
+  exp = experiment.build(_config(**{"task.max_answer_len": 24}))
   problems = exp.task.eval_set(0, 4)  # 7 x 6; $1,500; 10 - 13; half of 5
   messages = np.stack([_message(exp, m) for m in (
       "The answer is 42", "#### $1,500.", "it is 3", "2.50")])
@@ -119,7 +133,7 @@ def test_score_in_jit_by_hand():
 def test_votes_compare_final_answers():
   """Vote and debate on word problems: answers are the same vote when their final answers are, whatever
   the words around them; an answer with no number agrees only with the same text."""
-  short = {"task.max_answer_len": 24, "model.max_len": 256}
+  short = {"task.max_answer_len": 24}
   exp = experiment.build(_config("size=tiny,protocol=vote", **short))
   said = ["so 6 * 7 = 42", "#### 41", "The answer is 42.", "no idea", "no idea", "not sure"]
   messages_NxA = jnp.asarray(np.stack([_message(exp, m) for m in said]))

@@ -189,16 +189,17 @@ def _reference(where: str, answer: str, answer_style: str) -> str:
 
 
 def encode_prompts(tok: lm_tokenizer.Tokenizer, questions: Sequence[str], max_prompt_len: int, *,
-                   drop_long: bool = False) -> Prompts:
-  """Each question as the user turn of the chat layout, then the assistant's header: the prompt the
-  model answers from. Left-padded so that every answer starts at column P = max_prompt_len, as on the
+                   drop_long: bool = False, next_role: str | None = "assistant") -> Prompts:
+  """Each question as the user turn of the chat layout, then the header of `next_role`'s turn: the
+  prompt the model answers from (with `next_role=None` the user turn alone: the word-problem task's
+  turns bring their own headers). Left-padded so that every answer starts at column P = max_prompt_len, as on the
   sampling canvas; the pad ids (0) are masked by `arange(P) >= P - prompt_len_N[:, None]`.
 
   A prompt longer than max_prompt_len is an error naming its index and length, or with drop_long it is
   left out (index_N lists the questions kept). Prompts are never truncated: a cut prompt would lose the
   header after which the model writes its answer.
   """
-  ids = [tok.render_chat([("user", question)], next_role="assistant") for question in questions]
+  ids = [tok.render_chat([("user", question)], next_role=next_role) for question in questions]
   fits = [len(x) <= max_prompt_len for x in ids]
   if not all(fits) and not drop_long:
     i = fits.index(False)

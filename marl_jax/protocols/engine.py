@@ -1,6 +1,8 @@
 """Protocol engine: a workflow is a static schedule of turns laid out on one token canvas.
 
-Canvas = the task's prompt segments, then one segment per turn: [role marker, message...].  Every
+Canvas = the task's prompt segments, then one segment per turn: [header, message...], where the
+header is the role marker (or, for a task in a chat layout, the tokens that open the role's turn,
+`Task.turn_headers`), written by the environment.  Every
 position has a static segment, author (a role, or -1 for the environment) and a flag for whether the
 environment writes it.  A static visibility table (segment x role) decides what each role reads; a
 turn may read less than its role (segment x turn), e.g. a debate round only the previous round.
@@ -45,11 +47,12 @@ class Layout:
   segment_T: np.ndarray  # segment id of each position
   author_T: np.ndarray  # role id, or ENV
   env_T: np.ndarray  # the environment writes this position (prompt, role markers)
-  marker_T: np.ndarray  # role-marker token at marker positions, PAD elsewhere
-  turn_T: np.ndarray  # turn id of message/marker positions, -1 in the prompt
-  turn_start_T: np.ndarray  # position is a role marker (a message starts after it)
+  marker_T: np.ndarray  # the header's tokens at header positions, PAD elsewhere
+  turn_T: np.ndarray  # turn id of message/header positions, -1 in the prompt
+  header_T: np.ndarray  # position is in a turn's header (its message starts after the header)
   ends_episode_TxV: np.ndarray  # tokens that end the episode when written at this position
   turn_slices: tuple[tuple[int, int], ...]  # (start, stop) of each turn's message tokens
+  header_starts: tuple[int, ...]  # where each turn's header starts (it ends at the message's start)
   turn_roles: tuple[int, ...]
   visible_SxR: np.ndarray  # what each role reads
   visible_SxN: np.ndarray  # what each turn reads: its role's row less the turn's own `hidden`
@@ -172,20 +175,22 @@ def _layout(protocol: Protocol, task: Task, role_set_R: tuple[int, ...]) -> Layo
   if unknown:
     raise ValueError(f"turns name roles {unknown}; the protocol's roles are {list(roles)}")
   names = protocol.segment_names(task)
-  seg, author, env, marker, turn, start, ends, slices = [], [], [], [], [], [], [], []
+  headers_N = task.turn_headers(tuple(t.role for t in protocol.turns))
+  if headers_N is None:  # the engine's own layout: each turn opens with its role's marker
+    headers_N = tuple((text.role_marker(roles.index(t.role)),) for t in protocol.turns)
+  seg, author, env, marker, turn, header, ends, slices = [], [], [], [], [], [], [], []
   for s, (_, n) in enumerate(task.prompt_segments):
     seg += [s] * n; author += [ENV] * n; env += [True] * n; marker += [text.PAD] * n
-    turn += [-1] * n; start += [False] * n; ends += [()] * n
-  for i, t in enumerate(protocol.turns):
+    turn += [-1] * n; header += [False] * n; ends += [()] * n
+  for i, (t, h_tokens) in enumerate(zip(protocol.turns, headers_N)):
     if t.length < 1:
       raise ValueError(f"turn {i} ({t.role}) has length {t.length}; it must be >= 1")
-    r = roles.index(t.role)
-    s = len(task.prompt_segments) + i
-    slices.append((len(seg) + 1, len(seg) + 1 + t.length))
-    seg += [s] * (1 + t.length); author += [ENV] + [r] * t.length
-    env += [True] + [False] * t.length; marker += [text.role_marker(r)] + [text.PAD] * t.length
-    turn += [i] * (1 + t.length); start += [True] + [False] * t.length
-    ends += [()] + [t.ends_episode_on] + [()] * (t.length - 1)
+    r, s, h = roles.index(t.role), len(task.prompt_segments) + i, len(h_tokens)
+    slices.append((len(seg) + h, len(seg) + h + t.length))
+    seg += [s] * (h + t.length); author += [ENV] * h + [r] * t.length
+    env += [True] * h + [False] * t.length; marker += list(h_tokens) + [text.PAD] * t.length
+    turn += [i] * (h + t.length); header += [True] * h + [False] * t.length
+    ends += [()] * h + [t.ends_episode_on] + [()] * (t.length - 1)
   ends_TxV = np.zeros((len(seg), text.VOCAB_SIZE), bool)
   for p, toks in enumerate(ends):
     ends_TxV[p, list(toks)] = True
@@ -223,8 +228,9 @@ def _layout(protocol: Protocol, task: Task, role_set_R: tuple[int, ...]) -> Layo
   return Layout(
       roles=roles, segment_names=names, segment_T=np.array(seg), author_T=np.array(author),
       env_T=np.array(env), marker_T=np.array(marker), turn_T=np.array(turn),
-      turn_start_T=np.array(start), ends_episode_TxV=ends_TxV,
-      turn_slices=tuple(slices), turn_roles=turn_roles, visible_SxR=visible, visible_SxN=visible_SxN,
+      header_T=np.array(header), ends_episode_TxV=ends_TxV,
+      turn_slices=tuple(slices), header_starts=tuple(a - len(h) for (a, _), h in zip(slices, headers_N)),
+      turn_roles=turn_roles, visible_SxR=visible, visible_SxN=visible_SxN,
       view_set_V=tuple(k[0] for k in views),
       view_role_V=tuple(r for r, _ in distinct.values()),
       visible_SxV=np.stack([v for _, v in distinct.values()], 1),
@@ -242,13 +248,13 @@ def message(layout: Layout, tokens_BxT, turn: int):
 def assemble(layout: Layout, prompt_BxP, messages):
   """A canvas from a prompt and one message per turn (each BxL_turn, or None to leave it blank).
 
-  Used for demonstrations and for forcing counterfactual overrides; role markers come from the layout.
+  Used for demonstrations and for forcing counterfactual overrides; turn headers come from the layout.
   """
   B = prompt_BxP.shape[0]
   pieces = [prompt_BxP]
-  for (start, stop), msg in zip(layout.turn_slices, messages):
-    marker = jnp.full((B, 1), layout.marker_T[start - 1])
-    pieces += [marker, jnp.full((B, stop - start), text.PAD) if msg is None else msg]
+  for (start, stop), header_start, msg in zip(layout.turn_slices, layout.header_starts, messages):
+    header = jnp.broadcast_to(layout.marker_T[header_start:start], (B, start - header_start))
+    pieces += [header, jnp.full((B, stop - start), text.PAD) if msg is None else msg]
   return jnp.concatenate(pieces, axis=1).astype(jnp.int32)
 
 

@@ -26,3 +26,12 @@ def make(name: str, **kwargs) -> Task:
     raise ValueError(f"config.task has keys {unknown} that task {name!r} does not take; "
                      f"allowed: {sorted(fields)}")
   return cls(**kwargs)
+
+
+def from_config(config) -> Task:
+  """`config.task` as a task; a free-text one is posed through the tokenizer of the run's agent,
+  `config.model.checkpoint` (without one, its `check` refuses it)."""
+  task = make(config.task.name, **{k: v for k, v in config.task.items() if k != "name"})
+  if task.free_text:
+    task = dataclasses.replace(task, tokenizer=config.model.checkpoint)
+  return task

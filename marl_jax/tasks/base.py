@@ -55,6 +55,13 @@ class Task:
     """Reward in [0, 1] for a final-answer message; default: exact match of the answer tokens."""
     return jnp.all(canonical(message_A) == problem["answer"]).astype(jnp.float32)
 
+  def turn_headers(self, turn_roles: tuple[str, ...]) -> tuple[tuple[int, ...], ...] | None:
+    """The canvas tokens the environment writes before each turn's message (turn i by role
+    `turn_roles[i]`), or None for the engine's own header, the role's marker token.  A task posed in
+    a chat layout returns the layout's turn openings (word problems)."""
+    del turn_roles
+    return None
+
   def vote_key(self, message_A) -> jax.Array:
     """What makes two final-answer messages the same vote (`protocols.vote.majority`): equal keys,
     key_K.  Default: the message's tokens up to its first EOS."""

@@ -35,6 +35,7 @@ class _Data(NamedTuple):
   reference_N: tuple[str, ...]  # final answers (canonical numbers)
   num_train: int
   canvas_ids_W: np.ndarray  # tokenizer id of each canvas value
+  value_of_id: np.ndarray  # the canvas value of each tokenizer id (the end of turn's: EOS)
   tokenizer: object  # lm.tokenizer.Tokenizer
 
   def decode(self, canvas_values, message: bool = True) -> str:
@@ -60,6 +61,9 @@ class WordProblems(Task):
   max_prompt_len: int = 128
   max_answer_len: int = 64  # tokens of a message, its end-of-turn token included
   drop_long: bool = False  # leave out problems whose prompt or demonstration does not fit, not refuse
+  # The name each protocol role speaks as in the chat layout (role:name, comma-separated); any other
+  # role speaks as its own name.  A single agent is the model's assistant.
+  chat_roles: str = "agent:assistant"
   tokenizer: str = ""  # the checkpoint directory whose tokenizer poses the problems (set by the run)
 
   @property
@@ -106,7 +110,7 @@ class WordProblems(Task):
     def encode(problems, key):
       """Canvas rows of the problems that fit (all of them unless drop_long)."""
       prompts = word_problems.encode_prompts(tok, problems.questions, self.max_prompt_len,
-                                             drop_long=True)
+                                             drop_long=True, next_role=None)
       solutions = [tok.encode(s) + [tok.end_of_turn_id] for s in problems.solutions]
       wrongs = [tok.encode(word_problems.wrong_solution(s)) + [tok.end_of_turn_id]
                 for s in problems.solutions]
@@ -145,7 +149,7 @@ class WordProblems(Task):
     # A jsonl file has no splits: without eval_path the evaluation questions are the training file's.
     evals = encode(read("eval_path", self.eval_path or self.path, self.eval_split), "eval_path")
     joined = [np.concatenate([a, b]).astype(np.int32) for a, b in zip(train[:3], evals[:3])]
-    return _Data(*joined, train[3] + evals[3], len(train[3]), canvas_ids_W, tok)
+    return _Data(*joined, train[3] + evals[3], len(train[3]), canvas_ids_W, value_of_id, tok)
 
   def problem_knobs(self) -> dict:
     """The evaluation file's name and a digest of what the run reads from it (the encoded prompts,
@@ -187,6 +191,17 @@ class WordProblems(Task):
 
     return jax.pure_callback(host, jax.ShapeDtypeStruct((), jnp.float32), problem["index"], message_A,
                              vmap_method="broadcast_all")
+
+  def turn_headers(self, turn_roles: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+    """Each turn opens as the chat layout opens a turn of the role's chat name (`chat_roles`):
+    Qwen3's `<|im_start|>solver\n`, Llama's `<|start_header_id|>solver<|end_header_id|>\n\n`, after the
+    first turn preceded by the layout's text between turns; the policy's end-of-turn token closes it."""
+    data = self._data()
+    names = dict(pair.split(":", 1) for pair in self.chat_roles.split(",") if pair)
+    layout = data.tokenizer.layout
+    opening = lambda i, role: (layout.after_turn if i else "") + layout.header.format(role=names.get(role, role))
+    return tuple(tuple(int(v) for v in data.value_of_id[data.tokenizer.encode(opening(i, role))])
+                 for i, role in enumerate(turn_roles))
 
   def vote_key(self, message_A) -> jax.Array:
     """Votes compare final answers: key_2 is a 64-bit digest of the message's final answer (of its
