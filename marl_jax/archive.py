@@ -61,7 +61,8 @@ def layout_metadata(exp: experiment.Experiment) -> dict:
   layout = exp.layout
   return {"roles": list(layout.roles), "segment_names": list(layout.segment_names),
           "segment_T": layout.segment_T.tolist(), "author_T": layout.author_T.tolist(),
-          "turn_slices": [list(s) for s in layout.turn_slices], "turn_roles": list(layout.turn_roles)}
+          "turn_slices": [list(s) for s in layout.turn_slices], "turn_roles": list(layout.turn_roles),
+          "prompt_len": layout.prompt_len}
 
 
 def archive(exp: experiment.Experiment, params_S, out_dir: str, name: str, greedy: bool = False,
@@ -109,7 +110,10 @@ class Transcripts:
     """Row i as text: the prompt, each played message under its role, rewards and credit."""
     meta, tokens_T = self.metadata, self.arrays["tokens"][i]
     roles = meta["roles"]
-    lines = [f"prompt: {self.decode(tokens_T[:meta['turn_slices'][0][0] - 1])}"]
+    # The prompt ends where the first turn's header starts (an archive written before headers had
+    # more than the marker has no prompt_len: its prompt ends at that marker).
+    prompt_len = meta.get("prompt_len", meta["turn_slices"][0][0] - 1)
+    lines = [f"prompt: {self.decode(tokens_T[:prompt_len])}"]
     for (start, stop), r in zip(meta["turn_slices"], meta["turn_roles"]):
       if (tokens_T[start:stop] != text.PAD).any():
         lines.append(f"{roles[r]}: {self.decode(tokens_T[start:stop])}")

@@ -13,7 +13,9 @@ agents), S = 1, 4 seeds, with team credit and with difference (counterfactual) c
 
 Every row also gives the achieved model FLOP/s (`step_flops`: an analytic count of the step's model
 FLOPs) and its fraction of a jitted float32 1024x1024 matmul timed in the same run: how close the
-step runs to what this machine's matmul unit delivers.
+step runs to what this machine's matmul unit delivers; and the same split in two: the rollout alone
+(timed as its own program in the same process) and the rest of the step (scoring, credit, update:
+the step's time less the rollout's), each with its tokens/s and fraction of the matmul.
 """
 import json
 import os
@@ -25,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from marl_jax import configs, experiment, model as model_lib, sampling, state as state_lib, train
+from marl_jax import configs, experiment, model as model_lib, rollout, sampling, state as state_lib, train
 
 _JSON = flags.DEFINE_string("json", "", "Also write the rows here as a JSON list.")
 _BATCH = flags.DEFINE_integer("batch_size", 256, "Episodes per step (per seed).")
@@ -100,7 +102,35 @@ def matmul_flops_per_s(n: int = 1024, reps: int = 20) -> float:
   return 2 * n ** 3 / best
 
 
+def rollout_flops(exp: experiment.Experiment) -> float:
+  """Model FLOPs of one step's rollout of one seed (`step_flops`' rollout term)."""
+  flops_V = [model_lib.flops_per_token(model_lib.set_model(exp.model, s), exp.layout.length)
+             for s in exp.layout.view_set_V]
+  return float(exp.config.rl.batch_size * np.dot(sampling.token_reads_V(exp.layout), flops_V))
+
+
+def make_rollout_call(exp: experiment.Experiment):
+  """`steps_per_call` rollouts of every seed (the step's sampling alone, fresh problems each), as the
+  train call scans its steps: the rollout's share of the step, timed on its own."""
+  B = exp.config.rl.batch_size
+
+  def one(params_R, key):
+    k_problem, k_sample = jax.random.split(key)
+    problems = jax.vmap(exp.task.sample)(jax.random.split(k_problem, B))
+    episodes = rollout.sample(exp, params_R, problems, jax.random.split(k_sample, B))
+    return episodes.sampled_BxT.sum()
+
+  def call(params_S, key):
+    keys_NxS = jax.random.split(key, (exp.config.steps_per_call, exp.config.num_seeds))
+    return jax.lax.map(lambda keys_S: jax.vmap(one)(params_S, keys_S), keys_NxS).sum()
+
+  return jax.jit(call)
+
+
 def measure(config, calls: int) -> dict:
+  """One row: the whole step (rollout, scoring, credit and update) timed over `calls` compiled calls,
+  then the rollout alone in the same process; the update's rate is the step's time less the
+  rollout's (so it also holds scoring and credit, with its counterfactual re-runs)."""
   exp = experiment.build(config)
   state = state_lib.initial_state(exp)
   start = time.perf_counter()
@@ -113,11 +143,23 @@ def measure(config, calls: int) -> dict:
     state, metrics = train_call(state)
     tokens += float(np.asarray(state_lib.to_host(metrics)["tokens"]).sum())
   seconds = time.perf_counter() - start
+  rollout_call = make_rollout_call(exp)
+  params_S, key = state.params, jax.random.PRNGKey(0)
+  rollout_call(params_S, key).block_until_ready()  # compile and warm up
+  start, rollout_tokens = time.perf_counter(), 0.0
+  for i in range(calls):
+    rollout_tokens += float(rollout_call(params_S, jax.random.fold_in(key, i)))
+  rollout_s = time.perf_counter() - start
   steps = calls * config.steps_per_call * config.num_seeds
   completions = steps * config.rl.batch_size * len(exp.layout.roles)
+  rest_s = max(seconds - rollout_s, 1e-9)
   return {"job": "relay", "roles": len(exp.layout.roles), "seeds": config.num_seeds,
           "sharing": config.roles.sharing, "credit": config.credit.name, "completions_per_s": completions / seconds,
           "tokens_per_s": tokens / seconds, "flops_per_s": steps * step_flops(exp) / seconds,
+          "rollout_tokens_per_s": rollout_tokens / rollout_s,
+          "rollout_flops_per_s": steps * rollout_flops(exp) / rollout_s,
+          "update_tokens_per_s": tokens / rest_s,
+          "update_flops_per_s": steps * (step_flops(exp) - rollout_flops(exp)) / rest_s,
           "compile_s": compile_s,
           "params_per_agent": model_lib.count_params(jax.tree.map(lambda p: p[0, 0], state.params))}
 
@@ -147,18 +189,22 @@ def main(argv):
   print(f"backend={jax.default_backend()} devices={jax.device_count()} batch_size={_BATCH.value} "
         f"matmul_1024_f32={bound / 1e9:.1f} GFLOP/s model={_CHECKPOINT.value or 'built-in'}")
   print(f"{'roles':>5} {'seeds':>5} {'sharing':>8} {'credit':>10} {'completions/s':>14} "
-        f"{'tokens/s':>10} {'GFLOP/s':>8} {'of_matmul':>9} {'compile_s':>9}")
+        f"{'tokens/s':>10} {'GFLOP/s':>8} {'of_matmul':>9} {'rollout_tok/s':>13} {'of_matmul':>9} "
+        f"{'update_tok/s':>12} {'of_matmul':>9} {'compile_s':>9}")
   grid = [(r, s, sharing, credit) for r in roles_grid for s in seeds_grid
           for sharing in _SHARING.value.split(",") for credit in _CREDITS.value.split(",")]
   for roles, seeds, sharing, credit in grid:
     config = relay_config(roles, seeds, credit, _BATCH.value, _STEPS.value, sharing, _CHECKPOINT.value,
                           _RANDOM.value)
     row = measure(config, _CALLS.value)
-    row["fraction_of_matmul"] = row["flops_per_s"] / bound
+    for part in ("", "rollout_", "update_"):
+      row[f"{part}fraction_of_matmul"] = row[f"{part}flops_per_s"] / bound
     rows.append(row)
     print(f"{roles:>5} {seeds:>5} {sharing:>8} {credit:>10} {row['completions_per_s']:>14.0f} "
           f"{row['tokens_per_s']:>10.0f} {row['flops_per_s'] / 1e9:>8.1f} "
-          f"{row['fraction_of_matmul']:>9.2f} {row['compile_s']:>9.1f}", flush=True)
+          f"{row['fraction_of_matmul']:>9.2f} {row['rollout_tokens_per_s']:>13.0f} "
+          f"{row['rollout_fraction_of_matmul']:>9.2f} {row['update_tokens_per_s']:>12.0f} "
+          f"{row['update_fraction_of_matmul']:>9.2f} {row['compile_s']:>9.1f}", flush=True)
     if _JSON.value:  # rewritten after every row, so an interrupted run keeps what it measured
       with open(_JSON.value, "w") as f:
         json.dump(rows, f, indent=1)

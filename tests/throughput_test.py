@@ -1,5 +1,9 @@
-"""The throughput script's analytic parts: the FLOP count of a step and the per-workflow table."""
-from marl_jax import experiment, sampling, throughput
+"""The throughput script: the FLOP count of a step and of its rollout, the per-workflow table, and
+one tiny timed row split into rollout and update."""
+import jax
+import pytest
+
+from marl_jax import experiment, sampling, state as state_lib, throughput
 
 
 def test_workflow_table_has_every_workflow_and_the_minimum_is_a_floor(capsys):
@@ -18,3 +22,19 @@ def test_step_flops_counts_the_rollout_reruns_and_update():
   rollout = sampling.token_reads(layout) * per_token
   update = len(layout.view_set_V) * layout.length * 3 * rl.epochs * per_token
   assert throughput.step_flops(exp) == rl.batch_size * ((1 + 2 * 2) * rollout + update)
+  assert throughput.rollout_flops(exp) == rl.batch_size * rollout
+
+
+@pytest.mark.slow
+def test_a_row_times_the_step_and_its_rollout():
+  config = throughput.relay_config(2, 2, "team", batch_size=8, steps_per_call=2)
+  config.model.update(d_model=16, n_layers=1, n_heads=2, d_ff=32)
+  config.num_devices = 1
+  # The rollout program samples steps x seeds x batch episodes of two agents writing 1 to 4 tokens.
+  exp = experiment.build(config)
+  tokens = float(throughput.make_rollout_call(exp)(state_lib.initial_state(exp).params, jax.random.PRNGKey(0)))
+  episodes = 2 * 2 * 8
+  assert 2 * episodes <= tokens <= 8 * episodes
+  row = throughput.measure(config, calls=1)
+  assert all(row[k] > 0 for k in ("tokens_per_s", "flops_per_s", "rollout_tokens_per_s", "rollout_flops_per_s",
+                                  "update_tokens_per_s", "update_flops_per_s"))
