@@ -18,9 +18,11 @@ from marl_jax import text
 
 
 class SetStack:
-  """The parameter sets of one agent model, stacked on a leading axis (`set_axes` says where): what
-  sampling, the update and the diagnostics do with every set at once, as vmaps over that axis.  A
-  mixed team (`marl_jax.team.Team`) does the same per model group."""
+  """The parameter sets of one agent model, stacked on a leading axis: what sampling, the update and
+  the diagnostics do with every set at once, as vmaps over that axis.  A subclass says where the axis
+  is, `set_axes(params_R)`: a `jax.vmap` in_axes prefix of params_R, 0 (every leaf stacked over the
+  sets) or None for a part every set shares (a LoRA agent's frozen base).  A mixed team
+  (`marl_jax.team.Team`) does the same per model group."""
 
   def set_model(self, index: int):
     """The agent model of parameter set `index`: this one for every set."""
@@ -217,7 +219,8 @@ def init_module_stack(module: nn.Module, max_len: int, key, n_sets: int):
 
 # The agent-model interface that sampling, training and measurement call: `ModelConfig` (the built-in
 # transformer) and `lm.agent.LMAgent` (a Qwen3/Llama checkpoint) both provide it, so either is
-# `Experiment.model`.
+# `Experiment.model`; a mixed team (`team.Team`) provides the per-set part (`set_model` gives each
+# set's own model for `apply`, `empty_cache` and `flops_per_token`).
 
 def apply(model, params, tokens_BxL, start, key_ok_BxT, cache=None):
   """One parameter set (unstacked): logits over the engine's symbols and the updated cache; vmap this
@@ -238,12 +241,6 @@ def pretrained_stack(model, n_sets: int):
   """`n_sets` stacked copies of the model's pretrained parameters (host arrays), or None when it has
   none and starts from `init_stack`."""
   return model.pretrained_stack(n_sets)
-
-
-def set_axes(model, params_R):
-  """Where params_R's set axis is, as a `jax.vmap` in_axes prefix of it: 0 (every leaf stacked over
-  the sets), or a model's own (a LoRA agent's frozen base is one copy that every set shares: None)."""
-  return model.set_axes(params_R)
 
 
 def set_model(model, index: int):
