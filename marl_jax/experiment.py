@@ -227,12 +227,13 @@ def make_agents(config: ml_collections.ConfigDict, num_sets: int, free_text: boo
     model_config = config.model if name == "model" else ml_collections.ConfigDict(config.models[name].to_dict())
     model_config.max_len = config.model.max_len
     by_name[name] = make_model(model_config, free_text, "config." + ("model" if name == "model" else f"models.{name}"))
-  group_of = {model: name for name, model in reversed(by_name.items())}  # the first name of each model
-  group_names = tuple(dict.fromkeys(group_of[by_name[n]] for n in names_S))
-  if len(group_names) == 1:  # every set on one model: a uniform team of it
-    return by_name[group_names[0]]
-  return team_lib.make(group_names, tuple(by_name[n] for n in group_names),
-                       tuple(group_names.index(group_of[by_name[n]]) for n in names_S), free_text)
+  models_S = [by_name[n] for n in names_S]
+  groups = list(dict.fromkeys(models_S))  # one group per distinct model, in order of first use
+  if len(groups) == 1:  # every set on one model: a uniform team of it
+    return groups[0]
+  group_S = tuple(groups.index(model) for model in models_S)
+  group_names = tuple(names_S[group_S.index(g)] for g in range(len(groups)))  # a group's first name
+  return team_lib.make(group_names, tuple(groups), group_S, free_text)
 
 
 def make_model(model_config, free_text: bool = False, key: str = "config.model"):

@@ -57,6 +57,11 @@ def read_schedule(layout: Layout) -> list[tuple[int, tuple[tuple[int, int], ...]
   return schedule
 
 
+def view_models(cfg, layout: Layout) -> list:
+  """The agent model of each view: its parameter set's (a mixed team's views may differ)."""
+  return [model_lib.set_model(cfg, s) for s in layout.view_set_V]
+
+
 def token_reads_V(layout: Layout) -> np.ndarray:
   """Model token-reads of one episode's `generate` per view: each turn's chunks and decoding reads."""
   reads_V = np.zeros(len(layout.view_set_V), int)
@@ -84,11 +89,12 @@ def episode_flops(cfg: model_lib.ModelConfig, layout: Layout) -> dict:
   T = layout.length
   keys_VxT = np.cumsum(layout.visible_VxT, axis=1)  # keys a view sees at or before each position
   needed_VxT = needed_reads_VxT(layout)
-  flops = lambda v, context: model_lib.flops_per_token(model_lib.set_model(cfg, layout.view_set_V[v]), context)
-  views = range(len(layout.view_set_V))
-  return {"lockstep": sum(T * flops(v, T) for v in views),
-          "computed": sum(int(reads) * flops(v, T) for v, reads in zip(views, token_reads_V(layout))),
-          "minimum": sum(flops(v, int(k)) for v in views for k in keys_VxT[v][needed_VxT[v]])}
+  model_V = view_models(cfg, layout)
+  flops_V = [model_lib.flops_per_token(model, T) for model in model_V]
+  return {"lockstep": T * sum(flops_V),
+          "computed": int(np.dot(token_reads_V(layout), flops_V)),
+          "minimum": sum(model_lib.flops_per_token(model, int(k))
+                         for v, model in enumerate(model_V) for k in keys_VxT[v][needed_VxT[v]])}
 
 
 def generate(cfg: model_lib.ModelConfig, layout: Layout, params_R, canvas_BxT, force_BxT, key_B,
@@ -142,7 +148,7 @@ def generate(cfg: model_lib.ModelConfig, layout: Layout, params_R, canvas_BxT, f
       canvas_BxT[:, :layout.prompt_len] != text.PAD)
   done_B = jnp.zeros(B, bool)
   # A view's set may belong to any model group of a mixed team: its cache and calls are that model's.
-  model_V = [model_lib.set_model(cfg, s) for s in layout.view_set_V]
+  model_V = view_models(cfg, layout)
   cache_V = [model_lib.empty_cache(model, B, T) for model in model_V]
   logp_BxT, sampled_BxT = jnp.zeros((B, T)), jnp.zeros((B, T), bool)
   for (v, chunks, start, stop), header_start in zip(read_schedule(layout), layout.header_starts):

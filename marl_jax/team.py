@@ -41,8 +41,8 @@ class Team:
             for g, (name, model) in enumerate(zip(self.names, self.models))}
 
   def pretrained_stack(self, n_sets: int):
-    """Every group's checkpoint parameters, or None when no group has any (`team.make` refuses a team
-    that mixes pretrained and randomly initialised groups)."""
+    """Every group's checkpoint parameters, or None when the groups start from random ones (`team.make`
+    refuses a team that mixes pretrained and randomly initialised groups)."""
     del n_sets
     stacks = {name: model.pretrained_stack(len(self._sets(g)))
               for g, (name, model) in enumerate(zip(self.names, self.models))}

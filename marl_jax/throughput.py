@@ -82,9 +82,7 @@ def step_flops(exp: experiment.Experiment) -> float:
   rerun_rows = 0 if reruns is None else len(reruns.changed_CxR) * reruns.samples
   update_passes = 3 * rl.epochs + (1 if rl.kl_coef > 0 else 0)
   reads_V = (1 + rerun_rows) * sampling.token_reads_V(layout) + layout.length * update_passes
-  flops_V = [model_lib.flops_per_token(model_lib.set_model(exp.model, s), layout.length)
-             for s in layout.view_set_V]  # each view at its set's model (a mixed team's differ)
-  return float(rl.batch_size * np.dot(reads_V, flops_V))
+  return float(rl.batch_size * np.dot(reads_V, _flops_per_token_V(exp)))
 
 
 def matmul_flops_per_s(n: int = 1024, reps: int = 20) -> float:
@@ -104,9 +102,13 @@ def matmul_flops_per_s(n: int = 1024, reps: int = 20) -> float:
 
 def rollout_flops(exp: experiment.Experiment) -> float:
   """Model FLOPs of one step's rollout of one seed (`step_flops`' rollout term)."""
-  flops_V = [model_lib.flops_per_token(model_lib.set_model(exp.model, s), exp.layout.length)
-             for s in exp.layout.view_set_V]
-  return float(exp.config.rl.batch_size * np.dot(sampling.token_reads_V(exp.layout), flops_V))
+  return float(exp.config.rl.batch_size * np.dot(sampling.token_reads_V(exp.layout), _flops_per_token_V(exp)))
+
+
+def _flops_per_token_V(exp: experiment.Experiment) -> list[int]:
+  """FLOPs of one token read by each view over the whole canvas, at the view's own model."""
+  return [model_lib.flops_per_token(model, exp.layout.length)
+          for model in sampling.view_models(exp.model, exp.layout)]
 
 
 def make_rollout_call(exp: experiment.Experiment):
