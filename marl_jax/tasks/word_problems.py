@@ -178,19 +178,26 @@ class WordProblems(Task):
     self.check(n)
     return jax.vmap(self._problem)(self._data().num_train + jnp.arange(n))
 
+  def _on_host(self, per_message, out: jax.ShapeDtypeStruct, message_A, *row_args):
+    """`per_message(data, text, *row_values)` of each message as the tokenizer decodes it, on the host
+    (`jax.pure_callback`, broadcast under vmap): an `out`-shaped value per message."""
+    def host(message, *args):
+      data = self._data()
+      message = np.asarray(message)
+      rows = message.shape[:-1]
+      args = [np.asarray(a) for a in args]
+      result = np.zeros(rows + out.shape, out.dtype)
+      for pos in np.ndindex(rows):
+        result[pos] = per_message(data, data.decode(message[pos]), *(a[pos] for a in args))
+      return result
+
+    return jax.pure_callback(host, out, message_A, *row_args, vmap_method="broadcast_all")
+
   def score(self, problem: dict, message_A) -> jax.Array:
     """1.0 when the message's final answer is the reference's, on the host (see the module's doc)."""
-    def host(index, message):
-      data = self._data()
-      from marl_jax.lm import word_problems  # pylint: disable=g-import-not-at-top
-      index, message = np.asarray(index), np.asarray(message)
-      reward = np.zeros(index.shape, np.float32)
-      for pos in np.ndindex(index.shape):
-        reward[pos] = word_problems.score(data.decode(message[pos]), data.reference_N[int(index[pos])])
-      return reward
-
-    return jax.pure_callback(host, jax.ShapeDtypeStruct((), jnp.float32), problem["index"], message_A,
-                             vmap_method="broadcast_all")
+    from marl_jax.lm import word_problems  # pylint: disable=g-import-not-at-top
+    return self._on_host(lambda data, said, index: word_problems.score(said, data.reference_N[int(index)]),
+                         jax.ShapeDtypeStruct((), jnp.float32), message_A, problem["index"])
 
   def turn_headers(self, turn_roles: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
     """Each turn opens as the chat layout opens a turn of the role's chat name (`chat_roles`):
@@ -206,21 +213,15 @@ class WordProblems(Task):
   def vote_key(self, message_A) -> jax.Array:
     """Votes compare final answers: key_2 is a 64-bit digest of the message's final answer (of its
     whole text when it gives none, so only identical such messages agree), on the host."""
-    def host(message):
-      data = self._data()
-      from marl_jax.lm import word_problems  # pylint: disable=g-import-not-at-top
-      message = np.asarray(message)
-      key = np.zeros(message.shape[:-1] + (2,), np.int32)
-      for pos in np.ndindex(message.shape[:-1]):
-        said = data.decode(message[pos])
-        final = word_problems.extract_final_answer(said)
-        digest = hashlib.blake2b((f"answer:{final}" if final is not None else f"text:{said}").encode(),
-                                 digest_size=8).digest()
-        key[pos] = np.frombuffer(digest, np.int32)
-      return key
+    from marl_jax.lm import word_problems  # pylint: disable=g-import-not-at-top
 
-    return jax.pure_callback(host, jax.ShapeDtypeStruct((2,), jnp.int32), message_A,
-                             vmap_method="broadcast_all")
+    def digest(data, said):
+      del data
+      final = word_problems.extract_final_answer(said)
+      said_key = f"answer:{final}" if final is not None else f"text:{said}"
+      return np.frombuffer(hashlib.blake2b(said_key.encode(), digest_size=8).digest(), np.int32)
+
+    return self._on_host(digest, jax.ShapeDtypeStruct((2,), jnp.int32), message_A)
 
   def wrong_answer(self, problem: dict, key) -> jax.Array:
     del key
