@@ -2,10 +2,11 @@
 # Reproduces the README's task-suite table: every task alone (single agent) and on its workflows,
 # 10 vmapped seeds per run, 200 steps, on two disjoint seed sets (0 and 1000), then the report per
 # seed set and each workflow's Welch comparison with the single agent on its task.
-# A finished run is not re-run; an interrupted one resumes.  Usage: scripts/task_results.sh [OUT]
+# A finished run is not re-run; an interrupted one resumes from its last checkpoint (every 50 steps).
+# Usage: scripts/task_results.sh [OUT]
 set -euo pipefail
 out=${1:-workdirs/tasks}
-common="--config.num_seeds=10 --config.eval_every=50"
+common="--config.num_seeds=10 --config.eval_every=50 --config.checkpoint_every=50"
 names=()
 run() {  # run NAME TASK PROTOCOL [FLAGS...]: both seed sets
   local name=$1 task=$2 protocol=$3

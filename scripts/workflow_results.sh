@@ -7,7 +7,8 @@
 # subset_sum's single agent and solver-verifier runs are scripts/task_results.sh's (read from TASKS),
 # and its workflows run at that script's budget (200 steps); arithmetic's are scripts/results.sh's
 # (read from RESULTS, 300 steps), the arithmetic workflows' own size=cpu budget.
-# A finished run is not re-run; an interrupted one resumes.
+# A finished run is not re-run; an interrupted one resumes from its last checkpoint (every 50 steps, so
+# a run longer than a session loses at most 50 steps when the session ends).
 # Usage: scripts/workflow_results.sh [OUT] [RESULTS] [TASKS]
 set -euo pipefail
 out=${1:-workdirs/workflows}
@@ -20,11 +21,11 @@ run() {  # run NAME EXPERIMENT_ARG [FLAGS...]: both seed sets, the experiment's 
   names+=("$name")
   for seed in 0 1000; do
     python -m marl_jax.main --config="experiments/$experiment" --workdir="$out/seed$seed/$name" \
-      --config.seed=$seed "$@"
+      --config.seed=$seed --config.checkpoint_every=50 "$@"
   done
 }
 # The task suite's budget (scripts/task_results.sh), so subset_sum's workflows compare with its runs.
-suite=(--config.total_steps=200 --config.checkpoint_every=100)
+suite=(--config.total_steps=200)
 run subset_sum_vote vote.py:size=cpu,task=subset_sum "${suite[@]}"
 run subset_sum_best_of_n best_of_n.py:size=cpu,task=subset_sum "${suite[@]}"
 run subset_sum_debate debate.py:size=cpu,task=subset_sum "${suite[@]}"

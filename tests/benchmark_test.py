@@ -1,6 +1,7 @@
 """The credit benchmark: its grading statistics and costs by hand, bad names refused before compiling,
 and the tiny grid end to end through the CLI, resumed without re-running a finished cell."""
 import csv
+import json
 import math
 import os
 import pathlib
@@ -87,6 +88,19 @@ def test_unknown_names_are_refused_before_compiling(key, value, allowed, tmp_pat
     benchmark.run(config, str(tmp_path / "bench"))
   assert allowed in str(error.value)
   assert not (tmp_path / "bench").exists()
+
+
+def test_steps_to_target_reads_the_per_step_training_accuracy(tmp_path):
+  # Two seeds: seed 0 first reaches 0.9 at step 2, seed 1 never; eval rows (every 2 steps) do not count.
+  rows = [{"step": 0, "accuracy/seed0": 0.5, "accuracy/seed1": 0.2, "eval_accuracy/seed0": 1.0,
+           "eval_accuracy/seed1": 1.0},
+          {"step": 1, "accuracy/seed0": 0.89, "accuracy/seed1": 0.3},
+          {"step": 2, "accuracy/seed0": 0.9, "accuracy/seed1": 0.8},
+          {"step": 3, "accuracy/seed0": 0.7, "accuracy/seed1": 0.85}]
+  for r in rows:  # the trainer logs the mean beside the per-seed values
+    r["accuracy"] = (r["accuracy/seed0"] + r["accuracy/seed1"]) / 2
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  np.testing.assert_array_equal(benchmark.steps_to_target(str(tmp_path), 0.9), [2.0, np.inf])
 
 
 def test_every_estimator_is_in_the_cpu_grid():
