@@ -313,8 +313,12 @@ def fidelity_rows(workdir: str) -> list[dict]:
 
 
 def learning_rows(config, workdir: str) -> list[dict]:
+  """One row per finished cell.  Every estimator of a scenario trains the same seeds from the same
+  warm start, so each is also compared with `team` seed by seed (paired differences: final accuracy,
+  and steps to target over the seeds where both reach it)."""
   rows = []
   for scenario in names(config.learning.scenarios):
+    per_seed = {}  # estimator -> (final_S, steps_to_target_S)
     for name in names(config.estimators):
       run = os.path.join(workdir, "learning", scenario, name)
       if not finished(run, config.learning.total_steps):
@@ -327,7 +331,15 @@ def learning_rows(config, workdir: str) -> list[dict]:
       for stat in ("final", "peak", "drop"):
         row.update(ci_cells(stat, s[stat]))
       row.update(ci_cells("steps_to_target", to_target))
+      per_seed[name] = (s["final"], to_target)
       rows.append(row)
+    if "team" in per_seed:
+      team_final_S, team_steps_S = per_seed["team"]
+      for row in rows[len(rows) - len(per_seed):]:
+        final_S, steps_S = per_seed[row["estimator"]]
+        row.update(ci_cells("final_vs_team", final_S - team_final_S))
+        with np.errstate(invalid="ignore"):  # inf - inf where neither reaches: dropped with the others
+          row.update(ci_cells("steps_vs_team", steps_S - team_steps_S))
   return rows
 
 
@@ -335,7 +347,8 @@ def write_csv(path: str, rows: list[dict]) -> None:
   if not rows:
     return
   with open(path, "w", newline="") as f:
-    writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+    # Columns of every row (a scenario whose `team` cell has not run has no columns compared with it).
+    writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
     writer.writeheader()
     writer.writerows(rows)
 
@@ -393,12 +406,16 @@ def markdown(config, fid_rows, learn_rows) -> str:
   if learn_rows:
     out += [f"\n## Learning: eval accuracy (%); steps until the training batch's accuracy reaches "
             f"{config.learning.target:.0%}\n\n",
+            "Paired with `team` seed by seed: Δ final and Δ steps (over the seeds where both reach the "
+            "target).\n\n",
             report.row("scenario", "estimator", "seeds", "final", "peak", "drop", "steps to target",
-                       "reached", "wall (s)"),
-            "|---" * 9 + "|\n"]
+                       "reached", "Δ final vs team", "Δ steps vs team", "wall (s)"),
+            "|---" * 11 + "|\n"]
     out += [report.row(r["scenario"], r["estimator"], r["seeds"], fmt(r, "final", 100, 1),
                        fmt(r, "peak", 100, 1), fmt(r, "drop", 100, 1), fmt(r, "steps_to_target", 1, 0),
-                       f"{r['reached_target']:.0%}", f"{r['wall_seconds']:.0f}") for r in learn_rows]
+                       f"{r['reached_target']:.0%}", fmt(r, "final_vs_team", 100, 1) if "final_vs_team" in r
+                       else "n/a", fmt(r, "steps_vs_team", 1, 1) if "steps_vs_team" in r else "n/a",
+                       f"{r['wall_seconds']:.0f}") for r in learn_rows]
   return "".join(out)
 
 

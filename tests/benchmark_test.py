@@ -103,6 +103,39 @@ def test_steps_to_target_reads_the_per_step_training_accuracy(tmp_path):
   np.testing.assert_array_equal(benchmark.steps_to_target(str(tmp_path), 0.9), [2.0, np.inf])
 
 
+def _write_cell(folder, accuracy_NxS, eval_accuracy_S):
+  """A finished learning cell's metrics.jsonl: training accuracy every step, eval at the first and last."""
+  folder.mkdir(parents=True)
+  rows = []
+  for step, acc_S in enumerate(accuracy_NxS):
+    row = {"step": step, "accuracy": float(np.mean(acc_S)), **{f"accuracy/seed{i}": a for i, a in enumerate(acc_S)}}
+    if step in (0, len(accuracy_NxS) - 1):
+      evals = [0.0] * len(acc_S) if step == 0 else eval_accuracy_S
+      row.update({"eval_accuracy": float(np.mean(evals)), **{f"eval_accuracy/seed{i}": a for i, a in enumerate(evals)}})
+    rows.append(row)
+  (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  (folder / "wall_seconds.json").write_text('{"seconds": 1.0}')
+
+
+def test_learning_rows_pair_each_estimator_with_team_seed_by_seed(tmp_path, monkeypatch):
+  config = _config()
+  config.estimators, config.learning.scenarios, config.learning.target = "team,shapley", "penalty", 0.9
+  monkeypatch.setattr(benchmark, "finished", lambda run, steps: True)
+  # Steps to 0.9 per seed: team [1, 2, never], shapley [3, 1, 0]; final eval team [1, .5, 0],
+  # shapley [.5, .5, 1].
+  _write_cell(tmp_path / "learning" / "penalty" / "team",
+              [[.5, .5, .5], [.9, .5, .5], [.9, .95, .5], [.9, .9, .5]], [1.0, 0.5, 0.0])
+  _write_cell(tmp_path / "learning" / "penalty" / "shapley",
+              [[.5, .5, .95], [.5, .9, .9], [.5, .9, .9], [.9, .9, .9]], [0.5, 0.5, 1.0])
+  team, shapley = benchmark.learning_rows(config, str(tmp_path))
+  assert team["steps_vs_team"] == 0.0 and team["final_vs_team"] == 0.0
+  # Paired over the seeds where both reach 0.9 (seeds 0 and 1): (3 - 1) and (1 - 2).
+  assert shapley["steps_vs_team"] == pytest.approx(0.5)
+  assert shapley["steps_vs_team_ci"] == pytest.approx(12.706 * math.sqrt(4.5) / math.sqrt(2), rel=1e-4)
+  assert shapley["final_vs_team"] == pytest.approx((-0.5 + 0.0 + 1.0) / 3)
+  assert shapley["reached_target"] == 1.0 and team["reached_target"] == pytest.approx(2 / 3)
+
+
 def test_every_estimator_is_in_the_cpu_grid():
   assert sorted(benchmark.names(_config("cpu").estimators)) == sorted(credit.REGISTRY)
 
