@@ -15,29 +15,45 @@ out=${1:-workdirs/workflows}
 results=${2:-workdirs/results}
 tasks=${3:-workdirs/tasks}
 names=()
-run() {  # run NAME EXPERIMENT_ARG [FLAGS...]: both seed sets, the experiment's size=cpu (10 seeds, 300 steps)
-  local name=$1 experiment=$2
+run() {  # [from=BASE] run NAME EXPERIMENT_ARG [FLAGS...]: both seed sets, the experiment's size=cpu
+  local name=$1 experiment=$2 seed
   shift 2
   names+=("$name")
   for seed in 0 1000; do
+    local init=()
+    [[ -z ${from:-} ]] || init=(--config.init_from="$out/seed$seed/$from")
     python -m marl_jax.main --config="experiments/$experiment" --workdir="$out/seed$seed/$name" \
-      --config.seed=$seed --config.checkpoint_every=50 "$@"
+      --config.seed=$seed --config.checkpoint_every=50 "${init[@]}" "$@"
+  done
+}
+# The warm start alone (step 0) of both seed sets.  Runs that differ only in their rewards (influence
+# weights, auxiliary rewards) start from the same base: the same parameters their own warm start would
+# give (same seed, same demonstrations), computed once, and a comparison paired seed by seed.
+base() {  # base NAME EXPERIMENT_ARG
+  local seed
+  for seed in 0 1000; do
+    python -m marl_jax.main --config="experiments/$2" --workdir="$out/seed$seed/$1" --config.seed=$seed \
+      --config.total_steps=0
   done
 }
 # The task suite's budget (scripts/task_results.sh), so subset_sum's workflows compare with its runs.
 suite=(--config.total_steps=200)
 run subset_sum_vote vote.py:size=cpu,task=subset_sum "${suite[@]}"
 run subset_sum_best_of_n best_of_n.py:size=cpu,task=subset_sum "${suite[@]}"
-run subset_sum_debate debate.py:size=cpu,task=subset_sum "${suite[@]}"
-run subset_sum_debate_plain debate.py:size=cpu,task=subset_sum,alpha=0,beta=0 "${suite[@]}"
+base subset_sum_debate_base debate.py:size=cpu,task=subset_sum
+from=subset_sum_debate_base run subset_sum_debate debate.py:size=cpu,task=subset_sum "${suite[@]}"
+from=subset_sum_debate_base run subset_sum_debate_plain debate.py:size=cpu,task=subset_sum,alpha=0,beta=0 \
+  "${suite[@]}"
 run arithmetic_vote vote.py:size=cpu
 run arithmetic_vote_isolated vote.py:size=cpu,sharing=isolated
 run arithmetic_best_of_n best_of_n.py:size=cpu
-run arithmetic_debate debate.py:size=cpu
-run arithmetic_debate_plain debate.py:size=cpu,alpha=0,beta=0
-run delegate_annealed delegate.py:size=cpu,aux=annealed
-run delegate_never delegate.py:size=cpu,aux=never
-run delegate_none delegate.py:size=cpu,aux=none
+base arithmetic_debate_base debate.py:size=cpu
+from=arithmetic_debate_base run arithmetic_debate debate.py:size=cpu
+from=arithmetic_debate_base run arithmetic_debate_plain debate.py:size=cpu,alpha=0,beta=0
+base delegate_base delegate.py:size=cpu
+from=delegate_base run delegate_annealed delegate.py:size=cpu,aux=annealed
+from=delegate_base run delegate_never delegate.py:size=cpu,aux=never
+from=delegate_base run delegate_none delegate.py:size=cpu,aux=none
 for seed in 0 1000; do
   echo "## seeds $seed.."
   dirs=("$tasks/seed$seed/subset_sum_single" "$tasks/seed$seed/subset_sum_sv" "$results/seed$seed/single"
