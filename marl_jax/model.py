@@ -115,10 +115,12 @@ def compute_dtype(name: str):
   return dtypes[name]
 
 
-def visible_mask(positions_L, key_ok_BxT):
-  """Query at canvas position p reads key position t when t <= p and the key is valid and visible."""
-  causal_LxT = jnp.arange(key_ok_BxT.shape[1])[None, :] <= positions_L[:, None]
-  return causal_LxT[None] & key_ok_BxT[:, None, :]
+def visible_mask(positions_L, key_ok):
+  """Query at canvas position p reads key position t when t <= p and the key is valid and visible:
+  `key_ok` is key_ok_BxT (the same keys for every query) or key_ok_BxLxT (per query: one pass
+  scoring several views, `sampling.scoring_passes`)."""
+  causal_LxT = jnp.arange(key_ok.shape[-1])[None, :] <= positions_L[:, None]
+  return causal_LxT[None] & (key_ok[:, None, :] if key_ok.ndim == 2 else key_ok)
 
 
 def write_cache(cache, start, k_BxLxNxK, v_BxLxNxK):

@@ -171,20 +171,57 @@ def generate(cfg: model_lib.ModelConfig, layout: Layout, params_R, canvas_BxT, f
   return tokens_BxT, logp_BxT, sampled_BxT
 
 
+def scoring_passes(layout: Layout, group_V) -> tuple[np.ndarray, np.ndarray]:
+  """Teacher-forced scoring in fewer whole-canvas passes than views.  Views of one group (`group_V`:
+  the parameter set, when a pass applies one set) share a pass when every position both of them read
+  has the same visible keys before it in each: parallel voters, the debaters of one round, workers that
+  each read only their own assignment.  Only the positions a view must read count (`needed_reads_VxT`:
+  what it sees up to its last logits; a round-0 debater's later rounds do not).  In the pass, each
+  position reads the keys of the first view of the pass that reads it, so every view of the pass gets
+  exactly the hidden states (and logits) its own pass would; a position no view of the pass reads is
+  computed but never used.
+
+  Returns pass_V (the pass scoring each view; passes numbered in order of their first view) and
+  visible_PxTxT (the keys each position reads in each pass, before the causal mask)."""
+  visible_VxT = needed_reads_VxT(layout)
+
+  def compatible(v, w):
+    mismatch_T = visible_VxT[v] != visible_VxT[w]
+    mismatches_before_T = np.cumsum(mismatch_T) - mismatch_T
+    return not np.any(visible_VxT[v] & visible_VxT[w] & (mismatches_before_T > 0))
+
+  passes: list[list[int]] = []
+  for v in range(len(visible_VxT)):
+    fits = [p for p in passes if group_V[p[0]] == group_V[v] and all(compatible(v, w) for w in p)]
+    if fits:
+      fits[0].append(v)
+    else:
+      passes.append([v])
+  pass_V = np.zeros(len(visible_VxT), int)
+  query_view_PxT = np.zeros((len(passes), layout.length), int)
+  for p, views in enumerate(passes):
+    pass_V[views] = p
+    sees_VxT = visible_VxT[views]
+    query_view_PxT[p] = np.asarray(views)[np.argmax(sees_VxT, axis=0)]  # views[0] where none sees
+  return pass_V, visible_VxT[query_view_PxT]
+
+
 def token_log_probs(cfg: model_lib.ModelConfig, layout: Layout, params_R, tokens_BxT,
                     temperature: float):
   """Teacher-forced log-prob and entropy of each token under its author's view: logp_BxT, ent_BxT.
 
   Position t is predicted from the logits at t-1; positions 0 and environment tokens get values that
-  callers mask out.
+  callers mask out.  One whole-canvas pass per group of compatible views (`scoring_passes`).
   """
+  pass_V, visible_PxTxT = scoring_passes(layout, layout.view_set_V)
+  set_P = [layout.view_set_V[int(np.argmax(pass_V == p))] for p in range(len(visible_PxTxT))]
   valid_BxT = tokens_BxT != text.PAD
-  key_ok_VxBxT = valid_BxT[None] & jnp.asarray(layout.visible_VxT)[:, None]
-  logits_VxBxTxV = model_lib.apply_sets(cfg, params_R, layout.view_set_V, tokens_BxT, 0, key_ok_VxBxT)
+  key_ok_PxBxTxT = valid_BxT[None, :, None, :] & jnp.asarray(visible_PxTxT)[:, None]
+  logits_PxBxTxV = model_lib.apply_sets(cfg, params_R, set_P, tokens_BxT, 0, key_ok_PxBxTxT)
   # Position t (t >= 1) uses its author's view at t-1.
-  author_view_T = layout.author_view_T[1:]
-  T1 = len(author_view_T)
-  logits_TxBxV = logits_VxBxTxV[author_view_T, :, np.arange(T1)]
+  author_pass_T = pass_V[layout.author_view_T[1:]]
+  T1 = len(author_pass_T)
+  logits_TxBxV = logits_PxBxTxV[author_pass_T, :, np.arange(T1)]
   logp_TxBxV = policy_log_probs(logits_TxBxV, temperature)
   logp_BxT = jnp.take_along_axis(logp_TxBxV, tokens_BxT.T[1:, :, None], -1)[..., 0].T
   entropy_BxT = -jnp.sum(jnp.exp(logp_TxBxV) * logp_TxBxV, -1).T
@@ -208,16 +245,18 @@ def next_token_divergence(cfg: model_lib.ModelConfig, layout: Layout, role_set_R
   Returns (js_sum_RxS, count_R): the divergences summed over role r's message tokens (rows of
   `tokens_BxT`) and the number of those tokens, so devices can add theirs before dividing.
   """
+  # Every set reads through every view, so any compatible views share a pass, whatever their sets.
+  pass_V, visible_PxTxT = scoring_passes(layout, np.zeros(len(layout.view_set_V), int))
   valid_BxT = tokens_BxT != text.PAD
-  key_ok_VxBxT = valid_BxT[None] & jnp.asarray(layout.visible_VxT)[:, None]
+  key_ok_PxBxTxT = valid_BxT[None, :, None, :] & jnp.asarray(visible_PxTxT)[:, None]
   S = len(set(role_set_R))
-  every_set = lambda key_ok_BxT: model_lib.apply_sets(cfg, params_S, range(S), tokens_BxT, 0,
-                                                       jnp.broadcast_to(key_ok_BxT, (S,) + key_ok_BxT.shape))
-  logits_VxSxBxTxN = jax.vmap(every_set)(key_ok_VxBxT)
+  every_set = lambda key_ok_BxTxT: model_lib.apply_sets(cfg, params_S, range(S), tokens_BxT, 0,
+                                                         jnp.broadcast_to(key_ok_BxTxT, (S,) + key_ok_BxTxT.shape))
+  logits_PxSxBxTxN = jax.vmap(every_set)(key_ok_PxBxTxT)
   # Position t (t >= 1) is predicted at t-1 through its author's view.
-  author_view_T, author_T = layout.author_view_T[1:], layout.author_T[1:]
+  author_pass_T, author_T = pass_V[layout.author_view_T[1:]], layout.author_T[1:]
   T1 = len(author_T)
-  logp_TxSxBxN = policy_log_probs(logits_VxSxBxTxN[author_view_T, :, :, np.arange(T1)], temperature)
+  logp_TxSxBxN = policy_log_probs(logits_PxSxBxTxN[author_pass_T, :, :, np.arange(T1)], temperature)
   own_set_T = np.asarray(role_set_R)[np.maximum(author_T, 0)]
   js_TxSxB = js_divergence(logp_TxSxBxN[np.arange(T1), own_set_T][:, None], logp_TxSxBxN)
   message_TxR = ((~layout.env_T[1:] & (author_T >= 0))[:, None]

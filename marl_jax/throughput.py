@@ -74,14 +74,17 @@ def relay_config(roles: int, seeds: int, credit: str, batch_size: int, steps_per
 
 def step_flops(exp: experiment.Experiment) -> float:
   """Model FLOPs of one step of one seed: the rollout and each counterfactual re-run read
-  `sampling.token_reads` tokens per episode (live views only); the update runs every view over the
-  whole canvas, forward and backward (2x) per epoch, plus a forward under the base model with a KL
+  `sampling.token_reads` tokens per episode (live views only); the update runs each scoring pass
+  (`sampling.scoring_passes`: one per group of views that read alike, at its first view's model) over
+  the whole canvas, forward and backward (2x) per epoch, plus a forward under the base model with a KL
   term."""
   rl, layout = exp.config.rl, exp.layout
   reruns = exp.credit.reruns(len(layout.roles))
   rerun_rows = 0 if reruns is None else len(reruns.changed_CxR) * reruns.samples
   update_passes = 3 * rl.epochs + (1 if rl.kl_coef > 0 else 0)
-  reads_V = (1 + rerun_rows) * sampling.token_reads_V(layout) + layout.length * update_passes
+  pass_V, _ = sampling.scoring_passes(layout, layout.view_set_V)
+  first_of_pass_V = np.isin(np.arange(len(pass_V)), np.unique(pass_V, return_index=True)[1])
+  reads_V = (1 + rerun_rows) * sampling.token_reads_V(layout) + layout.length * update_passes * first_of_pass_V
   return float(rl.batch_size * np.dot(reads_V, _flops_per_token_V(exp)))
 
 

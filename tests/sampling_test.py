@@ -73,6 +73,26 @@ def _compiled(name, layout, temperature, greedy=False):
   return _JITTED[key][1]
 
 
+def test_scoring_passes_merge_the_views_that_read_alike():
+  passes = lambda layout: sampling.scoring_passes(layout, layout.view_set_V)[0].tolist()
+  # Parallel voters of one set read the prompt and their own answer: one pass; isolated, one each.
+  assert passes(_layout("vote", (0, 0, 0))) == [0, 0, 0]
+  assert passes(_layout("vote", (0, 1, 2))) == [0, 1, 2]
+  # Debate (views: agent0 round 0, agent0 round 1, agent1 round 0, ...): the round-0 answers read
+  # alike, and so do the revisions, which read every round-0 answer; agent0's revision joins the
+  # round-0 pass too (the first answer has nothing before it but the prompt in either view).
+  debate = _layout("debate", (0, 0), agents=2, rounds=1)
+  assert len(debate.view_set_V) == 4 and passes(debate) == [0, 0, 1, 0]
+  # Agent1's round-0 answer follows agent0's: read by the revisions, its tokens attend to agent0's
+  # answer; in its own round-0 view they do not, so the two cannot share a pass.
+  visible_PxTxT = sampling.scoring_passes(debate, debate.view_set_V)[1]
+  a1r0, agent0_answer = debate.turn_slices[1][0], slice(*debate.turn_slices[0])
+  assert visible_PxTxT[0, a1r0, agent0_answer].all() and not visible_PxTxT[1, a1r0, agent0_answer].any()
+  # A judge reads the candidates its solvers wrote: a pass of its own.
+  assert passes(_layout("best_of_n", (0, 0, 0, 1), candidates=3)) == [0, 0, 0, 1]
+  assert passes(_layout("solver_verifier", (0, 0), hidden=(("problem", "verifier"),))) == [0, 1]
+
+
 def test_policy_log_probs_excludes_env_tokens_and_scales_by_temperature():
   logits_2xV = jax.random.normal(jax.random.PRNGKey(0), (2, text.VOCAB_SIZE))
   logp_2xV = sampling.policy_log_probs(logits_2xV, 2.0)
@@ -85,7 +105,11 @@ def test_policy_log_probs_excludes_env_tokens_and_scales_by_temperature():
 
 
 def test_generate_log_probs_equal_teacher_forced():
-  for name, role_set, kwargs in (("single", (0,), {}), ("solver_verifier", (0, 1), {"rounds": 2})):
+  # The sampler computes each view on its own; teacher forcing scores compatible views in one pass
+  # (`scoring_passes`: the voters, each debate round, the solvers), which must not change a log-prob.
+  for name, role_set, kwargs in (("single", (0,), {}), ("solver_verifier", (0, 1), {"rounds": 2}),
+                                 ("vote", (0, 0, 0), {}), ("debate", (0, 0), {"agents": 2, "rounds": 2}),
+                                 ("best_of_n", (0, 0, 0, 1), {"candidates": 3})):
     layout = _layout(name, role_set, **kwargs)
     params_R = _params(len(role_set))
     tokens_BxT, logp_BxT, sampled_BxT = _generate(layout, params_R)

@@ -1,6 +1,7 @@
 """The throughput script: the FLOP count of a step and of its rollout, the per-workflow table, and
 one tiny timed row split into rollout and update."""
 import jax
+import ml_collections
 import pytest
 
 from marl_jax import experiment, sampling, state as state_lib, throughput
@@ -23,6 +24,15 @@ def test_step_flops_counts_the_rollout_reruns_and_update():
   update = len(layout.view_set_V) * layout.length * 3 * rl.epochs * per_token
   assert throughput.step_flops(exp) == rl.batch_size * ((1 + 2 * 2) * rollout + update)
   assert throughput.rollout_flops(exp) == rl.batch_size * rollout
+  # Three voters of one set read alike (the prompt and their own answer): three views, one update pass.
+  config = throughput.relay_config(3, 1, "team", batch_size=8, steps_per_call=1)
+  config.protocol = ml_collections.ConfigDict(dict(name="vote", voters=3))
+  config.roles.sharing = "shared"
+  exp = experiment.build(config)
+  layout, per_token = exp.layout, exp.model.flops_per_token(exp.layout.length)
+  assert len(layout.view_set_V) == 3
+  update = 1 * layout.length * 3 * rl.epochs * per_token
+  assert throughput.step_flops(exp) == rl.batch_size * (sampling.token_reads(layout) * per_token + update)
 
 
 @pytest.mark.slow
