@@ -108,6 +108,15 @@ def seed_values(row: dict, name: str) -> np.ndarray:
   return np.array([row[k] for k in per_seed] or [row[name]])
 
 
+# Each workflow's own diagnostics at the last evaluation, where a run logs them (README, Workflows):
+# the solver-verifier's verdicts, role collapse among parallel agents, the judge, the debate's
+# revisions, delegation.  Rates print in %, the per-episode counts (`COUNTS`) as they are.
+DIAGNOSTICS = ("false_accept", "false_reject", "same_message_rate", "agreement", "oracle", "judge_precision",
+               "fix_rate", "break_rate", "workers_used", "serial_collapse", "spurious_parallelism",
+               "critical_steps")
+COUNTS = ("workers_used", "critical_steps")
+
+
 def summarize(workdir: str) -> dict:
   """Per-seed arrays (fractions) of a run's evals: base (step 0), final, peak (after step 0), drop."""
   rows = [r for r in metrics.read(workdir) if "eval_accuracy" in r]
@@ -116,7 +125,7 @@ def summarize(workdir: str) -> dict:
   out = {"workdir": workdir, "seeds": acc_NxS.shape[1], "steps": rows[-1]["step"],
          "base": acc_NxS[0], "final": acc_NxS[-1], "peak": after_base.max(0)}
   out["drop"] = out["peak"] - out["final"]
-  for name in ("false_accept", "false_reject"):
+  for name in DIAGNOSTICS:
     if f"eval_{name}" in rows[-1]:
       out[name] = seed_values(rows[-1], f"eval_{name}")
   return out
@@ -142,18 +151,23 @@ def seed_health(rows: list[dict], num_seeds: int) -> dict:
   return {"skipped": np.broadcast_to(skipped_S, (num_seeds,)), "nonfinite": nonfinite_S}
 
 
-# Printing (values ×100: % for accuracies, points for differences).
+# Printing (values ×100: % for accuracies and rates, points for differences; a count per episode, one
+# of `COUNTS`, as it is).
 
-def num(x: float, sign: bool = False) -> str:
-  return f"{100 * x:{'+' if sign else ''}.1f}" if math.isfinite(x) else "n/a"
+def num(x: float, sign: bool = False, count: bool = False) -> str:
+  if not math.isfinite(x):
+    return "n/a"
+  return f"{x:{'+' if sign else ''}.2f}" if count else f"{100 * x:{'+' if sign else ''}.1f}"
 
 
-def pm(mean: float, half: float, sign: bool = False) -> str:
-  return f"{num(mean, sign)} ± {num(half)}"
+def pm(mean: float, half: float, sign: bool = False, count: bool = False) -> str:
+  return f"{num(mean, sign, count)} ± {num(half, count=count)}"
 
 
-def interval(mean: float, half: float) -> str:
-  return f"[{num(mean - half, True)}, {num(mean + half, True)}]" if math.isfinite(half) else "n/a"
+def interval(mean: float, half: float, count: bool = False) -> str:
+  if not math.isfinite(half):
+    return "n/a"
+  return f"[{num(mean - half, True, count)}, {num(mean + half, True, count)}]"
 
 
 def verdict(diff: float, half: float) -> str:
@@ -172,16 +186,22 @@ def row(*cells) -> str:
 
 def table(summaries: list[dict]) -> str:
   cols = ["base", "final", "peak", "drop"]
-  cols += [c for c in ("false_accept", "false_reject") if any(c in s for s in summaries)]
+  cols += [c for c in DIAGNOSTICS if any(c in s for s in summaries)]
   head = row("run", "seeds", "steps", *cols) + "|---" * (3 + len(cols)) + "|\n"
-  std = lambda x: num(np.std(x, ddof=1)) if len(x) > 1 else "n/a"
-  means = [row(s["workdir"], s["seeds"], s["steps"], *(pm(*mean_ci(s[c])) if c in s else "–" for c in cols))
-           for s in summaries]
-  stds = [row(s["workdir"], s["seeds"], s["steps"], *(std(s[c]) if c in s else "–" for c in cols))
-          for s in summaries]
+
+  def mean_cell(c, x):
+    return pm(*mean_ci(x), count=c in COUNTS)
+
+  def std_cell(c, x):
+    return num(np.std(x, ddof=1), count=c in COUNTS) if len(x) > 1 else "n/a"
+
+  cells = lambda s, fmt: [fmt(c, s[c]) if c in s else "–" for c in cols]
+  means = [row(s["workdir"], s["seeds"], s["steps"], *cells(s, mean_cell)) for s in summaries]
+  stds = [row(s["workdir"], s["seeds"], s["steps"], *cells(s, std_cell)) for s in summaries]
   return (f"Mean over seeds ± half-width of its {LEVEL:.0%} confidence interval (Student t, n − 1 dof), "
-          "in % (drop = peak − final per seed, in points):\n" + head + "".join(means) +
-          "\nStandard deviation over seeds (ddof = 1), in %:\n" + head + "".join(stds))
+          f"in % (drop = peak − final per seed, in points; {', '.join(COUNTS)} per episode):\n" + head +
+          "".join(means) + "\nStandard deviation over seeds (ddof = 1), in % (counts as they are):\n" + head +
+          "".join(stds))
 
 
 def compare(a: dict, b: dict) -> str:
@@ -189,9 +209,12 @@ def compare(a: dict, b: dict) -> str:
            f"B = {b['workdir']} (seeds: {b['seeds']}); {LEVEL:.0%} Welch interval (unequal variances, "
            "Welch–Satterthwaite dof); established when the interval excludes 0:\n",
            row("metric", "A", "B", "B − A", "interval", "dof", "verdict"), "|---" * 7 + "|\n"]
-  for c in ("final", "peak", "drop"):
+  # Accuracy, then the diagnostics both runs log (e.g. two delegate runs' serial-collapse rates).
+  for c in ("final", "peak", "drop", *(c for c in DIAGNOSTICS if c in a and c in b)):
     diff, half, dof = welch_diff(a[c], b[c])
-    lines.append(row(c, num(a[c].mean()), num(b[c].mean()), pm(diff, half, sign=True), interval(diff, half),
+    count = c in COUNTS
+    lines.append(row(c, num(a[c].mean(), count=count), num(b[c].mean(), count=count),
+                     pm(diff, half, sign=True, count=count), interval(diff, half, count),
                      f"{dof:.1f}" if math.isfinite(dof) else "n/a", verdict(diff, half)))
   return "".join(lines)
 

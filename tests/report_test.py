@@ -124,6 +124,27 @@ def test_cli_table(runs, capsys):
   assert f"| {runs[0]} | 3 | 100 | 0.0 | 2.0 | 4.0 |" in out  # the standard deviations
 
 
+def test_cli_table_prints_workflow_diagnostics(tmp_path, capsys):
+  run = str(tmp_path / "delegate")
+  # Rates in %, counts per episode as they are (workers_used: mean 1.5, s = 0.5, half 4.3027 * 0.2887).
+  write_run(run, {0: [0.3, 0.3, 0.3], 50: [0.4, 0.5, 0.6]},
+            extra={"eval_workers_used": [1.0, 1.5, 2.0], "eval_serial_collapse": [0.2, 0.4, 0.6]})
+  report.main([run])
+  out = capsys.readouterr().out
+  assert "| run | seeds | steps | base | final | peak | drop | workers_used | serial_collapse |" in out
+  assert f"| {run} | 3 | 50 | 30.0 ± 0.0 | 50.0 ± 24.8 | 50.0 ± 24.8 | 0.0 ± 0.0 | 1.50 ± 1.24 | 40.0 ± 49.7 |" in out
+  assert f"| {run} | 3 | 50 | 0.0 | 10.0 | 10.0 | 0.0 | 0.50 | 20.0 |" in out
+  # Compared with a run that logs them too: accuracy, then each diagnostic both log.
+  other = str(tmp_path / "other")
+  write_run(other, {0: [0.3, 0.3, 0.3], 50: [0.4, 0.5, 0.6]},
+            extra={"eval_workers_used": [0.0, 0.5, 1.0], "eval_serial_collapse": [0.2, 0.4, 0.6]})
+  report.main(["--compare", other, run])
+  out = capsys.readouterr().out
+  # workers_used: +1.00, se = sqrt(2 * 0.25 / 3) = 0.408, dof 4, t 2.776: half 1.13.
+  assert "| workers_used | 0.50 | 1.50 | +1.00 ± 1.13 | [-0.13, +2.13] | 4.0 | not established |" in out
+  assert "| serial_collapse | 40.0 | 40.0 | +0.0 ± " in out
+
+
 def test_cli_compare(runs, capsys):
   report.main(["--compare", runs[0], runs[1]])
   out = capsys.readouterr().out
