@@ -36,16 +36,9 @@ base() {  # base NAME EXPERIMENT_ARG
       --config.total_steps=0
   done
 }
-# The task suite's budget (scripts/task_results.sh), so subset_sum's workflows compare with its runs.
-suite=(--config.total_steps=200)
-run subset_sum_vote vote.py:size=cpu,task=subset_sum "${suite[@]}"
-run subset_sum_best_of_n best_of_n.py:size=cpu,task=subset_sum "${suite[@]}"
-base subset_sum_debate_base debate.py:size=cpu,task=subset_sum
-from=subset_sum_debate_base run subset_sum_debate debate.py:size=cpu,task=subset_sum "${suite[@]}"
-from=subset_sum_debate_base run subset_sum_debate_plain debate.py:size=cpu,task=subset_sum,alpha=0,beta=0 \
-  "${suite[@]}"
+# Cheapest first: arithmetic's workflows (minutes each), delegate, then subset_sum's (its canvas is
+# two to three times longer).
 run arithmetic_vote vote.py:size=cpu
-run arithmetic_vote_isolated vote.py:size=cpu,sharing=isolated
 run arithmetic_best_of_n best_of_n.py:size=cpu
 base arithmetic_debate_base debate.py:size=cpu
 from=arithmetic_debate_base run arithmetic_debate debate.py:size=cpu
@@ -54,6 +47,15 @@ base delegate_base delegate.py:size=cpu
 from=delegate_base run delegate_annealed delegate.py:size=cpu,aux=annealed
 from=delegate_base run delegate_never delegate.py:size=cpu,aux=never
 from=delegate_base run delegate_none delegate.py:size=cpu,aux=none
+run arithmetic_vote_isolated vote.py:size=cpu,sharing=isolated
+# The task suite's budget (scripts/task_results.sh), so subset_sum's workflows compare with its runs.
+suite=(--config.total_steps=200)
+run subset_sum_vote vote.py:size=cpu,task=subset_sum "${suite[@]}"
+run subset_sum_best_of_n best_of_n.py:size=cpu,task=subset_sum "${suite[@]}"
+base subset_sum_debate_base debate.py:size=cpu,task=subset_sum
+from=subset_sum_debate_base run subset_sum_debate debate.py:size=cpu,task=subset_sum "${suite[@]}"
+from=subset_sum_debate_base run subset_sum_debate_plain debate.py:size=cpu,task=subset_sum,alpha=0,beta=0 \
+  "${suite[@]}"
 for seed in 0 1000; do
   echo "## seeds $seed.."
   dirs=("$tasks/seed$seed/subset_sum_single" "$tasks/seed$seed/subset_sum_sv" "$results/seed$seed/single"
