@@ -181,8 +181,9 @@ def scoring_passes(layout: Layout, group_V) -> tuple[np.ndarray, np.ndarray]:
   exactly the hidden states (and logits) its own pass would; a position no view of the pass reads is
   computed but never used.
 
-  Returns pass_V (the pass scoring each view; passes numbered in order of their first view) and
-  visible_PxTxT (the keys each position reads in each pass, before the causal mask)."""
+  Returns pass_V (the pass scoring each view; passes numbered in order of their first view),
+  visible_PxTxT (the keys each position reads in each pass, before the causal mask) and first_view_P
+  (each pass's first view: its parameter set and model are the pass's)."""
   visible_VxT = needed_reads_VxT(layout)
 
   def compatible(v, w):
@@ -203,7 +204,7 @@ def scoring_passes(layout: Layout, group_V) -> tuple[np.ndarray, np.ndarray]:
     pass_V[views] = p
     sees_VxT = visible_VxT[views]
     query_view_PxT[p] = np.asarray(views)[np.argmax(sees_VxT, axis=0)]  # views[0] where none sees
-  return pass_V, visible_VxT[query_view_PxT]
+  return pass_V, visible_VxT[query_view_PxT], np.array([views[0] for views in passes])
 
 
 def token_log_probs(cfg: model_lib.ModelConfig, layout: Layout, params_R, tokens_BxT,
@@ -213,8 +214,8 @@ def token_log_probs(cfg: model_lib.ModelConfig, layout: Layout, params_R, tokens
   Position t is predicted from the logits at t-1; positions 0 and environment tokens get values that
   callers mask out.  One whole-canvas pass per group of compatible views (`scoring_passes`).
   """
-  pass_V, visible_PxTxT = scoring_passes(layout, layout.view_set_V)
-  set_P = [layout.view_set_V[int(np.argmax(pass_V == p))] for p in range(len(visible_PxTxT))]
+  pass_V, visible_PxTxT, first_view_P = scoring_passes(layout, layout.view_set_V)
+  set_P = [layout.view_set_V[v] for v in first_view_P]
   valid_BxT = tokens_BxT != text.PAD
   key_ok_PxBxTxT = valid_BxT[None, :, None, :] & jnp.asarray(visible_PxTxT)[:, None]
   logits_PxBxTxV = model_lib.apply_sets(cfg, params_R, set_P, tokens_BxT, 0, key_ok_PxBxTxT)
@@ -246,7 +247,7 @@ def next_token_divergence(cfg: model_lib.ModelConfig, layout: Layout, role_set_R
   `tokens_BxT`) and the number of those tokens, so devices can add theirs before dividing.
   """
   # Every set reads through every view, so any compatible views share a pass, whatever their sets.
-  pass_V, visible_PxTxT = scoring_passes(layout, np.zeros(len(layout.view_set_V), int))
+  pass_V, visible_PxTxT, _ = scoring_passes(layout, np.zeros(len(layout.view_set_V), int))
   valid_BxT = tokens_BxT != text.PAD
   key_ok_PxBxTxT = valid_BxT[None, :, None, :] & jnp.asarray(visible_PxTxT)[:, None]
   S = len(set(role_set_R))

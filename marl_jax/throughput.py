@@ -82,8 +82,8 @@ def step_flops(exp: experiment.Experiment) -> float:
   reruns = exp.credit.reruns(len(layout.roles))
   rerun_rows = 0 if reruns is None else len(reruns.changed_CxR) * reruns.samples
   update_passes = 3 * rl.epochs + (1 if rl.kl_coef > 0 else 0)
-  pass_V, _ = sampling.scoring_passes(layout, layout.view_set_V)
-  first_of_pass_V = np.isin(np.arange(len(pass_V)), np.unique(pass_V, return_index=True)[1])
+  first_view_P = sampling.scoring_passes(layout, layout.view_set_V)[2]
+  first_of_pass_V = np.isin(np.arange(len(layout.view_set_V)), first_view_P)
   reads_V = (1 + rerun_rows) * sampling.token_reads_V(layout) + layout.length * update_passes * first_of_pass_V
   return float(rl.batch_size * np.dot(reads_V, _flops_per_token_V(exp)))
 
