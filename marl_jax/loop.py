@@ -105,6 +105,19 @@ def stop_on_signals():
     restore()
 
 
+def _agree_on_start(workdir: str, start: int | None) -> None:
+  """A barrier after every process has read the workdir and before any writes to it.  Without it a
+  process that reads it after the lead created checkpoints/ takes another path through orbax's
+  collective calls (a read of the empty directory) and the processes deadlock or fail on mismatched
+  barrier names.  Processes that still see different latest checkpoints do not share the workdir."""
+  if jax.process_count() == 1:
+    return
+  starts = multihost_utils.process_allgather(np.int64(-1 if start is None else start))
+  if len(set(np.asarray(starts).tolist())) > 1:
+    raise experiment.ConfigError(f"the processes found different latest checkpoints in {workdir}: "
+                                 f"{starts.tolist()} (-1: none); is it on a filesystem they all share?")
+
+
 def _stop_agreed(requested: threading.Event) -> bool:
   """Whether any process was signalled: all stop after the same call, as saving is collective."""
   if jax.process_count() == 1:
@@ -134,6 +147,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   if config.distributed:
     parallel.initialize_distributed()
   exp, start, state_S, init_params_S = _setup(config, workdir)
+  _agree_on_start(workdir, start)
   lead = jax.process_index() == 0
   if lead:
     os.makedirs(workdir, exist_ok=True)

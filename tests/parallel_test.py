@@ -21,10 +21,18 @@ TINY = ["--config.sft.steps=0", "--config.rl.entropy_coef=0.01", "--config.rl.ba
         "--config.rl.minibatches=2"]
 
 
-def launch(args, devices: int, **env):
+# The CLI with the workdir read 10 s late: the lead has by then created checkpoints/, which once sent
+# this process through another sequence of orbax's collective barriers than the lead (a CI failure).
+LATE_READER = ("import runpy, sys, time; from marl_jax import checkpoint; latest = checkpoint.latest_step; "
+               "checkpoint.latest_step = lambda workdir: (time.sleep(10), latest(workdir))[1]; "
+               "sys.argv[0] = 'marl_jax.main'; runpy.run_module('marl_jax.main', run_name='__main__')")
+
+
+def launch(args, devices: int, late: bool = False, **env):
   env = {**os.environ, "XLA_FLAGS": f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count={devices}",
          "JAX_PLATFORMS": "cpu", **env}
-  return subprocess.Popen([sys.executable, "-m", "marl_jax.main", *args], cwd=ROOT, env=env,
+  program = ["-c", LATE_READER] if late else ["-m", "marl_jax.main"]
+  return subprocess.Popen([sys.executable, *program, *args], cwd=ROOT, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -83,7 +91,7 @@ def test_two_processes_match_one_process_of_two_devices(tmp_path):
   one, two = str(tmp_path / "one_process"), str(tmp_path / "two_processes")
   finish(launch([config, f"--workdir={one}", *TINY], devices=2))
   port = free_port()
-  workers = [launch([config, f"--workdir={two}", "--config.distributed=True", *TINY], devices=1,
+  workers = [launch([config, f"--workdir={two}", "--config.distributed=True", *TINY], devices=1, late=i == 1,
                     JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
                     JAX_PROCESS_ID=str(i)) for i in range(2)]
   for worker in workers:
