@@ -113,7 +113,7 @@ def _agree_on_start(workdir: str, start: int | None) -> None:
   if jax.process_count() == 1:
     return
   starts = multihost_utils.process_allgather(np.int64(-1 if start is None else start))
-  if len(set(np.asarray(starts).tolist())) > 1:
+  if len(set(starts.tolist())) > 1:
     raise experiment.ConfigError(f"the processes found different latest checkpoints in {workdir}: "
                                  f"{starts.tolist()} (-1: none); is it on a filesystem they all share?")
 

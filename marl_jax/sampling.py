@@ -171,7 +171,7 @@ def generate(cfg: model_lib.ModelConfig, layout: Layout, params_R, canvas_BxT, f
   return tokens_BxT, logp_BxT, sampled_BxT
 
 
-def scoring_passes(layout: Layout, group_V) -> tuple[np.ndarray, np.ndarray]:
+def scoring_passes(layout: Layout, group_V) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """Teacher-forced scoring in fewer whole-canvas passes than views.  Views of one group (`group_V`:
   the parameter set, when a pass applies one set) share a pass when every position both of them read
   has the same visible keys before it in each: parallel voters, the debaters of one round, workers that
