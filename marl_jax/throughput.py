@@ -17,8 +17,13 @@ step runs to what this machine's matmul unit delivers; and the same split in two
 (timed as its own program in the same process) and the rest of the step (scoring, credit, update:
 the step's time less the rollout's), each with its tokens/s and fraction of the matmul.
 """
+import collections
+import glob
+import gzip
 import json
 import os
+import re
+import tempfile
 import time
 
 from absl import app, flags
@@ -39,6 +44,8 @@ _SHARING = flags.DEFINE_string("sharing", "isolated", "Parameter sharing to run:
 _CHECKPOINT = flags.DEFINE_string("checkpoint", "", "A local Qwen3/Llama checkpoint directory as the agents "
                                   "(config.model.checkpoint) instead of the built-in model.")
 _RANDOM = flags.DEFINE_bool("random_weights", False, "With --checkpoint: its shapes, randomly initialised.")
+_PROFILE = flags.DEFINE_bool("profile", False, "Also trace one train call per row and print where its "
+                              "thunk time goes: matmuls, data movement, other compute (`profile_call`).")
 _WORKFLOWS = flags.DEFINE_bool("workflows", False, "Instead of timing: each workflow's model FLOPs per "
                                "episode of sampling against the minimum (analytic, nothing compiles).")
 
@@ -132,10 +139,11 @@ def make_rollout_call(exp: experiment.Experiment):
   return jax.jit(call)
 
 
-def measure(config, calls: int) -> dict:
+def measure(config, calls: int, profile: bool = False) -> dict:
   """One row: the whole step (rollout, scoring, credit and update) timed over `calls` compiled calls,
   then the rollout alone in the same process; the update's rate is the step's time less the
-  rollout's (so it also holds scoring and credit, with its counterfactual re-runs)."""
+  rollout's (so it also holds scoring and credit, with its counterfactual re-runs).  With `profile`,
+  then one more train call traced (`profile_call`): `thunk_s`, its seconds per kind of thunk."""
   exp = experiment.build(config)
   state = state_lib.initial_state(exp)
   start = time.perf_counter()
@@ -158,7 +166,10 @@ def measure(config, calls: int) -> dict:
   steps = calls * config.steps_per_call * config.num_seeds
   completions = steps * config.rl.batch_size * len(exp.layout.roles)
   rest_s = max(seconds - rollout_s, 1e-9)
-  return {"job": "relay", "roles": len(exp.layout.roles), "seeds": config.num_seeds,
+  params_per_agent = model_lib.count_params(jax.tree.map(lambda p: p[0, 0], state.params))
+  # Last: the traced call consumes (donates) the state.
+  thunk_s = profile_call(train_call, (state,), thunk_kinds(train_call.as_text())) if profile else {}
+  return {"thunk_s": thunk_s, "call_s": seconds / calls, "job": "relay", "roles": len(exp.layout.roles), "seeds": config.num_seeds,
           "sharing": config.roles.sharing, "credit": config.credit.name, "completions_per_s": completions / seconds,
           "tokens_per_s": tokens / seconds, "flops_per_s": steps * step_flops(exp) / seconds,
           "rollout_tokens_per_s": rollout_tokens / rollout_s,
@@ -166,7 +177,77 @@ def measure(config, calls: int) -> dict:
           "update_tokens_per_s": tokens / rest_s,
           "update_flops_per_s": steps * (step_flops(exp) - rollout_flops(exp)) / rest_s,
           "compile_s": compile_s,
-          "params_per_agent": model_lib.count_params(jax.tree.map(lambda p: p[0, 0], state.params))}
+          "params_per_agent": params_per_agent}
+
+
+# Opcodes that only move or lay out data: a fusion of nothing else is a copy, transpose or broadcast.
+_MOVES = frozenset({"parameter", "constant", "copy", "transpose", "bitcast", "broadcast", "reshape", "slice",
+                    "concatenate", "dynamic-slice", "dynamic-update-slice", "pad", "iota", "tuple",
+                    "get-tuple-element", "bitcast-convert", "reverse"})
+_CONTROL = frozenset({"while", "conditional", "call"})  # their bodies' thunks are traced themselves
+_INSTRUCTION = re.compile(r"\s*(?:ROOT\s+)?%?([\w.\-]+) = .*?\s([a-z][a-z0-9\-]*)\((.*)$")
+
+
+def thunk_kinds(hlo_text: str) -> dict[str, str]:
+  """Each instruction of a compiled module's text by what its thunk does: `matmul` (a dot or
+  convolution, or a fusion holding one: the matmul library's calls), `data movement` (copies,
+  transposes, broadcasts, slices and nothing else) or `compute` (every other fusion or op:
+  elementwise, reductions, gathers); control flow is left out, since its bodies' thunks are traced
+  themselves."""
+  opcodes_of, kind_of, computation = collections.defaultdict(set), {}, None
+  called_by = {}
+  for line in hlo_text.splitlines():
+    if line.rstrip().endswith("{") and " = " not in line:
+      computation = line.split()[1 if line.startswith("ENTRY") else 0].lstrip("%")
+      continue
+    match = _INSTRUCTION.match(line)
+    if match and computation is not None:
+      name, opcode, rest = match.groups()
+      opcodes_of[computation].add(opcode)
+      called = re.search(r"calls=%?([\w.\-]+)", rest)
+      called_by[name] = (opcode, called.group(1) if called else None)
+  for name, (opcode, called) in called_by.items():
+    opcodes = opcodes_of[called] if opcode == "fusion" and called else {opcode}
+    if opcodes & _CONTROL:
+      continue
+    if opcodes & {"dot", "convolution"}:
+      kind_of[name] = "matmul"
+    elif opcodes <= _MOVES:
+      kind_of[name] = "data movement"
+    else:
+      kind_of[name] = "compute"
+  return kind_of
+
+
+def profile_call(call, args, kinds: dict[str, str]) -> dict[str, float]:
+  """Seconds of thunk time per kind (`thunk_kinds`) in one traced `call(*args)`.  Thunks that run at
+  the same time on different cores each count whole, so the kinds can add up to more than the call's
+  wall time."""
+  seconds = collections.Counter({kind: 0.0 for kind in ("matmul", "data movement", "compute")})
+  with tempfile.TemporaryDirectory() as trace_dir:
+    with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+      jax.block_until_ready(call(*args))
+    path, = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
+    with gzip.open(path) as f:
+      events = json.load(f)
+  for event in events["traceEvents"] if isinstance(events, dict) else events:
+    kind = kinds.get(event.get("name"))
+    if event.get("ph") == "X" and kind:
+      seconds[kind] += event["dur"] / 1e6
+  return dict(seconds)
+
+
+def print_profile(row: dict, bound: float):
+  """One row's traced call: seconds per kind of thunk, its share of all thunk time, and the rate of
+  the matmul thunks (the step's model FLOPs over their thunk time: the model's own matrix products as
+  run in the step, against the 1024 x 1024 matmul; two thunks at once each count whole, so this is a
+  lower bound on what the cores delivered)."""
+  total = sum(row["thunk_s"].values())
+  matmul_flops_per_s = row["flops_per_s"] * row["call_s"] / max(row["thunk_s"]["matmul"], 1e-9)
+  print(f"  profile of one call ({row['call_s']:.2f} s wall, {total:.2f} s of thunks): " + ", ".join(
+      f"{kind} {s:.2f} s ({s / total:.0%})" for kind, s in row["thunk_s"].items()) +
+        f"; matmul thunks at {matmul_flops_per_s / 1e9:.1f} GFLOP/s, {matmul_flops_per_s / bound:.2f} of the "
+        "matmul", flush=True)
 
 
 def workflow_flops_table():
@@ -201,7 +282,7 @@ def main(argv):
   for roles, seeds, sharing, credit in grid:
     config = relay_config(roles, seeds, credit, _BATCH.value, _STEPS.value, sharing, _CHECKPOINT.value,
                           _RANDOM.value)
-    row = measure(config, _CALLS.value)
+    row = measure(config, _CALLS.value, _PROFILE.value)
     for part in ("", "rollout_", "update_"):
       row[f"{part}fraction_of_matmul"] = row[f"{part}flops_per_s"] / bound
     rows.append(row)
@@ -210,6 +291,8 @@ def main(argv):
           f"{row['fraction_of_matmul']:>9.2f} {row['rollout_tokens_per_s']:>13.0f} "
           f"{row['rollout_fraction_of_matmul']:>9.2f} {row['update_tokens_per_s']:>12.0f} "
           f"{row['update_fraction_of_matmul']:>9.2f} {row['compile_s']:>9.1f}", flush=True)
+    if row["thunk_s"]:
+      print_profile(row, bound)
     if _JSON.value:  # rewritten after every row, so an interrupted run keeps what it measured
       with open(_JSON.value, "w") as f:
         json.dump(rows, f, indent=1)

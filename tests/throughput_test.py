@@ -1,5 +1,5 @@
-"""The throughput script: the FLOP count of a step and of its rollout, the per-workflow table, and
-one tiny timed row split into rollout and update."""
+"""The throughput script: the FLOP count of a step and of its rollout, the per-workflow table, the
+profile's thunk kinds, and one tiny timed and profiled row split into rollout and update."""
 import jax
 import ml_collections
 import pytest
@@ -45,6 +45,62 @@ def test_a_row_times_the_step_and_its_rollout():
   tokens = float(throughput.make_rollout_call(exp)(state_lib.initial_state(exp).params, jax.random.PRNGKey(0)))
   episodes = 2 * 2 * 8
   assert 2 * episodes <= tokens <= 8 * episodes
-  row = throughput.measure(config, calls=1)
+  row = throughput.measure(config, calls=1, profile=True)
+  assert set(row["thunk_s"]) == {"matmul", "data movement", "compute"}
+  assert row["thunk_s"]["matmul"] > 0 and row["thunk_s"]["compute"] > 0
   assert all(row[k] > 0 for k in ("tokens_per_s", "flops_per_s", "rollout_tokens_per_s", "rollout_flops_per_s",
                                   "update_tokens_per_s", "update_flops_per_s"))
+
+
+# A compiled module's text as XLA:CPU prints it: a dot fused for the matmul library, a transpose
+# fusion, an elementwise fusion around a reduction, a bare dot, and a loop (its body's thunks are
+# traced themselves).
+HLO = """HloModule jit_f, entry_computation_layout={(f32[4,4]{1,0})->f32[4,4]{1,0}}
+
+%fused_dot (param_0: f32[4,4], param_1: f32[4,4]) -> f32[4,4] {
+  %param_0 = f32[4,4]{1,0} parameter(0)
+  %param_1 = f32[4,4]{1,0} parameter(1)
+  ROOT %dot.0 = f32[4,4]{1,0} dot(%param_0, %param_1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%fused_transpose (param_0.1: f32[4,4]) -> f32[4,4] {
+  %param_0.1 = f32[4,4]{1,0} parameter(0)
+  %transpose.0 = f32[4,4]{0,1} transpose(%param_0.1), dimensions={1,0}
+  ROOT %copy.0 = f32[4,4]{1,0} copy(%transpose.0)
+}
+
+%fused_tanh (param_0.2: f32[4,4]) -> f32[4] {
+  %param_0.2 = f32[4,4]{1,0} parameter(0)
+  %tanh.0 = f32[4,4]{1,0} tanh(%param_0.2)
+  %constant.0 = f32[] constant(0)
+  ROOT %reduce.0 = f32[4]{0} reduce(%tanh.0, %constant.0), dimensions={1}, to_apply=%add
+}
+
+ENTRY %main.9 (a.1: f32[4,4]) -> f32[4,4] {
+  %a.1 = f32[4,4]{1,0} parameter(0)
+  %ynn_fusion = f32[4,4]{1,0} fusion(%a.1, %a.1), kind=kCustom, calls=%fused_dot
+  %copy_fusion = f32[4,4]{1,0} fusion(%ynn_fusion), kind=kLoop, calls=%fused_transpose
+  %tanh_reduce_fusion = f32[4]{0} fusion(%copy_fusion), kind=kLoop, calls=%fused_tanh
+  %dot.1 = f32[4,4]{1,0} dot(%copy_fusion, %a.1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %tuple.1 = (f32[4,4]{1,0}, s32[]) tuple(%dot.1, %c)
+  %while.1 = (f32[4,4]{1,0}, s32[]) while(%tuple.1), condition=%cond, body=%body
+  ROOT %get-tuple-element.1 = f32[4,4]{1,0} get-tuple-element(%while.1), index=0
+}
+"""
+
+
+def test_thunk_kinds_sort_the_instructions_that_run_as_thunks():
+  kinds = throughput.thunk_kinds(HLO)
+  assert kinds["ynn_fusion"] == kinds["dot.1"] == "matmul"
+  assert kinds["copy_fusion"] == "data movement"
+  assert kinds["tanh_reduce_fusion"] == "compute"
+  assert "while.1" not in kinds
+
+
+def test_profile_call_times_a_compiled_matmul():
+  a = jax.numpy.ones((256, 256))
+  compiled = jax.jit(lambda x: jax.numpy.tanh(x @ x).T @ x).lower(a).compile()
+  kinds = throughput.thunk_kinds(compiled.as_text())
+  assert "matmul" in kinds.values()
+  seconds = throughput.profile_call(compiled, (a,), kinds)
+  assert seconds["matmul"] > 0
