@@ -194,8 +194,7 @@ def thunk_kinds(hlo_text: str) -> dict[str, str]:
   transposes, broadcasts, slices and nothing else) or `compute` (every other fusion or op:
   elementwise, reductions, gathers); control flow is left out, since its bodies' thunks are traced
   themselves."""
-  opcodes_of, kind_of, computation = collections.defaultdict(set), {}, None
-  called_by = {}
+  opcodes_of, instructions, computation = collections.defaultdict(set), {}, None
   for line in hlo_text.splitlines():
     if line.rstrip().endswith("{") and " = " not in line:
       computation = line.split()[1 if line.startswith("ENTRY") else 0].lstrip("%")
@@ -205,8 +204,9 @@ def thunk_kinds(hlo_text: str) -> dict[str, str]:
       name, opcode, rest = match.groups()
       opcodes_of[computation].add(opcode)
       called = re.search(r"calls=%?([\w.\-]+)", rest)
-      called_by[name] = (opcode, called.group(1) if called else None)
-  for name, (opcode, called) in called_by.items():
+      instructions[name] = (opcode, called.group(1) if called else None)
+  kind_of = {}
+  for name, (opcode, called) in instructions.items():
     opcodes = opcodes_of[called] if opcode == "fusion" and called else {opcode}
     if opcodes & _CONTROL:
       continue
