@@ -169,7 +169,7 @@ def measure(config, calls: int, profile: bool = False) -> dict:
   params_per_agent = model_lib.count_params(jax.tree.map(lambda p: p[0, 0], state.params))
   # Last: the traced call consumes (donates) the state.
   thunk_s = profile_call(train_call, (state,), thunk_kinds(train_call.as_text())) if profile else {}
-  return {"thunk_s": thunk_s, "call_s": seconds / calls, "job": "relay", "roles": len(exp.layout.roles), "seeds": config.num_seeds,
+  return {"job": "relay", "roles": len(exp.layout.roles), "seeds": config.num_seeds,
           "sharing": config.roles.sharing, "credit": config.credit.name, "completions_per_s": completions / seconds,
           "tokens_per_s": tokens / seconds, "flops_per_s": steps * step_flops(exp) / seconds,
           "rollout_tokens_per_s": rollout_tokens / rollout_s,
@@ -177,7 +177,7 @@ def measure(config, calls: int, profile: bool = False) -> dict:
           "update_tokens_per_s": tokens / rest_s,
           "update_flops_per_s": steps * (step_flops(exp) - rollout_flops(exp)) / rest_s,
           "compile_s": compile_s,
-          "params_per_agent": params_per_agent}
+          "params_per_agent": params_per_agent, "call_s": seconds / calls, "thunk_s": thunk_s}
 
 
 # Opcodes that only move or lay out data: a fusion of nothing else is a copy, transpose or broadcast.
@@ -185,12 +185,13 @@ _MOVES = frozenset({"parameter", "constant", "copy", "transpose", "bitcast", "br
                     "concatenate", "dynamic-slice", "dynamic-update-slice", "pad", "iota", "tuple",
                     "get-tuple-element", "bitcast-convert", "reverse"})
 _CONTROL = frozenset({"while", "conditional", "call"})  # their bodies' thunks are traced themselves
+THUNK_KINDS = ("matmul", "data movement", "compute")
 _INSTRUCTION = re.compile(r"\s*(?:ROOT\s+)?%?([\w.\-]+) = .*?\s([a-z][a-z0-9\-]*)\((.*)$")
 
 
 def thunk_kinds(hlo_text: str) -> dict[str, str]:
-  """Each instruction of a compiled module's text by what its thunk does: `matmul` (a dot or
-  convolution, or a fusion holding one: the matmul library's calls), `data movement` (copies,
+  """Each instruction of a compiled module's text by what its thunk does (`THUNK_KINDS`): `matmul` (a
+  dot or convolution, or a fusion holding one: the matmul library's calls), `data movement` (copies,
   transposes, broadcasts, slices and nothing else) or `compute` (every other fusion or op:
   elementwise, reductions, gathers); control flow is left out, since its bodies' thunks are traced
   themselves."""
@@ -223,7 +224,7 @@ def profile_call(call, args, kinds: dict[str, str]) -> dict[str, float]:
   """Seconds of thunk time per kind (`thunk_kinds`) in one traced `call(*args)`.  Thunks that run at
   the same time on different cores each count whole, so the kinds can add up to more than the call's
   wall time."""
-  seconds = collections.Counter({kind: 0.0 for kind in ("matmul", "data movement", "compute")})
+  seconds = collections.Counter({kind: 0.0 for kind in THUNK_KINDS})
   with tempfile.TemporaryDirectory() as trace_dir:
     with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
       jax.block_until_ready(call(*args))

@@ -46,7 +46,7 @@ def test_a_row_times_the_step_and_its_rollout():
   episodes = 2 * 2 * 8
   assert 2 * episodes <= tokens <= 8 * episodes
   row = throughput.measure(config, calls=1, profile=True)
-  assert set(row["thunk_s"]) == {"matmul", "data movement", "compute"}
+  assert set(row["thunk_s"]) == set(throughput.THUNK_KINDS) == {"matmul", "data movement", "compute"}
   assert row["thunk_s"]["matmul"] > 0 and row["thunk_s"]["compute"] > 0
   assert all(row[k] > 0 for k in ("tokens_per_s", "flops_per_s", "rollout_tokens_per_s", "rollout_flops_per_s",
                                   "update_tokens_per_s", "update_flops_per_s"))
