@@ -12,8 +12,9 @@ on, so a step makes batch_size x roles completions.  Rows cover R = 1, 2, 4 role
 agents), S = 1, 4 seeds, with team credit and with difference (counterfactual) credit.
 
 Every row also gives the achieved model FLOP/s (`step_flops`: an analytic count of the step's model
-FLOPs) and its fraction of a jitted float32 1024x1024 matmul timed in the same run: how close the
-step runs to what this machine's matmul unit delivers; and the same split in two: the rollout alone
+FLOPs) and its fraction of a jitted float32 1024x1024 matmul timed just before and just after the row
+(their mean; the row prints both): how close the step runs to what this machine's matmul unit delivers
+at that time, since on a shared machine the matmul's own rate moves by half from one minute to the next; and the same split in two: the rollout alone
 (timed as its own program in the same process) and the rest of the step (scoring, credit, update:
 the step's time less the rollout's), each with its tokens/s and fraction of the matmul.
 """
@@ -271,19 +272,21 @@ def main(argv):
     workflow_flops_table()
     return
   roles_grid, seeds_grid = ([int(x) for x in part.split(",")] for part in _GRID.value.split("/"))
-  bound = matmul_flops_per_s()
   rows = []
   print(f"backend={jax.default_backend()} devices={jax.device_count()} batch_size={_BATCH.value} "
-        f"matmul_1024_f32={bound / 1e9:.1f} GFLOP/s model={_CHECKPOINT.value or 'built-in'}")
+        f"model={_CHECKPOINT.value or 'built-in'}")
   print(f"{'roles':>5} {'seeds':>5} {'sharing':>8} {'credit':>10} {'completions/s':>14} "
         f"{'tokens/s':>10} {'GFLOP/s':>8} {'of_matmul':>9} {'rollout_tok/s':>13} {'of_matmul':>9} "
-        f"{'update_tok/s':>12} {'of_matmul':>9} {'compile_s':>9}")
+        f"{'update_tok/s':>12} {'of_matmul':>9} {'compile_s':>9} {'matmul GFLOP/s':>15}")
   grid = [(r, s, sharing, credit) for r in roles_grid for s in seeds_grid
           for sharing in _SHARING.value.split(",") for credit in _CREDITS.value.split(",")]
   for roles, seeds, sharing, credit in grid:
     config = relay_config(roles, seeds, credit, _BATCH.value, _STEPS.value, sharing, _CHECKPOINT.value,
                           _RANDOM.value)
+    bound_before = matmul_flops_per_s()
     row = measure(config, _CALLS.value, _PROFILE.value)
+    row["matmul_flops_per_s"] = (bound_before, matmul_flops_per_s())
+    bound = float(np.mean(row["matmul_flops_per_s"]))
     for part in ("", "rollout_", "update_"):
       row[f"{part}fraction_of_matmul"] = row[f"{part}flops_per_s"] / bound
     rows.append(row)
@@ -291,7 +294,8 @@ def main(argv):
           f"{row['tokens_per_s']:>10.0f} {row['flops_per_s'] / 1e9:>8.1f} "
           f"{row['fraction_of_matmul']:>9.2f} {row['rollout_tokens_per_s']:>13.0f} "
           f"{row['rollout_fraction_of_matmul']:>9.2f} {row['update_tokens_per_s']:>12.0f} "
-          f"{row['update_fraction_of_matmul']:>9.2f} {row['compile_s']:>9.1f}", flush=True)
+          f"{row['update_fraction_of_matmul']:>9.2f} {row['compile_s']:>9.1f} "
+          f"{'{:.0f}, {:.0f}'.format(*np.divide(row['matmul_flops_per_s'], 1e9)):>15}", flush=True)
     if row["thunk_s"]:
       print_profile(row, bound)
     if _JSON.value:  # rewritten after every row, so an interrupted run keeps what it measured
