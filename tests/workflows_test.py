@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from marl_jax import configs, experiment, protocols, sampling, text, train
+from marl_jax import checkpoint, configs, experiment, protocols, sampling, state, text, train
 from marl_jax import model as model_lib
 from marl_jax.protocols import debate, engine, vote
 from marl_jax.tasks import Arithmetic
@@ -280,6 +280,66 @@ def test_debate_final_answer_is_the_last_rounds_majority():
   np.testing.assert_array_equal(protocol.final_answer(layout, canvas_BxT), [D(5)])
 
 
+def test_debate_with_a_verifier_by_hand():
+  # Two agents, one revision round, target 3: agent0 says 3 then 3; agent1 says 5 then 3 (a fix).  The
+  # verifier accepts, accepts, rejects, accepts: a false accept (agent1's 5) and a false reject
+  # (agent0's second 3), so the bonuses follow its verdicts c = [[1, 1], [0, 1]], not the truth
+  # [[1, 0], [1, 1]].
+  verdicts = [text.ACCEPT, text.ACCEPT, text.REJECT, text.ACCEPT, text.EOS]
+  messages = [[D(3), D(5), D(3), D(3), verdicts], [D(3), D(5), D(3), D(3), ABSENT + [text.PAD] * 3]]
+  protocol, layout, problems, canvas_BxT = _transcript("debate", [3, 3], messages, agents=2, rounds=1,
+                                                       alpha=0.5, beta=0.25, scorer="verifier")
+  assert layout.roles == ("agent0", "agent1", "verifier") and layout.turn_roles == (0, 1, 0, 1, 2)
+  assert _visible(layout, 4) == list(layout.segment_names)  # the verifier reads the whole debate
+  assert layout.turn_slices[4][1] - layout.turn_slices[4][0] == 5  # four verdicts and EOS
+  out = protocol.rewards(TASK, layout, problems, canvas_BxT)
+  # Row 0: agent0's round-0 turn: beta (c[1,1] - c[0,1]) = 0; agent1's: beta (c[1,0] - c[0,0]) = -beta;
+  # agent0's revision: alpha (c[1,0] - c[0,0]) = -alpha; agent1's: 0; the verifier's turn: 0.  Row 1:
+  # an absent verifier judges every answer wrong, so nothing changes and no turn earns a bonus.
+  np.testing.assert_allclose(out.turn_NxB.T, [[0, -0.25, -0.5, 0, 0], [0, 0, 0, 0, 0]])
+  np.testing.assert_array_equal(out.team_B, [1, 1])  # the checker's score of the majority
+  # The agents' last-round answers; the verifier's agreement with the checker: 2 of 4, then the
+  # absent one "rejects" the one wrong answer of 4.
+  np.testing.assert_allclose(out.role_RxB, [[1, 1], [1, 1], [0.5, 0.25]])
+  m = out.metrics
+  np.testing.assert_allclose(m["verdict_accuracy"], (0.5 + 0.25) / 2)
+  np.testing.assert_allclose(m["false_accept"], 1 / 2)  # accepted among the two wrong answers
+  np.testing.assert_allclose(m["false_reject"], 4 / 6)  # rejected among the six right ones
+  np.testing.assert_allclose(m["fix_rate"], 1.0)  # still the checker's: agent1 fixed its answer
+  # The same debate scored by the checker: agent1's round-0 turn read by agent0 (still right) earns
+  # nothing, agent0's round-0 turn +beta (agent1 went right), agent1's revision +alpha.
+  checker = protocols.make("debate", TASK, agents=2, rounds=1, alpha=0.5, beta=0.25)
+  checker_layout = checker.layout(TASK, (0, 1))
+  canvas = engine.assemble(checker_layout, problems["prompt"], [jnp.array([D(d)] * 2) for d in (3, 5, 3, 3)])
+  np.testing.assert_allclose(checker.rewards(TASK, checker_layout, problems, canvas).turn_NxB.T,
+                             [[0.25, 0, 0, 0.5]] * 2)
+
+
+def test_debate_verifier_demonstrations_are_the_checkers_verdicts():
+  protocol = protocols.make("debate", TASK, agents=3, rounds=1, scorer="verifier", verifier_demo_error_rate=0.0)
+  layout = protocol.layout(TASK, (0, 0, 0, 1))
+  problems = jax.vmap(TASK.sample)(jax.random.split(jax.random.PRNGKey(0), 64))
+  canvas_BxT = protocol.demonstrate(TASK, layout, problems, jax.random.split(jax.random.PRNGKey(1), 64))
+  right_JxKxB = jax.vmap(jax.vmap(jax.vmap(TASK.score), (None, 0)), (None, 0))(
+      problems, protocol.answers(layout, canvas_BxT))
+  np.testing.assert_array_equal(protocol.verdicts(layout, canvas_BxT), right_JxKxB > 0)
+  assert 0 < float((right_JxKxB > 0).mean()) < 1  # both verdicts occur
+  out = protocol.rewards(TASK, layout, problems, canvas_BxT)
+  np.testing.assert_allclose(out.metrics["verdict_accuracy"], 1.0)
+
+
+@pytest.mark.parametrize("arg, role_set, trainable", [
+    ("scorer=verifier", (0, 0, 0, 1), (True, False)),
+    ("scorer=verifier,sharing=isolated,agents=2", (0, 1, 2), (True, True, False)),
+    ("scorer=verifier,train_verifier=true", (0, 0, 0, 1), (True, True)),
+])
+def test_debate_experiment_gives_the_verifier_its_own_frozen_set(arg, role_set, trainable):
+  config = _experiment("debate").get_config(f"size=tiny,{arg}")
+  config.num_devices = 1
+  exp = experiment.build(config)
+  assert exp.role_set_R == role_set and exp.trainable_R == trainable
+
+
 def _debate_experiment(**knobs):
   config = _experiment("debate").get_config("size=tiny")
   config.num_devices = 1
@@ -325,6 +385,8 @@ def test_turn_hidden_keeps_the_roles_own_messages():
     ("debate", dict(rounds=0), r"config.protocol.rounds=0; it must be >= 1"),
     ("debate", dict(beta=-1.0), r"config.protocol.beta=-1.0; it must be >= 0"),
     ("debate", dict(gamma=1.0), r"keys \['gamma'\] that protocol 'debate' does not take; allowed: .*'alpha'"),
+    ("debate", dict(scorer="oracle"), r"config.protocol.scorer='oracle' is unknown; allowed: \['checker', 'verifier'\]"),
+    ("debate", dict(agents=8, scorer="verifier"), r"config.protocol.agents=8; allowed: 2..7"),
 ])
 def test_bad_protocol_knobs(name, knobs, match):
   with pytest.raises(ValueError, match=match):
@@ -339,6 +401,7 @@ def test_bad_protocol_knobs(name, knobs, match):
     ("best_of_n", "sharing=voters", r"sharing='voters' is unknown; allowed: \['solvers', 'shared', 'isolated'\]"),
     ("debate", "alpha=-1", r"config.protocol.alpha=-1.0; it must be >= 0"),
     ("debate", "credit=nope", r"credit='nope' is unknown"),
+    ("debate", "scorer=judge", r"scorer='judge' is unknown; allowed: \['checker', 'verifier'\]"),
 ])
 def test_bad_experiment_arguments(name, arg, match):
   with pytest.raises(ValueError, match=match):
@@ -365,7 +428,8 @@ def test_every_experiment_size_builds(name, size):
 @pytest.mark.slow
 @pytest.mark.parametrize("arg", ["vote.py:size=tiny,aggregator=true,sharing=voters",
                                  "best_of_n.py:size=tiny,task=subset_sum",
-                                 "debate.py:size=tiny,credit=difference"])
+                                 "debate.py:size=tiny,credit=difference",
+                                 "debate.py:size=tiny,task=subset_sum,scorer=verifier"])
 def test_tiny_workflow_through_the_cli(tmp_path, arg):
   proc = subprocess.run([sys.executable, "-m", "marl_jax.main", f"--config=experiments/{arg}",
                          f"--workdir={tmp_path}"], cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"},
@@ -377,3 +441,12 @@ def test_tiny_workflow_through_the_cli(tmp_path, arg):
   assert "same_message_rate" in rows[-1]
   if "sharing=voters" in arg:  # the voters share a set, the aggregator has its own
     assert rows[-1]["eval_voter0/next_token_js"] > 0 and rows[-1]["eval_aggregator/next_token_js"] > 0
+  if "scorer=verifier" in arg:  # the verifier's set (1) is frozen after the warm start; the debaters' trains
+    assert 0 <= rows[-1]["eval_verdict_accuracy"] <= 1
+    config = _experiment("debate").get_config(arg.split(":")[1])
+    config.num_devices = 1
+    exp = experiment.build(config)
+    params = {step: checkpoint.restore(str(tmp_path), state.abstract_state(exp), step).params for step in (0, 4)}
+    set_params = lambda step, index: jax.tree.leaves(jax.tree.map(lambda p: np.asarray(p[:, index]), params[step]))
+    assert all(np.array_equal(a, b) for a, b in zip(set_params(0, 1), set_params(4, 1)))
+    assert any(not np.array_equal(a, b) for a, b in zip(set_params(0, 0), set_params(4, 0)))

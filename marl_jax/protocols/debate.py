@@ -4,8 +4,9 @@ round (`vote.majority`: ties to the earliest agent).  Visibility is per turn: in
 the problem, its own earlier answers and the round j-1 answers of the others; not their answers of the
 same round (written before its own on the canvas) nor of older rounds.
 
-Influence-aware rewards, scored by the task's checker: with c[j, i] = agent i's round-j answer is
-right, agent i's round-j turn earns
+Influence-aware rewards, scored by the task's checker (`scorer="checker"`) or by a verifier role
+(`scorer="verifier"`): with c[j, i] = agent i's round-j answer is right (by the checker), or judged
+right by the verifier, agent i's round-j turn earns
     alpha * (c[j, i] - c[j-1, i])                    (j >= 1: it fixes / breaks its own answer)
   + beta * sum_{k != i} (c[j+1, k] - c[j, k])        (j < rounds: another agent's next answer, which
                                                       read this one, goes wrong -> right / right -> wrong)
@@ -13,8 +14,18 @@ i.e. +alpha for a fix, -alpha for a break, +beta per other agent that goes right
 one that goes wrong.  These are per-turn rewards (`Scored.turn_NxB`, turn n = j * K + i): the step adds
 them to whatever the credit estimator gives the turn's tokens.  alpha = beta = 0 is plain co-training.
 
-Per-role signals: an agent's last-round answer is right.  An `<absent>` answer (a counterfactual)
-counts as a wrong vote left out of the majority.
+The verifier (role `verifier`, the last turn) reads the whole debate and writes one verdict per
+answer, round-major (`<accept>` judges it right; anything else, an `<absent>` verifier included, wrong),
+then EOS.  It judges; it does not answer: the final answer is still the majority, and the team outcome
+still the checker's.  As in MAPoRL its scores are fixed during RL (experiments/debate.py freezes its
+parameter set after the warm start, where it learns from the checker's verdicts, flipped at
+`verifier_demo_error_rate`), so the debaters are rewarded for what a learned judge believes, not for
+the truth; `fix_rate`, `break_rate` stay the checker's, and `verdict_accuracy`, `false_accept`,
+`false_reject` say how far the two differ.
+
+Per-role signals: an agent's last-round answer is right; the verifier's, the fraction of its verdicts
+that agree with the checker.  An `<absent>` answer (a counterfactual) counts as a wrong vote left out
+of the majority; an `<absent>` verifier judges every answer wrong, so no turn earns a bonus.
 """
 import dataclasses
 from collections.abc import Callable
@@ -25,6 +36,8 @@ import jax.numpy as jnp
 from marl_jax import text
 from marl_jax.protocols import engine, vote
 
+SCORERS = ("checker", "verifier")
+
 
 @dataclasses.dataclass(frozen=True)
 class Debate(engine.Protocol):
@@ -32,12 +45,18 @@ class Debate(engine.Protocol):
   rounds: int = 1  # revision rounds after the independent answers
   alpha: float = 0.5  # reward for fixing one's own wrong answer (and penalty for breaking a right one)
   beta: float = 0.25  # reward per other agent whose next answer goes wrong -> right (penalty: -> wrong)
+  scorer: str = "checker"  # what judges the answers for the influence rewards: SCORERS
+  # Fraction of the warm start's verdicts that are flipped (scorer="verifier"): a good, imperfect judge.
+  verifier_demo_error_rate: float = 0.1
   vote_key: Callable = vote.task_key_field()
 
   @classmethod
   def build(cls, task, agents: int = 3, rounds: int = 1, alpha: float = 0.5, beta: float = 0.25,
-            **kwargs):
-    vote.check_agents("agents", agents, len(text.ROLE_MARKERS))
+            scorer: str = "checker", **kwargs):
+    if scorer not in SCORERS:
+      raise ValueError(f"config.protocol.scorer={scorer!r} is unknown; allowed: {list(SCORERS)}")
+    verifier = scorer == "verifier"
+    vote.check_agents("agents", agents, len(text.ROLE_MARKERS) - verifier)
     if rounds < 1:
       raise ValueError(f"config.protocol.rounds={rounds}; it must be >= 1 (0 rounds is a vote)")
     for key, value in (("alpha", alpha), ("beta", beta)):
@@ -49,14 +68,22 @@ class Debate(engine.Protocol):
         engine.Turn(names[i], task.answer_len, hidden=tuple(
             segment(k, r) for k in range(agents) for r in range(rounds + 1) if k != i and r != j - 1))
         for j in range(rounds + 1) for i in range(agents))
+    if verifier:  # one verdict per answer of every round, then EOS
+      names, turns = names + ("verifier",), turns + (engine.Turn("verifier", (rounds + 1) * agents + 1),)
     return cls(roles=names, turns=turns, agents=agents, rounds=rounds, alpha=alpha, beta=beta,
-               vote_key=task.vote_key, **kwargs)
+               scorer=scorer, vote_key=task.vote_key, **kwargs)
 
   def answers(self, layout, tokens_BxT):
     """answers_JxKxBxA: every agent's answer in every round (J = rounds + 1)."""
     K = self.agents
     return jnp.stack([jnp.stack([engine.message(layout, tokens_BxT, j * K + i) for i in range(K)])
                       for j in range(self.rounds + 1)])
+
+  def verdicts(self, layout, tokens_BxT):
+    """accepted_JxKxB: the verifier judged agent k's round-j answer right."""
+    J, K = self.rounds + 1, self.agents
+    verdict_BxN = engine.message(layout, tokens_BxT, J * K)[:, :J * K]
+    return (verdict_BxN == text.ACCEPT).reshape(-1, J, K).transpose(1, 2, 0)
 
   def final_answer(self, layout, tokens_BxT):
     return vote.majority(self.answers(layout, tokens_BxT)[-1], self.vote_key)
@@ -68,9 +95,20 @@ class Debate(engine.Protocol):
     right_JxKxB = jax.vmap(jax.vmap(score, (None, 0)), (None, 0))(problems, answers_JxKxBxA)
     majority_right_JxB = jnp.stack([score(problems, vote.majority(a, self.vote_key)) for a in answers_JxKxBxA])
     team_B = majority_right_JxB[-1]
-    turn_NxB = influence_bonus(right_JxKxB, self.alpha, self.beta).reshape(J * K, B)
     delta_J1xKxB, before_J1xKxB = right_JxKxB[1:] - right_JxKxB[:-1], right_JxKxB[:-1]
     rate = lambda hits, among: jnp.sum(hits & among) / jnp.maximum(jnp.sum(among), 1)
+    judged_JxKxB, role_RxB, judged = right_JxKxB, right_JxKxB[-1], {}
+    if self.scorer == "verifier":
+      accepted_JxKxB, wrong_JxKxB = self.verdicts(layout, tokens_BxT), right_JxKxB == 0
+      judged_JxKxB = accepted_JxKxB.astype(right_JxKxB.dtype)
+      agree_B = (accepted_JxKxB != wrong_JxKxB).mean((0, 1))
+      role_RxB = jnp.concatenate([role_RxB, agree_B[None]])
+      judged = {"verdict_accuracy": agree_B.mean(),
+                "false_accept": rate(accepted_JxKxB, wrong_JxKxB),  # accepted among wrong answers
+                "false_reject": rate(~accepted_JxKxB, ~wrong_JxKxB)}  # rejected among right ones
+    turn_NxB = influence_bonus(judged_JxKxB, self.alpha, self.beta).reshape(J * K, B)
+    # The verifier's own turn (when there is one) earns no bonus.
+    turn_NxB = jnp.concatenate([turn_NxB, jnp.zeros((len(layout.turn_roles) - J * K, B))])
     metrics = {
         "accuracy": team_B.mean(),
         "fix_rate": rate(delta_J1xKxB > 0, before_J1xKxB == 0),  # revisions of wrong answers now right
@@ -79,12 +117,16 @@ class Debate(engine.Protocol):
         "same_message_rate": engine.same_message_rate(answers_JxKxBxA[0]),  # independent answers
         "turn_bonus": turn_NxB.mean(),
         **{f"round{j}_accuracy": majority_right_JxB[j].mean() for j in range(J)},  # round j's majority
+        **judged,
     }
-    return engine.Scored(team_B=team_B, role_RxB=right_JxKxB[-1], metrics=metrics, turn_NxB=turn_NxB)
+    return engine.Scored(team_B=team_B, role_RxB=role_RxB, metrics=metrics, turn_NxB=turn_NxB)
 
   def demonstrate(self, task, layout, problems, key_B):
     """Round 0: each agent's own (noisy) answer; every later round: each agent adopts the majority of
-    the previous round, so the warm start reads the others and RL has to learn when not to follow."""
+    the previous round, so the warm start reads the others and RL has to learn when not to follow.
+    The verifier's verdicts are the checker's, each flipped at `verifier_demo_error_rate`."""
+    if self.scorer == "verifier":  # (the checker's warm start draws as it did before verifiers)
+      key_B, verdict_key_B = jax.vmap(jax.random.split, out_axes=1)(key_B)
     keys_KxB = jax.vmap(lambda k: jax.random.split(k, self.agents), out_axes=1)(key_B)
     answers_KxBxA = jnp.stack([jax.vmap(task.demonstrate)(problems, keys) for keys in keys_KxB])
     messages = list(answers_KxBxA)
@@ -92,6 +134,12 @@ class Debate(engine.Protocol):
       majority_BxA = vote.majority(answers_KxBxA, self.vote_key)
       answers_KxBxA = jnp.broadcast_to(majority_BxA, answers_KxBxA.shape)
       messages += list(answers_KxBxA)
+    if self.scorer == "verifier":
+      right_BxN = jnp.stack([jax.vmap(task.score)(problems, m) > 0 for m in messages], 1)
+      flip_BxN = jax.vmap(lambda k: jax.random.bernoulli(k, self.verifier_demo_error_rate, right_BxN.shape[1:]))(
+          verdict_key_B)
+      verdict_BxN = jnp.where(right_BxN != flip_BxN, text.ACCEPT, text.REJECT)
+      messages.append(jnp.concatenate([verdict_BxN, jnp.full_like(verdict_BxN[:, :1], text.EOS)], 1))
     return engine.assemble(layout, problems["prompt"], messages)
 
 
