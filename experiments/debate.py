@@ -27,14 +27,14 @@ def get_config(arg=None):
   args = configs.parse_arg(arg, size="cpu", task="arithmetic", credit="team", sharing="shared", agents=3,
                            rounds=1, alpha=0.5, beta=0.25, scorer="checker", train_verifier=False)
   configs.check_choice("scorer", args.scorer, SCORERS)
-  if args.scorer == "checker":
-    return configs.workflow_config(__file__, args, "debate", dict(shared="shared", isolated="isolated"),
-                                   agents=args.agents, rounds=args.rounds, alpha=args.alpha, beta=args.beta)
-  # The verifier is the last role, with a parameter set of its own after the debaters'.
-  debater_sets = dict(shared=[0] * args.agents, isolated=list(range(args.agents)))
-  c = configs.workflow_config(
-      __file__, args, "debate", {k: ",".join(map(str, sets + [sets[-1] + 1])) for k, sets in debater_sets.items()},
-      agents=args.agents, rounds=args.rounds, alpha=args.alpha, beta=args.beta, scorer="verifier")
-  num_sets = len(set(debater_sets[args.sharing])) + 1
-  c.roles.trainable = ",".join(["1"] * (num_sets - 1) + ["1" if args.train_verifier else "0"])
+  sharing = dict(shared="shared", isolated="isolated")
+  knobs = dict(agents=args.agents, rounds=args.rounds, alpha=args.alpha, beta=args.beta)
+  if args.scorer == "verifier":  # the last role, with a parameter set of its own after the debaters'
+    debater_sets = dict(shared=[0] * args.agents, isolated=list(range(args.agents)))
+    sharing = {k: ",".join(map(str, sets + [sets[-1] + 1])) for k, sets in debater_sets.items()}
+    knobs["scorer"] = "verifier"  # (a checker run's config stays as it was before verifiers)
+  c = configs.workflow_config(__file__, args, "debate", sharing, **knobs)
+  if args.scorer == "verifier":
+    debaters = len(set(debater_sets[args.sharing]))
+    c.roles.trainable = ",".join(["1"] * debaters + ["1" if args.train_verifier else "0"])
   return c

@@ -14,8 +14,8 @@ agents), S = 1, 4 seeds, with team credit and with difference (counterfactual) c
 Every row also gives the achieved model FLOP/s (`step_flops`: an analytic count of the step's model
 FLOPs) and its fraction of a jitted float32 1024x1024 matmul timed just before and just after the row
 (their mean; the row prints both): how close the step runs to what this machine's matmul unit delivers
-at that time, since on a shared machine the matmul's own rate moves by half from one minute to the next; and the same split in two: the rollout alone
-(timed as its own program in the same process) and the rest of the step (scoring, credit, update:
+at that time, since on a shared machine the matmul's own rate moves by half from one minute to the
+next; and the same split in two: the rollout alone (timed as its own program in the same process) and the rest of the step (scoring, credit, update:
 the step's time less the rollout's), each with its tokens/s and fraction of the matmul.
 """
 import collections
