@@ -28,11 +28,10 @@ def get_config(arg=None):
                            rounds=1, alpha=0.5, beta=0.25, scorer="checker", train_verifier=False)
   configs.check_choice("scorer", args.scorer, SCORERS)
   sharing = dict(shared="shared", isolated="isolated")
-  knobs = dict(agents=args.agents, rounds=args.rounds, alpha=args.alpha, beta=args.beta)
+  knobs = dict(agents=args.agents, rounds=args.rounds, alpha=args.alpha, beta=args.beta, scorer=args.scorer)
   if args.scorer == "verifier":  # the last role, with a parameter set of its own after the debaters'
     debater_sets = dict(shared=[0] * args.agents, isolated=list(range(args.agents)))
     sharing = {k: ",".join(map(str, sets + [sets[-1] + 1])) for k, sets in debater_sets.items()}
-    knobs["scorer"] = "verifier"  # (a checker run's config stays as it was before verifiers)
   c = configs.workflow_config(__file__, args, "debate", sharing, **knobs)
   if args.scorer == "verifier":
     debaters = len(set(debater_sets[args.sharing]))
