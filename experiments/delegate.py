@@ -10,8 +10,11 @@ lambda2 r_finish with the auxiliary weights annealed to 0 (`aux=annealed`), held
   python -m marl_jax.main --config=experiments/delegate.py:size=cpu,trainable_workers=1,credit=per_role \
       --workdir=/tmp/delegate_trained_workers
   python -m marl_jax.main --config=experiments/delegate.py:size=gpu --workdir=/tmp/delegate_gpu
+  python -m marl_jax.main --config=experiments/delegate.py:size=cpu,workflow=single --workdir=/tmp/alone
 
-Arguments: size=tiny|cpu|gpu; aux=annealed|never|none; credit=ESTIMATOR (every name in
+Arguments: size=tiny|cpu|gpu; workflow=delegate|single (single: one agent answers the same problems
+alone, with the same warm start recipe, demonstration errors and budget: the baseline that says
+whether the task needs the workers); aux=annealed|never|none (delegate only); credit=ESTIMATOR (every name in
 marl_jax.credit.REGISTRY, settings as `--config.credit.KEY=VALUE`); trainable_workers=0|1 (0: the
 workers' parameter set, shared by every slot, stays frozen at the warm start).  The schedule and
 weights are `--config.protocol.anneal_steps`, `parallel_weight`, `finish_weight`.  Role map: the
@@ -20,15 +23,21 @@ orchestrator is set 0 and every worker set 1 (`--config.roles.sharing=0,1,1`); c
 """
 import ml_collections
 
-from marl_jax import configs, credit, protocols, tasks
+from marl_jax import configs, credit, protocols
 
 AUX = ("annealed", "never", "none")
+WORKFLOWS = ("delegate", "single")
 
 
 def get_config(arg=None):
-  args = configs.parse_arg(arg, size="cpu", aux="annealed", credit="team", trainable_workers="0")
+  args = configs.parse_arg(arg, size="cpu", workflow="delegate", aux="annealed", credit="team",
+                           trainable_workers="0")
+  configs.check_choice("workflow", args.workflow, WORKFLOWS)
   configs.check_choice("aux", args.aux, AUX)
   configs.check_choice("trainable_workers", args.trainable_workers, ("0", "1"))
+  if args.workflow == "single" and (args.aux, args.trainable_workers) != ("annealed", "0"):
+    raise ValueError("config arguments aux and trainable_workers apply to workflow=delegate only; got "
+                     f"workflow=single with aux={args.aux!r}, trainable_workers={args.trainable_workers!r}")
   c = configs.base_config()
   # Two one-operation chains.  Warm-started (1 seed, greedy, 512 problems): one agent answering alone
   # 15% (chance is 10%), a worker on its chain 100%; the orchestrator adds two reports (not three at
@@ -53,8 +62,8 @@ def get_config(arg=None):
     c.task.update(num_chains=3, num_ops=3)
     c.roles.sharing = ",".join(["0"] + ["1"] * c.task.num_chains)
   c.protocol.anneal_steps = c.total_steps // 2
-  task_knobs = {k: v for k, v in c.task.items() if k != "name"}
-  task = tasks.make(c.task.name, **task_knobs)
-  protocol = protocols.make("delegate", task, workers=c.protocol.workers)
-  c.model.max_len = max(c.model.max_len, protocol.layout(task, (0,) * len(protocol.roles)).length)
+  configs.fit_canvas(c)
+  if args.workflow == "single":  # the same model (positions for the delegate canvas), one role
+    c.protocol = ml_collections.ConfigDict(dict(name="single", **protocols.knobs("single")))
+    c.roles.sharing, c.roles.trainable = "isolated", ""
   return c

@@ -47,6 +47,7 @@ base delegate_base delegate.py:size=cpu
 from=delegate_base run delegate_annealed delegate.py:size=cpu,aux=annealed
 from=delegate_base run delegate_never delegate.py:size=cpu,aux=never
 from=delegate_base run delegate_none delegate.py:size=cpu,aux=none
+run delegate_single delegate.py:size=cpu,workflow=single   # one agent alone: does the task need workers?
 run arithmetic_vote_isolated vote.py:size=cpu,sharing=isolated
 # The task suite's budget (scripts/task_results.sh), so subset_sum's workflows compare with its runs.
 suite=(--config.total_steps=200)
@@ -76,4 +77,5 @@ for seed in 0 1000; do
   python -m marl_jax.report --compare "$out/seed$seed/arithmetic_vote" "$out/seed$seed/arithmetic_vote_isolated"
   python -m marl_jax.report --compare "$out/seed$seed/delegate_none" "$out/seed$seed/delegate_annealed"
   python -m marl_jax.report --compare "$out/seed$seed/delegate_never" "$out/seed$seed/delegate_annealed"
+  python -m marl_jax.report --compare "$out/seed$seed/delegate_single" "$out/seed$seed/delegate_annealed"
 done

@@ -204,3 +204,15 @@ def test_tiny_run_keeps_the_frozen_workers_bit_identical(tmp_path):
   chex.assert_trees_all_equal(*[jax.tree.map(lambda p: p[:, 1], params[s]) for s in (0, 4)])
   moved = jax.tree.map(lambda a, b: np.abs(a[:, 0] - b[:, 0]).max(), params[4], params[0])
   assert max(jax.tree.leaves(moved)) > 1e-4  # the orchestrator did learn
+
+
+def test_single_baseline_is_the_delegate_task_and_model_with_one_agent():
+  """workflow=single changes the workflow only: the same task (demonstration errors included), model,
+  warm start and budget as the delegate run it is compared against."""
+  delegate = configs.sibling(str(REPO / "experiments" / "x.py"), "delegate")
+  team, alone = delegate.get_config("size=cpu"), delegate.get_config("size=cpu,workflow=single")
+  assert alone.protocol.name == "single" and team.protocol.name == "delegate"
+  for key in ("task", "model", "sft", "rl", "total_steps", "num_seeds", "eval_every"):
+    assert alone[key] == team[key], key
+  exp = experiment.build(alone)
+  assert exp.role_set_R == (0,) and exp.trainable_R == (True,)

@@ -402,6 +402,8 @@ def test_bad_protocol_knobs(name, knobs, match):
     ("debate", "alpha=-1", r"config.protocol.alpha=-1.0; it must be >= 0"),
     ("debate", "credit=nope", r"credit='nope' is unknown"),
     ("debate", "scorer=judge", r"scorer='judge' is unknown; allowed: \['checker', 'verifier'\]"),
+    ("delegate", "workflow=solo", r"workflow='solo' is unknown; allowed: \['delegate', 'single'\]"),
+    ("delegate", "workflow=single,aux=none", r"aux and trainable_workers apply to workflow=delegate only"),
 ])
 def test_bad_experiment_arguments(name, arg, match):
   with pytest.raises(ValueError, match=match):
@@ -429,7 +431,8 @@ def test_every_experiment_size_builds(name, size):
 @pytest.mark.parametrize("arg", ["vote.py:size=tiny,aggregator=true,sharing=voters",
                                  "best_of_n.py:size=tiny,task=subset_sum",
                                  "debate.py:size=tiny,credit=difference",
-                                 "debate.py:size=tiny,task=subset_sum,scorer=verifier"])
+                                 "debate.py:size=tiny,task=subset_sum,scorer=verifier",
+                                 "delegate.py:size=tiny,workflow=single"])
 def test_tiny_workflow_through_the_cli(tmp_path, arg):
   proc = subprocess.run([sys.executable, "-m", "marl_jax.main", f"--config=experiments/{arg}",
                          f"--workdir={tmp_path}"], cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"},
