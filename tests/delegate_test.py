@@ -184,16 +184,20 @@ def test_bad_input():
     experiment.build(config)
 
 
+def _tiny_run(workdir, arg, *flags):
+  """The last metrics row of `experiments/delegate.py:size=tiny,ARG` run through the command line."""
+  result = subprocess.run(
+      [sys.executable, "-m", "marl_jax.main", f"--config={REPO / 'experiments' / 'delegate.py'}:size=tiny{arg}",
+       f"--workdir={workdir}", *flags],
+      cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True, timeout=900)
+  assert result.returncode == 0, result.stderr[-3000:]
+  with open(workdir / "metrics.jsonl") as f:
+    return [json.loads(line) for line in f][-1]
+
+
 @pytest.mark.slow
 def test_tiny_run_keeps_the_frozen_workers_bit_identical(tmp_path):
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  result = subprocess.run(
-      [sys.executable, "-m", "marl_jax.main", f"--config={REPO / 'experiments' / 'delegate.py'}:size=tiny",
-       f"--workdir={tmp_path}", "--config.rl.entropy_coef=0.01"],  # entropy: a gradient in any case
-      cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-  assert result.returncode == 0, result.stderr[-3000:]
-  with open(tmp_path / "metrics.jsonl") as f:
-    last = [json.loads(line) for line in f][-1]
+  last = _tiny_run(tmp_path, "", "--config.rl.entropy_coef=0.01")  # entropy: a gradient in any case
   assert last["step"] == 4 and {"serial_collapse", "critical_steps", "eval_workers_used"} <= set(last)
   config = configs.sibling(str(REPO / "experiments" / "x.py"), "delegate").get_config("size=tiny")
   config.num_devices = 1
@@ -216,3 +220,10 @@ def test_single_baseline_is_the_delegate_task_and_model_with_one_agent():
     assert alone[key] == team[key], key
   exp = experiment.build(alone)
   assert exp.role_set_R == (0,) and exp.trainable_R == (True,)
+
+
+@pytest.mark.slow
+def test_tiny_single_baseline_through_the_cli(tmp_path):
+  last = _tiny_run(tmp_path, ",workflow=single")
+  assert last["step"] == 4 and 0 <= last["eval_accuracy"] <= 1 and "agent/loss" in last
+  assert not {"workers_used", "serial_collapse", "orchestrator/loss"} & set(last)

@@ -431,8 +431,7 @@ def test_every_experiment_size_builds(name, size):
 @pytest.mark.parametrize("arg", ["vote.py:size=tiny,aggregator=true,sharing=voters",
                                  "best_of_n.py:size=tiny,task=subset_sum",
                                  "debate.py:size=tiny,credit=difference",
-                                 "debate.py:size=tiny,task=subset_sum,scorer=verifier",
-                                 "delegate.py:size=tiny,workflow=single"])
+                                 "debate.py:size=tiny,task=subset_sum,scorer=verifier"])
 def test_tiny_workflow_through_the_cli(tmp_path, arg):
   proc = subprocess.run([sys.executable, "-m", "marl_jax.main", f"--config=experiments/{arg}",
                          f"--workdir={tmp_path}"], cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"},
