@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Reproduces the README's workflow comparison (Workflows: results): single agent, solver-verifier, vote,
-# best_of_n and debate with and without influence rewards on subset_sum (checking is easier than
-# solving) and on arithmetic, and delegate with annealed, never-annealed and no auxiliary rewards on
-# multi_chain; 10 vmapped seeds per run on two disjoint seed sets (0 and 1000), then the report per seed
+# best_of_n and debate with and without influence rewards (on subset_sum also scored by a verifier role)
+# on subset_sum (checking is easier than solving) and on arithmetic, and delegate with annealed,
+# never-annealed and no auxiliary rewards on multi_chain, against one agent alone on that task; 10 vmapped seeds per run on two disjoint seed sets (0 and 1000), then the report per seed
 # set and each workflow's Welch comparison with the single agent on its task.
 # subset_sum's single agent and solver-verifier runs are scripts/task_results.sh's (read from TASKS),
 # and its workflows run at that script's budget (200 steps); arithmetic's are scripts/results.sh's
@@ -57,6 +57,11 @@ base subset_sum_debate_base debate.py:size=cpu,task=subset_sum
 from=subset_sum_debate_base run subset_sum_debate debate.py:size=cpu,task=subset_sum "${suite[@]}"
 from=subset_sum_debate_base run subset_sum_debate_plain debate.py:size=cpu,task=subset_sum,alpha=0,beta=0 \
   "${suite[@]}"
+# Influence rewards scored by a frozen warm-started verifier role instead of the checker (its own warm
+# start: the verifier's demonstrations are part of it).
+base subset_sum_debate_verifier_base debate.py:size=cpu,task=subset_sum,scorer=verifier
+from=subset_sum_debate_verifier_base run subset_sum_debate_verifier debate.py:size=cpu,task=subset_sum,scorer=verifier \
+  "${suite[@]}"
 for seed in 0 1000; do
   echo "## seeds $seed.."
   dirs=("$tasks/seed$seed/subset_sum_single" "$tasks/seed$seed/subset_sum_sv" "$results/seed$seed/single"
@@ -74,6 +79,7 @@ for seed in 0 1000; do
     python -m marl_jax.report --compare "${task_dir%%:*}" "${task_dir#*:}_vote"      # complementary vs voting
     python -m marl_jax.report --compare "${task_dir#*:}_debate_plain" "${task_dir#*:}_debate"  # influence
   done
+  python -m marl_jax.report --compare "$out/seed$seed/subset_sum_debate" "$out/seed$seed/subset_sum_debate_verifier"
   python -m marl_jax.report --compare "$out/seed$seed/arithmetic_vote" "$out/seed$seed/arithmetic_vote_isolated"
   python -m marl_jax.report --compare "$out/seed$seed/delegate_none" "$out/seed$seed/delegate_annealed"
   python -m marl_jax.report --compare "$out/seed$seed/delegate_never" "$out/seed$seed/delegate_annealed"
