@@ -14,9 +14,10 @@ lambda2 r_finish with the auxiliary weights annealed to 0 (`aux=annealed`), held
 
 Arguments: size=tiny|cpu|gpu; workflow=delegate|single (single: one agent answers the same problems
 alone, with the same warm start recipe, demonstration errors and budget: the baseline that says
-whether the task needs the workers); aux=annealed|never|none (delegate only); credit=ESTIMATOR (every name in
-marl_jax.credit.REGISTRY, settings as `--config.credit.KEY=VALUE`); trainable_workers=0|1 (0: the
-workers' parameter set, shared by every slot, stays frozen at the warm start).  The schedule and
+whether the task needs the workers); aux=annealed|never|none (delegate only); credit=ESTIMATOR
+(every name in marl_jax.credit.REGISTRY, settings as `--config.credit.KEY=VALUE`);
+trainable_workers=0|1 (delegate only; 0: the workers' parameter set, shared by every slot, stays
+frozen at the warm start).  The schedule and
 weights are `--config.protocol.anneal_steps`, `parallel_weight`, `finish_weight`.  Role map: the
 orchestrator is set 0 and every worker set 1 (`--config.roles.sharing=0,1,1`); changing
 `config.protocol.workers` needs a sharing entry per slot.
