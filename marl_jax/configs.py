@@ -111,9 +111,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.roles = ml_collections.ConfigDict(dict(sharing="isolated", trainable="", models=""))
   # algorithm: a registered loss (marl_jax/losses.py); G = group_size samples of each problem;
   # on_nonfinite: 'skip' or 'stop' at a non-finite reward, advantage, loss or gradient (README).
+  # microbatch_size: rows per forward/backward pass on each device, their gradients summed over the
+  # minibatch before the optimiser step (0: the whole minibatch in one pass).
   c.rl = ml_collections.ConfigDict(dict(
       algorithm="ppo", batch_size=256, group_size=8, temperature=1.0, epochs=1, minibatches=2,
-      clip_eps=0.2, kl_coef=0.0, entropy_coef=0.0, on_nonfinite="skip"))
+      microbatch_size=0, clip_eps=0.2, kl_coef=0.0, entropy_coef=0.0, on_nonfinite="skip"))
   # name: a registered estimator (marl_jax/credit/); the other keys are its settings.
   c.credit = credit_config("team")
   c.optim = ml_collections.ConfigDict(dict(

@@ -31,7 +31,7 @@ ON_NONFINITE = ("skip", "stop")
 _AT_LEAST = {"num_seeds": 1, "total_steps": 0, "steps_per_call": 1, "log_every": 1, "eval_every": 1,
              "checkpoint_every": 1, "num_devices": 0, "model_shards": 1, "model.d_model": 1, "model.n_layers": 1,
              "model.n_heads": 1, "model.d_ff": 1, "model.max_len": 1, "rl.batch_size": 1,
-             "rl.group_size": 1, "rl.epochs": 1, "rl.minibatches": 1, "optim.warmup_steps": 0,
+             "rl.group_size": 1, "rl.epochs": 1, "rl.minibatches": 1, "rl.microbatch_size": 0, "optim.warmup_steps": 0,
              "sft.steps": 0, "sft.batch_size": 1, "eval.size": 1}
 # Real settings that must be above a bound.
 _ABOVE = {"rl.temperature": 0.0, "optim.learning_rate": 0.0, "optim.max_grad_norm": 0.0}
@@ -180,6 +180,10 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
   if local_batch % rl.minibatches:
     raise ValueError(f"config.rl.minibatches={rl.minibatches} does not divide the per-device batch "
                      f"{local_batch}; allowed: its divisors")
+  minibatch_rows = local_batch // rl.minibatches
+  if rl.microbatch_size and minibatch_rows % rl.microbatch_size:
+    raise ValueError(f"config.rl.microbatch_size={rl.microbatch_size} does not divide the per-device "
+                     f"minibatch of {minibatch_rows} rows; allowed: 0 (the whole minibatch) or its divisors")
   if config.eval.size % devices:
     raise ValueError(f"config.eval.size={config.eval.size} does not split over the {devices} devices "
                      f"(evaluation is sharded like training); allowed: multiples of {devices}")

@@ -37,6 +37,8 @@ from marl_jax import configs, experiment, model as model_lib, rollout, sampling,
 
 _JSON = flags.DEFINE_string("json", "", "Also write the rows here as a JSON list.")
 _BATCH = flags.DEFINE_integer("batch_size", 256, "Episodes per step (per seed).")
+_MICRO = flags.DEFINE_integer("microbatch_size", 0, "config.rl.microbatch_size: rows per forward/backward "
+                              "pass of the update (0: the whole minibatch).")
 _CALLS = flags.DEFINE_integer("calls", 3, "Timed calls of steps_per_call steps each.")
 _STEPS = flags.DEFINE_integer("steps_per_call", 10, "Steps per compiled call.")
 _GRID = flags.DEFINE_string("grid", "1,2,4/1,4", "roles/seeds to run, e.g. '2/1' for the relay job only.")
@@ -65,7 +67,8 @@ WORKFLOWS = (
 
 
 def relay_config(roles: int, seeds: int, credit: str, batch_size: int, steps_per_call: int,
-                 sharing: str = "isolated", checkpoint: str = "", random_weights: bool = False):
+                 sharing: str = "isolated", checkpoint: str = "", random_weights: bool = False,
+                 microbatch_size: int = 0):
   c = configs.base_config()
   c.model.update(d_model=128, n_layers=4, n_heads=4, d_ff=512, checkpoint=checkpoint,
                  random_weights=random_weights)
@@ -74,7 +77,7 @@ def relay_config(roles: int, seeds: int, credit: str, batch_size: int, steps_per
                                                       answer_len=4))
   c.credit = configs.credit_config(credit)
   c.roles.sharing = sharing
-  c.rl.update(batch_size=batch_size, group_size=8, minibatches=1)
+  c.rl.update(batch_size=batch_size, group_size=8, minibatches=1, microbatch_size=microbatch_size)
   c.num_seeds, c.steps_per_call, c.sft.steps = seeds, steps_per_call, 0
   c.total_steps = c.log_every = c.eval_every = c.checkpoint_every = steps_per_call
   return c
@@ -171,7 +174,8 @@ def measure(config, calls: int, profile: bool = False) -> dict:
   # Last: the traced call consumes (donates) the state.
   thunk_s = profile_call(train_call, (state,), thunk_kinds(train_call.as_text())) if profile else {}
   return {"job": "relay", "roles": len(exp.layout.roles), "seeds": config.num_seeds,
-          "sharing": config.roles.sharing, "credit": config.credit.name, "completions_per_s": completions / seconds,
+          "sharing": config.roles.sharing, "microbatch_size": config.rl.microbatch_size,
+          "credit": config.credit.name, "completions_per_s": completions / seconds,
           "tokens_per_s": tokens / seconds, "flops_per_s": steps * step_flops(exp) / seconds,
           "rollout_tokens_per_s": rollout_tokens / rollout_s,
           "rollout_flops_per_s": steps * rollout_flops(exp) / rollout_s,
@@ -274,7 +278,7 @@ def main(argv):
   roles_grid, seeds_grid = ([int(x) for x in part.split(",")] for part in _GRID.value.split("/"))
   rows = []
   print(f"backend={jax.default_backend()} devices={jax.device_count()} batch_size={_BATCH.value} "
-        f"model={_CHECKPOINT.value or 'built-in'}")
+        f"microbatch_size={_MICRO.value} model={_CHECKPOINT.value or 'built-in'}")
   print(f"{'roles':>5} {'seeds':>5} {'sharing':>8} {'credit':>10} {'completions/s':>14} "
         f"{'tokens/s':>10} {'GFLOP/s':>8} {'of_matmul':>9} {'rollout_tok/s':>13} {'of_matmul':>9} "
         f"{'update_tok/s':>12} {'of_matmul':>9} {'compile_s':>9} {'matmul GFLOP/s':>15}")
@@ -282,7 +286,7 @@ def main(argv):
           for sharing in _SHARING.value.split(",") for credit in _CREDITS.value.split(",")]
   for roles, seeds, sharing, credit in grid:
     config = relay_config(roles, seeds, credit, _BATCH.value, _STEPS.value, sharing, _CHECKPOINT.value,
-                          _RANDOM.value)
+                          _RANDOM.value, _MICRO.value)
     bound_before = matmul_flops_per_s()
     row = measure(config, _CALLS.value, _PROFILE.value)
     row["matmul_flops_per_s"] = (bound_before, matmul_flops_per_s())

@@ -26,8 +26,15 @@ class Batch:
   group_B: jax.Array
 
 
-def role_losses(exp, params_R, mb: Batch, devices: int):
-  """Per-role loss_R: the mean over each role's sampled tokens (across all devices) of the surrogate."""
+def token_counts(mb: Batch, devices: int):
+  """count_R: each role's sampled tokens in the global minibatch, over the devices (the average per
+  device), the denominator of every per-role token mean."""
+  return jax.lax.psum(mb.role_mask_BxRxT.sum((0, 2)), parallel.DATA) / devices
+
+
+def role_losses(exp, params_R, mb: Batch, count_R):
+  """Per-role loss_R: the sum over each role's sampled tokens in `mb` of the surrogate, over count_R
+  (`token_counts` of the whole minibatch: on all of it, the mean over the global minibatch)."""
   rl = exp.config.rl
   logp_BxT, entropy_BxT = sampling.token_log_probs(exp.model, exp.layout, params_R, mb.tokens_BxT,
                                                    rl.temperature)
@@ -41,7 +48,6 @@ def role_losses(exp, params_R, mb: Batch, devices: int):
     per_token_BxT = per_token_BxT + rl.kl_coef * kl_BxT
   # Token means over the global batch: this device's sum over the average token count per device,
   # so that `pmean` of the gradients is exactly the gradient of the global mean.
-  count_R = jax.lax.psum(mask_RxBxT.sum((1, 2)), parallel.DATA) / devices
   total = lambda x_BxT: jnp.einsum("bt,rbt->r", x_BxT, mask_RxBxT) / jnp.maximum(count_R, 1e-9)
   aux = {"entropy": total(entropy_BxT), "kl_to_base": total(kl_BxT),
          "approx_kl": total(mb.old_logp_BxT - logp_BxT)}
@@ -57,18 +63,38 @@ def minibatch_rows(exp, batch_size: int) -> np.ndarray:
   return np.arange(batch_size).reshape(batch_size // M, M).T
 
 
+def minibatch_gradient(exp, params_R, mb: Batch, devices: int):
+  """(grads, loss_R, aux): this device's gradient of the sum over roles of `role_losses` on minibatch
+  `mb`, with the losses and their diagnostics.  With `config.rl.microbatch_size` the rows go through
+  the model that many at a time and the parts are summed (the losses are sums over tokens, so this is
+  the same gradient up to float rounding): a smaller working set, faster on CPU caches and lighter on
+  accelerator memory.  0 is one pass over the whole minibatch."""
+  R, rows = len(exp.layout.roles), mb.tokens_BxT.shape[0]
+  count_R = token_counts(mb, devices)
+
+  def part(part_mb):
+    loss_R, vjp_fn, aux = jax.vjp(lambda p: role_losses(exp, p, part_mb, count_R), params_R, has_aux=True)
+    return vjp_fn(jnp.ones(R))[0], loss_R, aux
+
+  parts = rows // (exp.config.rl.microbatch_size or rows)
+  if parts == 1:
+    return part(mb)
+  parts_mb = jax.tree.map(lambda x: x.reshape(parts, rows // parts, *x.shape[1:]), mb)
+  add = lambda total, part_mb: (jax.tree.map(jnp.add, total, part(part_mb)), None)
+  zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(part, jax.tree.map(lambda x: x[0], parts_mb)))
+  return jax.lax.scan(add, zeros, parts_mb)[0]
+
+
 def apply(exp, params_R, opt_state, batch: Batch, devices: int):
   """Epochs of minibatch updates over this device's rows: (params_R, opt_state, aux), where aux holds
   per-role diagnostics of the last minibatch, summed over devices, the norm of each parameter set's
   gradient there (`grad_norm_S`), and whether every minibatch's loss and gradient were finite
   (`finite_loss_R`, `finite_grad_S`)."""
-  R = len(exp.layout.roles)
 
   def minibatch_update(carry, rows):
     params, opt_state = carry
-    mb = jax.tree.map(lambda x: x[rows], batch)
-    loss_R, vjp_fn, aux = jax.vjp(lambda p: role_losses(exp, p, mb, devices), params, has_aux=True)
-    grads = jax.lax.pmean(vjp_fn(jnp.ones(R))[0], parallel.DATA)
+    grads, loss_R, aux = minibatch_gradient(exp, params, jax.tree.map(lambda x: x[rows], batch), devices)
+    grads = jax.lax.pmean(grads, parallel.DATA)
     updates, opt_state = exp.optimizer.update(grads, opt_state, params)  # per set; frozen sets still
     aux = {k: jax.lax.psum(v, parallel.DATA) for k, v in {**aux, "loss": loss_R}.items()}
     aux["grad_norm_S"] = model_lib.set_norms(exp.model, grads)
@@ -90,6 +116,7 @@ def role_grad_norms(exp, params_R, batch: Batch, devices: int):
   the first minibatch.  One backward pass per role, so the step computes it only on logging steps."""
   R = len(exp.layout.roles)
   mb = jax.tree.map(lambda x: x[minibatch_rows(exp, batch.tokens_BxT.shape[0])[0]], batch)
-  _, vjp_fn, _ = jax.vjp(lambda p: role_losses(exp, p, mb, devices), params_R, has_aux=True)
+  count_R = token_counts(mb, devices)
+  _, vjp_fn, _ = jax.vjp(lambda p: role_losses(exp, p, mb, count_R), params_R, has_aux=True)
   grads_R = jax.lax.pmean(jax.vmap(vjp_fn)(jnp.eye(R))[0], parallel.DATA)
   return jax.vmap(optax.tree_utils.tree_norm)(grads_R)

@@ -9,36 +9,46 @@ from marl_jax import experiment, losses, parallel, rollout, sampling, state, upd
 from train_test import tiny_config
 
 
-def test_role_losses_add_kl_and_entropy_per_role():
-  config = tiny_config(**{"protocol.name": "solver_verifier", "task.num_ops": 1, "sft.steps": 0,
-                          "rl.kl_coef": 0.5, "rl.entropy_coef": 0.1})
-  exp = experiment.build(config)
-  B = 8
+def _solver_verifier_batch(exp, B: int):
+  """params_R and an update Batch of B sampled solver-verifier episodes with made-up advantages and
+  another random model as the KL reference."""
   params_R = state.init_state(exp, jax.random.PRNGKey(0)).params
   ref_params_R = state.init_state(exp, jax.random.PRNGKey(1)).params  # another "base model"
   problems = jax.vmap(exp.task.sample)(jax.random.split(jax.random.PRNGKey(2), B))
   episodes = jax.jit(lambda p, k: rollout.sample(exp, p, problems, k))(
       params_R, jax.random.split(jax.random.PRNGKey(3), B))
-  log_probs = jax.jit(lambda p, t: sampling.token_log_probs(exp.model, exp.layout, p, t, 1.0))
-  layout = exp.layout
-  role_mask_BxRxT = episodes.sampled_BxT[:, None] & (layout.author_T[None, None] == np.arange(2)[None, :, None])
+  role_mask_BxRxT = episodes.sampled_BxT[:, None] & (
+      exp.layout.author_T[None, None] == np.arange(2)[None, :, None])
   adv_BxT = jnp.where(episodes.sampled_BxT, jnp.linspace(-1, 1, B)[:, None], 0.0)
-  ref_logp_BxT, _ = log_probs(ref_params_R, episodes.tokens_BxT)
-  batch = update.Batch(tokens_BxT=episodes.tokens_BxT, old_logp_BxT=episodes.logp_BxT,
-                       ref_logp_BxT=ref_logp_BxT, adv_BxT=adv_BxT, role_mask_BxRxT=role_mask_BxRxT,
-                       group_B=jnp.arange(B) // 4)
+  ref_logp_BxT, _ = jax.jit(lambda p, t: sampling.token_log_probs(exp.model, exp.layout, p, t, 1.0))(
+      ref_params_R, episodes.tokens_BxT)
+  return params_R, update.Batch(tokens_BxT=episodes.tokens_BxT, old_logp_BxT=episodes.logp_BxT,
+                                ref_logp_BxT=ref_logp_BxT, adv_BxT=adv_BxT, role_mask_BxRxT=role_mask_BxRxT,
+                                group_B=jnp.arange(B) // 4)
+
+
+def on_one_device(fn):
+  """fn jitted on a one-device data mesh (the update's collectives need the axis)."""
   mesh = jax.make_mesh((1,), (parallel.DATA,))
-  losses_fn = jax.jit(jax.shard_map(lambda b: update.role_losses(exp, params_R, b, 1), mesh=mesh,
-                                    in_specs=P(), out_specs=P(), check_vma=False))
-  loss_R, aux = losses_fn(batch)
+  return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False))
+
+
+def test_role_losses_add_kl_and_entropy_per_role():
+  config = tiny_config(**{"protocol.name": "solver_verifier", "task.num_ops": 1, "sft.steps": 0,
+                          "rl.kl_coef": 0.5, "rl.entropy_coef": 0.1})
+  exp = experiment.build(config)
+  params_R, batch = _solver_verifier_batch(exp, 8)
+  ref_logp_BxT = batch.ref_logp_BxT
+  loss_R, aux = on_one_device(lambda b: update.role_losses(exp, params_R, b, update.token_counts(b, 1)))(batch)
 
   # By hand: per role r, the mean over r's sampled tokens of ppo + 0.5 k3 - 0.1 entropy.
-  logp_BxT, entropy_BxT = log_probs(params_R, episodes.tokens_BxT)
-  x = losses.LossInput(logp_BxT, episodes.logp_BxT, ref_logp_BxT, adv_BxT, None, None)
+  logp_BxT, entropy_BxT = jax.jit(lambda p, t: sampling.token_log_probs(exp.model, exp.layout, p, t, 1.0))(
+      params_R, batch.tokens_BxT)
+  x = losses.LossInput(logp_BxT, batch.old_logp_BxT, ref_logp_BxT, batch.adv_BxT, None, None)
   per_token_BxT = (losses.ppo(x, config.rl) + 0.5 * losses.kl_to_reference(logp_BxT, ref_logp_BxT)
                    - 0.1 * entropy_BxT)
   for r in range(2):
-    mask_BxT = np.asarray(role_mask_BxRxT[:, r])
+    mask_BxT = np.asarray(batch.role_mask_BxRxT[:, r])
     assert mask_BxT.sum() > 0
     mean = lambda v: float(np.asarray(v)[mask_BxT].mean())
     np.testing.assert_allclose(loss_R[r], mean(per_token_BxT), rtol=1e-5, atol=1e-6)
@@ -46,3 +56,23 @@ def test_role_losses_add_kl_and_entropy_per_role():
                                rtol=1e-5)
     np.testing.assert_allclose(aux["entropy"][r], mean(entropy_BxT), rtol=1e-5)
   assert float(aux["kl_to_base"].min()) > 0  # two different models: the KL term is not vacuous
+
+
+def test_microbatches_sum_to_the_minibatch_gradient():
+  """rl.microbatch_size=2 runs an 8-row minibatch through the model two rows at a time and sums the
+  gradients: the gradient of one pass (to float rounding), with the same losses and diagnostics."""
+  out = {}
+  for micro in (0, 2):
+    exp = experiment.build(tiny_config(**{"protocol.name": "solver_verifier", "task.num_ops": 1,
+                                          "sft.steps": 0, "rl.kl_coef": 0.5, "rl.entropy_coef": 0.1,
+                                          "rl.minibatches": 1, "rl.microbatch_size": micro}))
+    params_R, batch = _solver_verifier_batch(exp, 8)
+    out[micro] = on_one_device(lambda p, b: update.minibatch_gradient(exp, p, b, 1))(params_R, batch)
+  (whole, whole_loss_R, whole_aux), (parts, parts_loss_R, parts_aux) = out[0], out[2]
+  scale = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(whole))
+  assert scale > 1e-3
+  for g_whole, g_parts in zip(jax.tree.leaves(whole), jax.tree.leaves(parts)):
+    np.testing.assert_allclose(g_parts, g_whole, rtol=1e-4, atol=1e-5 * scale)
+  np.testing.assert_allclose(parts_loss_R, whole_loss_R, rtol=1e-5, atol=1e-7)
+  for key in ("entropy", "kl_to_base", "approx_kl"):
+    np.testing.assert_allclose(parts_aux[key], whole_aux[key], rtol=1e-5, atol=1e-6)  # approx_kl ~ 0
