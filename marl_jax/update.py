@@ -90,7 +90,6 @@ def apply(exp, params_R, opt_state, batch: Batch, devices: int):
   per-role diagnostics of the last minibatch, summed over devices, the norm of each parameter set's
   gradient there (`grad_norm_S`), and whether every minibatch's loss and gradient were finite
   (`finite_loss_R`, `finite_grad_S`)."""
-
   def minibatch_update(carry, rows):
     params, opt_state = carry
     grads, loss_R, aux = minibatch_gradient(exp, params, jax.tree.map(lambda x: x[rows], batch), devices)
