@@ -82,6 +82,9 @@ def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.num_seeds = 1  # independent runs vmapped in one program
+  # Seeds computed at once: vmapped in groups of this many, the groups in sequence (lax.map); 0: all
+  # at once.  On a CPU one at a time is faster (a smaller working set); runs agree to float rounding.
+  c.seeds_at_once = 0
   c.total_steps = 200
   c.steps_per_call = 10  # steps per compiled call (lax.scan)
   c.log_every = 10

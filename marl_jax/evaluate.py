@@ -31,7 +31,7 @@ def make_evaluate(exp: Experiment):
       scored = exp.protocol.rewards(exp.task, exp.layout,
                                     *parallel.gather_rows((problems, episodes.tokens_BxT)))
       return {**scored.metrics, **role_divergence(exp, params_R, episodes.tokens_BxT)}
-    return jax.vmap(one_seed)(params_S)
+    return parallel.over_seeds(one_seed, exp.config.seeds_at_once)(params_S)
 
   rows = P(parallel.DATA)
   sharded = parallel.shard_map(local, exp.mesh, in_specs=(P(), P(), rows, rows), out_specs=P())

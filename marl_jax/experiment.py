@@ -28,9 +28,9 @@ class ConfigError(ValueError):
 ON_NONFINITE = ("skip", "stop")
 
 # Integer settings that others divide by or loop over, with the least value each allows.
-_AT_LEAST = {"num_seeds": 1, "total_steps": 0, "steps_per_call": 1, "log_every": 1, "eval_every": 1,
-             "checkpoint_every": 1, "num_devices": 0, "model_shards": 1, "model.d_model": 1, "model.n_layers": 1,
-             "model.n_heads": 1, "model.d_ff": 1, "model.max_len": 1, "rl.batch_size": 1,
+_AT_LEAST = {"num_seeds": 1, "seeds_at_once": 0, "total_steps": 0, "steps_per_call": 1, "log_every": 1,
+             "eval_every": 1, "checkpoint_every": 1, "num_devices": 0, "model_shards": 1, "model.d_model": 1,
+             "model.n_layers": 1, "model.n_heads": 1, "model.d_ff": 1, "model.max_len": 1, "rl.batch_size": 1,
              "rl.group_size": 1, "rl.epochs": 1, "rl.minibatches": 1, "rl.microbatch_size": 0, "optim.warmup_steps": 0,
              "sft.steps": 0, "sft.batch_size": 1, "eval.size": 1}
 # Real settings that must be above a bound.
@@ -180,6 +180,9 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
   if local_batch % rl.minibatches:
     raise ValueError(f"config.rl.minibatches={rl.minibatches} does not divide the per-device batch "
                      f"{local_batch}; allowed: its divisors")
+  if config.seeds_at_once > config.num_seeds:
+    raise ValueError(f"config.seeds_at_once={config.seeds_at_once} is more than config.num_seeds="
+                     f"{config.num_seeds}; allowed: 0 (every seed at once) to {config.num_seeds}")
   minibatch_rows = local_batch // rl.minibatches
   if rl.microbatch_size and minibatch_rows % rl.microbatch_size:
     raise ValueError(f"config.rl.microbatch_size={rl.microbatch_size} does not divide the per-device "

@@ -1,5 +1,5 @@
 """Devices: the `data` mesh axis the batch is sharded over, the `model` axis parameters may be split
-over, and multi-host start-up."""
+over, and multi-host start-up; and seeds, vmapped in groups (`over_seeds`)."""
 import os
 
 import jax
@@ -7,6 +7,15 @@ from jax.sharding import AxisType
 
 DATA = "data"
 MODEL = "model"
+
+
+def over_seeds(fn, seeds_at_once: int):
+  """`jax.vmap(fn)` over the leading (seed) axis of every argument, computed `seeds_at_once` seeds at a
+  time with the groups in sequence (`jax.lax.map`'s batch_size; `config.seeds_at_once`), or every seed
+  at once (0)."""
+  if not seeds_at_once:
+    return jax.vmap(fn)
+  return lambda *args_S: jax.lax.map(lambda args: fn(*args), args_S, batch_size=seeds_at_once)
 
 
 def make_mesh(num_devices: int = 0, model_shards: int = 1) -> jax.sharding.Mesh:

@@ -11,7 +11,7 @@ import optax
 
 from marl_jax import experiment
 from marl_jax import model as model_lib
-from marl_jax import sampling, text
+from marl_jax import parallel, sampling, text
 
 
 def demonstration_loss(exp, params_R, tokens_BxT):
@@ -56,7 +56,10 @@ def warm_start(exp, keys_S):
   pretrained_R = model_lib.pretrained_stack(exp.model, exp.num_sets)
   if pretrained_R is not None and exp.splits_parameters:
     pretrained_R = jax.device_put(pretrained_R, exp.shardings(pretrained_R))
-  params_S, loss_S = jax.jit(jax.vmap(one_seed, in_axes=(0, None)))(keys_S, pretrained_R)
+  def every_seed(keys_S, pretrained_R):
+    return parallel.over_seeds(lambda key: one_seed(key, pretrained_R), exp.config.seeds_at_once)(keys_S)
+
+  params_S, loss_S = jax.jit(every_seed)(keys_S, pretrained_R)
   print(f"warm start: {cfg.steps} steps, final demonstration loss per seed "
         f"{np.round(np.asarray(loss_S), 3).tolist()}")
   return params_S

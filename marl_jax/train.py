@@ -2,8 +2,8 @@
 
 `local_step` is one seed on this device's rows and reads top to bottom: sample problems, roll out the
 protocol, score it, re-run the counterfactuals the credit estimator asks for, turn credit into token
-advantages, update.  `make_train_call` scans it over `steps_per_call` steps, vmaps it over seeds and
-shards it over the `data` mesh axis, in one jitted program.
+advantages, update.  `make_train_call` scans it over `steps_per_call` steps, vmaps it over seeds
+(`config.seeds_at_once` at a time) and shards it over the `data` mesh axis, in one jitted program.
 """
 import functools
 
@@ -180,9 +180,14 @@ def make_train_call(exp: Experiment):
             fold_rows(k_rerun, rows))
 
   rows_spec = P(None, parallel.DATA)
-  sharded_step = parallel.shard_map(
-      jax.vmap(functools.partial(local_step, exp), in_axes=(0, 0, 0, 0, None)), exp.mesh,
-      in_specs=(P(), rows_spec, rows_spec, rows_spec, P()), out_specs=(P(), P()))
+  def seeds_step(state_S, problem_key_SxB, sample_key_SxB, rerun_key_SxB, diagnose):
+    step = lambda *args: local_step(exp, *args, diagnose)
+    return parallel.over_seeds(step, config.seeds_at_once)(state_S, problem_key_SxB, sample_key_SxB,
+                                                           rerun_key_SxB)
+
+  sharded_step = parallel.shard_map(seeds_step, exp.mesh,
+                                    in_specs=(P(), rows_spec, rows_spec, rows_spec, P()),
+                                    out_specs=(P(), P()))
 
   def one_step(state_S, i):
     return sharded_step(state_S, *jax.vmap(row_keys)(state_S), i == config.steps_per_call - 1)
