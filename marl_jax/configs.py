@@ -133,6 +133,26 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+# Groups whose keys follow a name in them (a task's, a protocol's or an estimator's settings, a mixed
+# team's models): a saved run's are its own, never filled from another name's defaults.
+_NAMED_GROUPS = ("task", "protocol", "credit", "models")
+
+
+def with_new_defaults(saved: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A run's saved config (its config.json) with each setting `base_config` has gained since it was
+  written added at its default, which behaves as the run did (`rl.microbatch_size`, `seeds_at_once`
+  0), so that an older run's workdir still builds its experiment (`python -m marl_jax.archive`)."""
+  def fill(into, defaults, top):
+    for key, value in defaults.items():
+      if key not in into:
+        into[key] = value
+      elif isinstance(value, ml_collections.ConfigDict) and not (top and key in _NAMED_GROUPS):
+        fill(into[key], value, False)
+
+  fill(saved, base_config(), True)
+  return saved
+
+
 def add_model(c: ml_collections.ConfigDict, name: str, **overrides) -> ml_collections.ConfigDict:
   """`config.models.NAME`: a copy of `config.model` with `overrides` (e.g. a larger verifier), for
   `config.roles.models`; each of its keys can then be set as `--config.models.NAME.KEY`."""

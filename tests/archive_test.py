@@ -87,6 +87,12 @@ def write_run(workdir: str, exp: experiment.Experiment) -> None:
 def test_archive_cli(tmp_path):
   workdir = str(tmp_path / "run")
   write_run(workdir, tiny_experiment("subset_sum"))
+  # A run from before the settings `seeds_at_once` and `rl.microbatch_size` existed still archives.
+  with open(os.path.join(workdir, "config.json")) as f:
+    saved = json.load(f)
+  del saved["seeds_at_once"], saved["rl"]["microbatch_size"]
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    json.dump(saved, f)
   proc = subprocess.run([sys.executable, "-m", "marl_jax.archive", f"--workdir={workdir}"],
                         cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
                         text=True, timeout=300)
