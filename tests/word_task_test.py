@@ -228,7 +228,7 @@ def test_tiny_runs_through_the_cli(protocol, tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   run = subprocess.run(
       [sys.executable, "-m", "marl_jax.main", f"--config={EXPERIMENT}:size=tiny,protocol={protocol}",
-       f"--workdir={workdir}", "--config.sft.steps=150", "--config.sft.learning_rate=3e-3",
+       f"--workdir={workdir}", "--config.sft.steps=60", "--config.sft.learning_rate=3e-3",
        "--config.task.demo_error_rate=0"], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
   assert run.returncode == 0, run.stderr[-3000:]
   rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
