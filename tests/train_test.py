@@ -390,7 +390,7 @@ def test_seeds_at_once_computes_the_same_seeds():
   float rounding (the warm start's products round differently when vmapped over fewer seeds)."""
   runs = {}
   for at_once in (0, 2):
-    config = tiny_config(**{"num_seeds": 3, "seeds_at_once": at_once})
+    config = tiny_config(num_seeds=3, seeds_at_once=at_once)
     exp = experiment.build(config)
     state_S, metrics_SxN = train.make_train_call(exp)(state.initial_state(exp))
     runs[at_once] = (state_S.params, metrics_SxN, evaluate.make_evaluate(exp)(state_S.params))
