@@ -48,7 +48,8 @@ _CHECKPOINT = flags.DEFINE_string("checkpoint", "", "A local Qwen3/Llama checkpo
                                   "(config.model.checkpoint) instead of the built-in model.")
 _RANDOM = flags.DEFINE_bool("random_weights", False, "With --checkpoint: its shapes, randomly initialised.")
 _PROFILE = flags.DEFINE_bool("profile", False, "Also trace one train call per row and print where its "
-                              "thunk time goes: matmuls, data movement, other compute (`profile_call`).")
+                              "thunk time goes: matmuls, data movement, other compute (`profile_call`); "
+                              "its dots' FLOPs against the count, and its `ceiling`.")
 _WORKFLOWS = flags.DEFINE_bool("workflows", False, "Instead of timing: each workflow's model FLOPs per "
                                "episode of sampling against the minimum (analytic, nothing compiles).")
 
@@ -147,7 +148,8 @@ def measure(config, calls: int, profile: bool = False) -> dict:
   """One row: the whole step (rollout, scoring, credit and update) timed over `calls` compiled calls,
   then the rollout alone in the same process; the update's rate is the step's time less the
   rollout's (so it also holds scoring and credit, with its counterfactual re-runs).  With `profile`,
-  then one more train call traced (`profile_call`): `thunk_s`, its seconds per kind of thunk."""
+  then one more train call traced (`profile_call`, `profile_summary`): `thunk_s`, its seconds per kind
+  of thunk, and `matmul_thunks`, the seconds and FLOPs of each thunk that computes dots."""
   exp = experiment.build(config)
   state = state_lib.initial_state(exp)
   start = time.perf_counter()
@@ -172,7 +174,7 @@ def measure(config, calls: int, profile: bool = False) -> dict:
   rest_s = max(seconds - rollout_s, 1e-9)
   params_per_agent = model_lib.count_params(jax.tree.map(lambda p: p[0, 0], state.params))
   # Last: the traced call consumes (donates) the state.
-  thunk_s = profile_call(train_call, (state,), thunk_kinds(train_call.as_text())) if profile else {}
+  traced = profile_summary(profile_call(train_call, (state,)), train_call.as_text()) if profile else {}
   return {"job": "relay", "roles": len(exp.layout.roles), "seeds": config.num_seeds,
           "sharing": config.roles.sharing, "microbatch_size": config.rl.microbatch_size,
           "credit": config.credit.name, "completions_per_s": completions / seconds,
@@ -182,7 +184,7 @@ def measure(config, calls: int, profile: bool = False) -> dict:
           "update_tokens_per_s": tokens / rest_s,
           "update_flops_per_s": steps * (step_flops(exp) - rollout_flops(exp)) / rest_s,
           "compile_s": compile_s,
-          "params_per_agent": params_per_agent, "call_s": seconds / calls, "thunk_s": thunk_s}
+          "params_per_agent": params_per_agent, "call_s": seconds / calls, **traced}
 
 
 # Opcodes that only move or lay out data: a fusion of nothing else is a copy, transpose or broadcast.
@@ -191,7 +193,20 @@ _MOVES = frozenset({"parameter", "constant", "copy", "transpose", "bitcast", "br
                     "get-tuple-element", "bitcast-convert", "reverse"})
 _CONTROL = frozenset({"while", "conditional", "call"})  # their bodies' thunks are traced themselves
 THUNK_KINDS = ("matmul", "data movement", "compute")
-_INSTRUCTION = re.compile(r"\s*(?:ROOT\s+)?%?([\w.\-]+) = .*?\s([a-z][a-z0-9\-]*)\((.*)$")
+_INSTRUCTION = re.compile(r"\s*(?:ROOT\s+)?%?([\w.\-]+) = (.*?)\s([a-z][a-z0-9\-]*)\((.*)$")
+
+
+def _instructions(hlo_text: str):
+  """(computation, name, shape, opcode, the rest of the line) of each instruction of a compiled
+  module's text."""
+  computation = None
+  for line in hlo_text.splitlines():
+    if line.rstrip().endswith("{") and " = " not in line:
+      computation = line.split()[1 if line.startswith("ENTRY") else 0].lstrip("%")
+      continue
+    match = _INSTRUCTION.match(line)
+    if match and computation is not None:
+      yield (computation, *match.groups())
 
 
 def thunk_kinds(hlo_text: str) -> dict[str, str]:
@@ -200,17 +215,11 @@ def thunk_kinds(hlo_text: str) -> dict[str, str]:
   transposes, broadcasts, slices and nothing else) or `compute` (every other fusion or op:
   elementwise, reductions, gathers); control flow is left out, since its bodies' thunks are traced
   themselves."""
-  opcodes_of, instructions, computation = collections.defaultdict(set), {}, None
-  for line in hlo_text.splitlines():
-    if line.rstrip().endswith("{") and " = " not in line:
-      computation = line.split()[1 if line.startswith("ENTRY") else 0].lstrip("%")
-      continue
-    match = _INSTRUCTION.match(line)
-    if match and computation is not None:
-      name, opcode, rest = match.groups()
-      opcodes_of[computation].add(opcode)
-      called = re.search(r"calls=%?([\w.\-]+)", rest)
-      instructions[name] = (opcode, called.group(1) if called else None)
+  opcodes_of, instructions = collections.defaultdict(set), {}
+  for computation, name, _, opcode, rest in _instructions(hlo_text):
+    opcodes_of[computation].add(opcode)
+    called = re.search(r"calls=%?([\w.\-]+)", rest)
+    instructions[name] = (opcode, called.group(1) if called else None)
   kind_of = {}
   for name, (opcode, called) in instructions.items():
     opcodes = opcodes_of[called] if opcode == "fusion" and called else {opcode}
@@ -225,11 +234,30 @@ def thunk_kinds(hlo_text: str) -> dict[str, str]:
   return kind_of
 
 
-def profile_call(call, args, kinds: dict[str, str]) -> dict[str, float]:
-  """Seconds of thunk time per kind (`thunk_kinds`) in one traced `call(*args)`.  Thunks that run at
-  the same time on different cores each count whole, so the kinds can add up to more than the call's
-  wall time."""
-  seconds = collections.Counter({kind: 0.0 for kind in THUNK_KINDS})
+def dot_flops(hlo_text: str) -> dict[str, int]:
+  """FLOPs of one run of each thunk that computes dots (a dot, or a fusion calling a computation that
+  holds them): 2 x output elements x contracted size per dot, from the compiled module's shapes."""
+  dims_of, flops_in, flops_of, called_by = {}, collections.Counter(), {}, {}
+  for computation, name, shape, opcode, rest in _instructions(hlo_text):
+    dims = re.match(r"\w+\[([\d,]*)\]", shape)
+    dims_of[name] = [int(d) for d in dims.group(1).split(",") if d] if dims else []
+    called = re.search(r"calls=%?([\w.\-]+)", rest)
+    if opcode == "fusion" and called:
+      called_by[name] = called.group(1)
+    elif opcode == "dot":
+      lhs = dims_of[re.search(r"%([\w.\-]+)", rest).group(1)]
+      contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", rest).group(1)
+      contracted = np.prod([lhs[int(i)] for i in contracting.split(",") if i])
+      flops_of[name] = 2 * int(np.prod(dims_of[name])) * int(contracted)
+      flops_in[computation] += flops_of[name]
+  # A fused computation may come after the fusion that calls it, so fusions are resolved last.
+  return flops_of | {name: flops_in[c] for name, c in called_by.items() if flops_in[c]}
+
+
+def profile_call(call, args) -> dict[str, tuple[float, int]]:
+  """Traced seconds and runs of each XLA thunk (by its instruction's name) in one `call(*args)`.
+  Thunks that run at the same time on different cores each count whole."""
+  thunks = collections.defaultdict(lambda: [0.0, 0])
   with tempfile.TemporaryDirectory() as trace_dir:
     with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
       jax.block_until_ready(call(*args))
@@ -237,23 +265,57 @@ def profile_call(call, args, kinds: dict[str, str]) -> dict[str, float]:
     with gzip.open(path) as f:
       events = json.load(f)
   for event in events["traceEvents"] if isinstance(events, dict) else events:
-    kind = kinds.get(event.get("name"))
-    if event.get("ph") == "X" and kind:
-      seconds[kind] += event["dur"] / 1e6
-  return dict(seconds)
+    name = event.get("args", {}).get("hlo_op")  # set on thunks only
+    if event.get("ph") == "X" and name:
+      thunks[name][0] += event["dur"] / 1e6
+      thunks[name][1] += 1
+  return {name: tuple(value) for name, value in thunks.items()}
+
+
+def profile_summary(thunks: dict[str, tuple[float, int]], hlo_text: str) -> dict:
+  """A traced call (`profile_call`) of a compiled module: `thunk_s`, the seconds per kind of thunk
+  (`thunk_kinds`), and `matmul_thunks`, [seconds, FLOPs] of each thunk that computes dots (`dot_flops`),
+  over all its runs."""
+  kinds, flops = thunk_kinds(hlo_text), dot_flops(hlo_text)
+  seconds = collections.Counter({kind: 0.0 for kind in THUNK_KINDS})
+  for name, (s, _) in thunks.items():
+    if name in kinds:
+      seconds[kinds[name]] += s
+  return {"thunk_s": dict(seconds),
+          "matmul_thunks": [[s, flops[name] * runs] for name, (s, runs) in thunks.items() if name in flops]}
+
+
+def ceiling(row: dict, bound: float, cores: int, slow: float = 0.1) -> tuple[float, float]:
+  """The fraction of the matmul bound a profiled row's call would reach with no time lost between
+  thunks: every dot at the bound on all cores and every other thunk's traced time packed onto the
+  cores with no gap; and the same with the dots that ran under `slow` x the bound (the attention's
+  tiny batched products) kept at their traced time, packed like the rest."""
+  dots = np.reshape(row["matmul_thunks"], (-1, 2))
+  flops, other_s = dots[:, 1].sum(), sum(row["thunk_s"].values()) - row["thunk_s"]["matmul"]
+  is_slow = dots[:, 1] < slow * bound * dots[:, 0]
+  best_s = flops / bound
+  return (best_s / (best_s + other_s / cores),
+          best_s / ((flops - dots[is_slow, 1].sum()) / bound + (other_s + dots[is_slow, 0].sum()) / cores))
 
 
 def print_profile(row: dict, bound: float):
-  """One row's traced call: seconds per kind of thunk, its share of all thunk time, and the rate of
-  the matmul thunks (the step's model FLOPs over their thunk time: the model's own matrix products as
-  run in the step, against the 1024 x 1024 matmul; two thunks at once each count whole, so this is a
-  lower bound on what the cores delivered)."""
+  """One row's traced call: seconds per kind of thunk, its share of all thunk time, the rate of the
+  matmul thunks (their dots' FLOPs over their thunk time, against the 1024 x 1024 matmul; two thunks
+  at once each count whole, so this is a lower bound on what the cores delivered), the dots' FLOPs
+  against the analytic count, and the call's `ceiling`."""
   total = sum(row["thunk_s"].values())
-  matmul_flops_per_s = row["flops_per_s"] * row["call_s"] / max(row["thunk_s"]["matmul"], 1e-9)
+  flops = sum(f for _, f in row["matmul_thunks"])
+  cores = len(os.sched_getaffinity(0))
+  matmul_flops_per_s = flops / max(row["thunk_s"]["matmul"], 1e-9)
+  analytic = row["flops_per_s"] * row["call_s"]
   print(f"  profile of one call ({row['call_s']:.2f} s wall, {total:.2f} s of thunks): " + ", ".join(
       f"{kind} {s:.2f} s ({s / total:.0%})" for kind, s in row["thunk_s"].items()) +
         f"; matmul thunks at {matmul_flops_per_s / 1e9:.1f} GFLOP/s, {matmul_flops_per_s / bound:.2f} of the "
         "matmul", flush=True)
+  print(f"  its dots: {flops / 1e9:.1f} GFLOP, {flops / analytic:.3f} of step_flops; ceiling with every dot "
+        f"at the matmul's rate and every other thunk packed onto the {cores} cores with no gap: "
+        "{:.2f} of the matmul, {:.2f} with the dots that ran under a tenth of it at their traced "
+        "time".format(*ceiling(row, bound, cores)), flush=True)
 
 
 def workflow_flops_table():
@@ -300,7 +362,7 @@ def main(argv):
           f"{row['rollout_fraction_of_matmul']:>9.2f} {row['update_tokens_per_s']:>12.0f} "
           f"{row['update_fraction_of_matmul']:>9.2f} {row['compile_s']:>9.1f} "
           f"{'{:.0f}, {:.0f}'.format(*np.divide(row['matmul_flops_per_s'], 1e9)):>15}", flush=True)
-    if row["thunk_s"]:
+    if "thunk_s" in row:
       print_profile(row, bound)
     if _JSON.value:  # rewritten after every row, so an interrupted run keeps what it measured
       with open(_JSON.value, "w") as f:

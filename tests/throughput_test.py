@@ -48,6 +48,11 @@ def test_a_row_times_the_step_and_its_rollout():
   row = throughput.measure(config, calls=1, profile=True)
   assert set(row["thunk_s"]) == set(throughput.THUNK_KINDS) == {"matmul", "data movement", "compute"}
   assert row["thunk_s"]["matmul"] > 0 and row["thunk_s"]["compute"] > 0
+  # The traced call's dots are the model FLOPs the analytic count gives, and little else (the group
+  # baseline's and the loss's small products).
+  traced_flops = sum(flops for _, flops in row["matmul_thunks"])
+  assert traced_flops == pytest.approx(row["flops_per_s"] * row["call_s"], rel=0.01)
+  assert sum(s for s, _ in row["matmul_thunks"]) == pytest.approx(row["thunk_s"]["matmul"])
   assert all(row[k] > 0 for k in ("tokens_per_s", "flops_per_s", "rollout_tokens_per_s", "rollout_flops_per_s",
                                   "update_tokens_per_s", "update_flops_per_s"))
 
@@ -97,10 +102,28 @@ def test_thunk_kinds_sort_the_instructions_that_run_as_thunks():
   assert "while.1" not in kinds
 
 
+def test_dot_flops_count_each_dot_from_its_shapes():
+  # Both dots are [4, 4] x [4, 4]: 2 x 16 outputs x 4 contracted; the fusion's is counted for the
+  # fusion (its thunk), the bare one for itself.
+  flops = throughput.dot_flops(HLO)
+  assert flops["ynn_fusion"] == flops["dot.1"] == 2 * 16 * 4
+  assert "copy_fusion" not in flops and "tanh_reduce_fusion" not in flops
+
+
+def test_ceiling_packs_the_other_thunks_onto_the_cores():
+  # 100 FLOPs of dots at a bound of 10 FLOP/s take 10 s; 6 s of other thunks on 2 cores take 3 s:
+  # 10 / 13 of the bound.  With the slow dot (5 FLOPs in 10 s, under a tenth of the bound) kept at its
+  # time: 9.5 s + (6 + 10) / 2 s.
+  row = {"thunk_s": {"matmul": 15.0, "data movement": 2.0, "compute": 4.0},
+         "matmul_thunks": [[5.0, 95.0], [10.0, 5.0]]}
+  every_dot, slow_kept = throughput.ceiling(row, bound=10.0, cores=2)
+  assert every_dot == pytest.approx(10 / 13)
+  assert slow_kept == pytest.approx(10 / (9.5 + 8))
+
+
 def test_profile_call_times_a_compiled_matmul():
   a = jax.numpy.ones((256, 256))
   compiled = jax.jit(lambda x: jax.numpy.tanh(x @ x).T @ x).lower(a).compile()
-  kinds = throughput.thunk_kinds(compiled.as_text())
-  assert "matmul" in kinds.values()
-  seconds = throughput.profile_call(compiled, (a,), kinds)
-  assert seconds["matmul"] > 0
+  summary = throughput.profile_summary(throughput.profile_call(compiled, (a,)), compiled.as_text())
+  assert summary["thunk_s"]["matmul"] > 0
+  assert sum(flops for _, flops in summary["matmul_thunks"]) == 2 * 2 * 256 ** 3
