@@ -255,8 +255,8 @@ def dot_flops(hlo_text: str) -> dict[str, int]:
 
 
 def profile_call(call, args) -> dict[str, tuple[float, int]]:
-  """Traced seconds and runs of each XLA thunk (by its instruction's name) in one `call(*args)`.
-  Thunks that run at the same time on different cores each count whole."""
+  """Traced seconds and runs of each event by name in one `call(*args)`: among them each XLA thunk,
+  named after its instruction.  Thunks that run at the same time on different cores each count whole."""
   thunks = collections.defaultdict(lambda: [0.0, 0])
   with tempfile.TemporaryDirectory() as trace_dir:
     with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
@@ -265,10 +265,9 @@ def profile_call(call, args) -> dict[str, tuple[float, int]]:
     with gzip.open(path) as f:
       events = json.load(f)
   for event in events["traceEvents"] if isinstance(events, dict) else events:
-    name = event.get("args", {}).get("hlo_op")  # set on thunks only
-    if event.get("ph") == "X" and name:
-      thunks[name][0] += event["dur"] / 1e6
-      thunks[name][1] += 1
+    if event.get("ph") == "X":
+      thunks[event["name"]][0] += event["dur"] / 1e6
+      thunks[event["name"]][1] += 1
   return {name: tuple(value) for name, value in thunks.items()}
 
 
