@@ -17,6 +17,10 @@ FLOPs) and its fraction of a jitted float32 1024x1024 matmul timed just before a
 at that time, since on a shared machine the matmul's own rate moves by half from one minute to the
 next; and the same split in two: the rollout alone (timed as its own program in the same process) and the rest of the step (scoring, credit, update:
 the step's time less the rollout's), each with its tokens/s and fraction of the matmul.
+
+With `--profile`, one more call per row is traced: its thunk time by kind, its dots' FLOPs read from
+the compiled module (a check of `step_flops`), and its `ceiling`, the fraction of the matmul it would
+reach with no core left idle.
 """
 import collections
 import glob
