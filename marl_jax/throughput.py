@@ -201,8 +201,8 @@ _INSTRUCTION = re.compile(r"\s*(?:ROOT\s+)?%?([\w.\-]+) = (.*?)\s([a-z][a-z0-9\-
 
 
 def _instructions(hlo_text: str):
-  """(computation, name, shape, opcode, the rest of the line) of each instruction of a compiled
-  module's text."""
+  """(computation, name, shape, opcode, the rest of the line, the computation it calls or None) of
+  each instruction of a compiled module's text."""
   computation = None
   for line in hlo_text.splitlines():
     if line.rstrip().endswith("{") and " = " not in line:
@@ -210,7 +210,8 @@ def _instructions(hlo_text: str):
       continue
     match = _INSTRUCTION.match(line)
     if match and computation is not None:
-      yield (computation, *match.groups())
+      called = re.search(r"calls=%?([\w.\-]+)", match.group(4))
+      yield (computation, *match.groups(), called.group(1) if called else None)
 
 
 def thunk_kinds(hlo_text: str) -> dict[str, str]:
@@ -220,10 +221,9 @@ def thunk_kinds(hlo_text: str) -> dict[str, str]:
   elementwise, reductions, gathers); control flow is left out, since its bodies' thunks are traced
   themselves."""
   opcodes_of, instructions = collections.defaultdict(set), {}
-  for computation, name, _, opcode, rest in _instructions(hlo_text):
+  for computation, name, _, opcode, _, called in _instructions(hlo_text):
     opcodes_of[computation].add(opcode)
-    called = re.search(r"calls=%?([\w.\-]+)", rest)
-    instructions[name] = (opcode, called.group(1) if called else None)
+    instructions[name] = (opcode, called)
   kind_of = {}
   for name, (opcode, called) in instructions.items():
     opcodes = opcodes_of[called] if opcode == "fusion" and called else {opcode}
@@ -242,12 +242,11 @@ def dot_flops(hlo_text: str) -> dict[str, int]:
   """FLOPs of one run of each thunk that computes dots (a dot, or a fusion calling a computation that
   holds them): 2 x output elements x contracted size per dot, from the compiled module's shapes."""
   dims_of, flops_in, flops_of, called_by = {}, collections.Counter(), {}, {}
-  for computation, name, shape, opcode, rest in _instructions(hlo_text):
+  for computation, name, shape, opcode, rest, called in _instructions(hlo_text):
     dims = re.match(r"\w+\[([\d,]*)\]", shape)
     dims_of[name] = [int(d) for d in dims.group(1).split(",") if d] if dims else []
-    called = re.search(r"calls=%?([\w.\-]+)", rest)
     if opcode == "fusion" and called:
-      called_by[name] = called.group(1)
+      called_by[name] = called
     elif opcode == "dot":
       lhs = dims_of[re.search(r"%([\w.\-]+)", rest).group(1)]
       contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", rest).group(1)
