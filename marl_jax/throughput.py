@@ -1,6 +1,6 @@
 """Throughput of the joint rollout-and-update step (a benchmark script, not a test).
 
-  python -m marl_jax.throughput [--json=PATH] [--batch_size=256] [--calls=3]
+  python -m marl_jax.throughput [--json=PATH] [--batch_size=256] [--calls=3] [--cpu_devices=2]
   python -m marl_jax.throughput --checkpoint=DIR [--random_weights] --grid=2/1 --credits=team
   python -m marl_jax.throughput --workflows  # each workflow's sampling FLOPs against the minimum
 
@@ -17,6 +17,9 @@ FLOPs) and its fraction of a jitted float32 1024x1024 matmul timed just before a
 at that time, since on a shared machine the matmul's own rate moves by half from one minute to the
 next; and the same split in two: the rollout alone (timed as its own program in the same process) and the rest of the step (scoring, credit, update:
 the step's time less the rollout's), each with its tokens/s and fraction of the matmul.
+
+With `--cpu_devices=N` the CPU is split into N JAX devices and each row's batch over them, as training
+splits it (the rollout timed alone too).
 
 With `--profile`, one more call per row is traced: its thunk time by kind, its dots' FLOPs read from
 the compiled module (a check of `step_flops`), and its `ceiling`, the fraction of the matmul it would
@@ -37,7 +40,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from marl_jax import configs, experiment, model as model_lib, rollout, sampling, state as state_lib, train
+from jax.sharding import PartitionSpec as P
+
+from marl_jax import (configs, experiment, model as model_lib, parallel, rollout, sampling, state as state_lib,
+                      train)
 
 _JSON = flags.DEFINE_string("json", "", "Also write the rows here as a JSON list.")
 _BATCH = flags.DEFINE_integer("batch_size", 256, "Episodes per step (per seed).")
@@ -54,6 +60,9 @@ _RANDOM = flags.DEFINE_bool("random_weights", False, "With --checkpoint: its sha
 _PROFILE = flags.DEFINE_bool("profile", False, "Also trace one train call per row and print where its "
                               "thunk time goes: matmuls, data movement, other compute (`profile_call`); "
                               "its dots' FLOPs against the count, and its `ceiling`.")
+_CPU_DEVICES = flags.DEFINE_integer("cpu_devices", 0, "On a CPU: split it into this many JAX devices "
+                                    "(jax_num_cpu_devices), each row's batch split over them as training "
+                                    "splits it over devices; 0: as XLA_FLAGS has it (one by default).")
 _WORKFLOWS = flags.DEFINE_bool("workflows", False, "Instead of timing: each workflow's model FLOPs per "
                                "episode of sampling against the minimum (analytic, nothing compiles).")
 
@@ -132,18 +141,23 @@ def _flops_per_token_V(exp: experiment.Experiment) -> list[int]:
 
 def make_rollout_call(exp: experiment.Experiment):
   """`steps_per_call` rollouts of every seed (the step's sampling alone, fresh problems each), as the
-  train call scans its steps: the rollout's share of the step, timed on its own."""
-  B = exp.config.rl.batch_size
+  train call scans its steps and split over the `data` devices as it splits its rows: the rollout's
+  share of the step, timed on its own."""
+  config = exp.config
+  rows_spec = P(None, parallel.DATA)
 
-  def one(params_R, key):
-    k_problem, k_sample = jax.random.split(key)
-    problems = jax.vmap(exp.task.sample)(jax.random.split(k_problem, B))
-    episodes = rollout.sample(exp, params_R, problems, jax.random.split(k_sample, B))
-    return episodes.sampled_BxT.sum()
+  def local(params_S, problem_key_SxB, sample_key_SxB):  # this device's rows of every seed
+    def one(params_R, problem_key_B, sample_key_B):
+      problems = jax.vmap(exp.task.sample)(problem_key_B)
+      return rollout.sample(exp, params_R, problems, sample_key_B).sampled_BxT.sum()
+    return jax.lax.psum(jax.vmap(one)(params_S, problem_key_SxB, sample_key_SxB).sum(), parallel.DATA)
+
+  sharded = parallel.shard_map(local, exp.mesh, in_specs=(P(), rows_spec, rows_spec), out_specs=P())
 
   def call(params_S, key):
-    keys_NxS = jax.random.split(key, (exp.config.steps_per_call, exp.config.num_seeds))
-    return jax.lax.map(lambda keys_S: jax.vmap(one)(params_S, keys_S), keys_NxS).sum()
+    shape_NxSxB = (config.steps_per_call, config.num_seeds, config.rl.batch_size)
+    keys_2xNxSxB = jax.vmap(lambda k: jax.random.split(k, shape_NxSxB))(jax.random.split(key))
+    return jax.lax.map(lambda keys_2xSxB: sharded(params_S, *keys_2xSxB), keys_2xNxSxB.swapaxes(0, 1)).sum()
 
   return jax.jit(call)
 
@@ -179,7 +193,7 @@ def measure(config, calls: int, profile: bool = False) -> dict:
   params_per_agent = model_lib.count_params(jax.tree.map(lambda p: p[0, 0], state.params))
   # Last: the traced call consumes (donates) the state.
   traced = profile_summary(profile_call(train_call, (state,)), train_call.as_text()) if profile else {}
-  return {"job": "relay", "roles": len(exp.layout.roles), "seeds": config.num_seeds,
+  return {"job": "relay", "devices": exp.mesh.size, "roles": len(exp.layout.roles), "seeds": config.num_seeds,
           "sharing": config.roles.sharing, "microbatch_size": config.rl.microbatch_size,
           "credit": config.credit.name, "completions_per_s": completions / seconds,
           "tokens_per_s": tokens / seconds, "flops_per_s": steps * step_flops(exp) / seconds,
@@ -339,6 +353,8 @@ def main(argv):
   if _WORKFLOWS.value:
     workflow_flops_table()
     return
+  if _CPU_DEVICES.value:  # before anything starts the backend
+    jax.config.update("jax_num_cpu_devices", _CPU_DEVICES.value)
   roles_grid, seeds_grid = ([int(x) for x in part.split(",")] for part in _GRID.value.split("/"))
   rows = []
   print(f"backend={jax.default_backend()} devices={jax.device_count()} batch_size={_BATCH.value} "

@@ -1,5 +1,9 @@
 """The throughput script: the FLOP count of a step and of its rollout, the per-workflow table, the
 profile's thunk kinds, and one tiny timed and profiled row split into rollout and update."""
+import subprocess
+import sys
+import textwrap
+
 import jax
 import ml_collections
 import pytest
@@ -55,6 +59,34 @@ def test_a_row_times_the_step_and_its_rollout():
   assert sum(s for s, _ in row["matmul_thunks"]) == pytest.approx(row["thunk_s"]["matmul"])
   assert all(row[k] > 0 for k in ("tokens_per_s", "flops_per_s", "rollout_tokens_per_s", "rollout_flops_per_s",
                                   "update_tokens_per_s", "update_flops_per_s"))
+
+
+@pytest.mark.slow
+def test_the_rollout_alone_is_split_over_devices_as_the_step_is():
+  # Two CPU devices in a fresh process: the rollout program samples the same episodes (keys per row)
+  # over one device or split over two, and its compiled program runs on both.
+  code = textwrap.dedent("""
+      import jax
+      jax.config.update("jax_num_cpu_devices", 2)
+      from marl_jax import experiment, state as state_lib, throughput
+      config = throughput.relay_config(2, 2, "team", batch_size=8, steps_per_call=2)
+      config.model.update(d_model=16, n_layers=1, n_heads=2, d_ff=32)
+      config.rl.group_size = 4
+      tokens = []
+      for devices in (1, 2):
+        config.num_devices = devices
+        exp = experiment.build(config)
+        call = throughput.make_rollout_call(exp)
+        params_S = state_lib.initial_state(exp).params
+        tokens.append(float(call(params_S, jax.random.PRNGKey(0))))
+      shardings = call.lower(params_S, jax.random.PRNGKey(0)).compile().input_shardings
+      print(tokens, len(jax.tree.leaves(shardings)[0].device_set))
+      """)
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+  assert result.returncode == 0, result.stderr[-2000:]
+  tokens, devices = result.stdout.strip().rsplit(" ", 1)
+  one, two = eval(tokens)
+  assert one == two and int(devices) == 2
 
 
 # A compiled module's text as XLA:CPU prints it: a dot fused for the matmul library, a transpose
