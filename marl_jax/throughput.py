@@ -271,6 +271,19 @@ def dot_flops(hlo_text: str) -> dict[str, int]:
   return flops_of | {name: flops_in[c] for name, c in called_by.items() if flops_in[c]}
 
 
+def thunk_parts(hlo_text: str) -> dict[str, int]:
+  """Each instruction of a compiled module's text split into more than one part
+  (`outer_dimension_partitions`, set by XLA:CPU's parallel task assigner for loop fusions over a few
+  hundred kB): the number of parts, which its thunk runs as tasks on the thread pool at once."""
+  parts_of = {}
+  for _, name, _, _, rest, _ in _instructions(hlo_text):
+    parts = re.search(r'"outer_dimension_partitions":\[([^\]]*)\]', rest)
+    count = int(np.prod([int(p.strip('" ')) for p in parts.group(1).split(",") if p.strip()])) if parts else 1
+    if count > 1:
+      parts_of[name] = count
+  return parts_of
+
+
 def profile_call(call, args) -> dict[str, tuple[float, int]]:
   """Traced seconds and runs of each event by name in one `call(*args)`: among them each XLA thunk,
   named after its instruction.  Thunks that run at the same time on different cores each count whole."""
@@ -290,28 +303,34 @@ def profile_call(call, args) -> dict[str, tuple[float, int]]:
 
 def profile_summary(thunks: dict[str, tuple[float, int]], hlo_text: str) -> dict:
   """A traced call (`profile_call`) of a compiled module: `thunk_s`, the seconds per kind of thunk
-  (`thunk_kinds`), and `matmul_thunks`, [seconds, FLOPs] of each thunk that computes dots (`dot_flops`),
-  over all its runs."""
-  kinds, flops = thunk_kinds(hlo_text), dot_flops(hlo_text)
+  (`thunk_kinds`); `matmul_thunks`, [seconds, FLOPs] of each thunk that computes dots (`dot_flops`); and
+  `other_thunks`, [seconds, parts] of every other thunk (`thunk_parts`, 1 for one task), over all its
+  runs."""
+  kinds, flops, parts = thunk_kinds(hlo_text), dot_flops(hlo_text), thunk_parts(hlo_text)
   seconds = collections.Counter({kind: 0.0 for kind in THUNK_KINDS})
   for name, (s, _) in thunks.items():
     if name in kinds:
       seconds[kinds[name]] += s
   return {"thunk_s": dict(seconds),
-          "matmul_thunks": [[s, flops[name] * runs] for name, (s, runs) in thunks.items() if name in flops]}
+          "matmul_thunks": [[s, flops[name] * runs] for name, (s, runs) in thunks.items() if name in flops],
+          "other_thunks": [[s, parts.get(name, 1)] for name, (s, _) in thunks.items()
+                           if kinds.get(name, "matmul") != "matmul"]}
 
 
 def ceiling(row: dict, bound: float, cores: int, slow: float = 0.1) -> tuple[float, float]:
   """The fraction of the matmul bound a profiled row's call would reach with no time lost between
-  thunks: every dot at the bound on all cores and every other thunk's traced time packed onto the
-  cores with no gap; and the same with the dots that ran under `slow` x the bound (the attention's
-  tiny batched products) kept at their traced time, packed like the rest."""
-  dots = np.reshape(row["matmul_thunks"], (-1, 2))
-  flops, other_s = dots[:, 1].sum(), sum(row["thunk_s"].values()) - row["thunk_s"]["matmul"]
+  thunks: every dot at the bound on all cores and every other thunk packed onto the cores with no gap
+  (a thunk of P parts keeps min(P, cores) cores busy for its traced time, so one split over every core
+  counts whole and a single task a core's share); and the same with the dots that ran under `slow` x
+  the bound (the attention's tiny batched products) kept at their traced time, packed as single
+  tasks."""
+  dots, others = np.reshape(row["matmul_thunks"], (-1, 2)), np.reshape(row["other_thunks"], (-1, 2))
+  flops = dots[:, 1].sum()
+  other_s = np.sum(others[:, 0] * np.minimum(others[:, 1], cores)) / cores
   is_slow = dots[:, 1] < slow * bound * dots[:, 0]
   best_s = flops / bound
-  return (best_s / (best_s + other_s / cores),
-          best_s / ((flops - dots[is_slow, 1].sum()) / bound + (other_s + dots[is_slow, 0].sum()) / cores))
+  return (best_s / (best_s + other_s),
+          best_s / ((flops - dots[is_slow, 1].sum()) / bound + other_s + dots[is_slow, 0].sum() / cores))
 
 
 def print_profile(row: dict, bound: float):
@@ -329,7 +348,8 @@ def print_profile(row: dict, bound: float):
         f"; matmul thunks at {matmul_flops_per_s / 1e9:.1f} GFLOP/s, {matmul_flops_per_s / bound:.2f} of the "
         "matmul", flush=True)
   print(f"  its dots: {flops / 1e9:.1f} GFLOP, {flops / analytic:.3f} of step_flops; ceiling with every dot "
-        f"at the matmul's rate and every other thunk packed onto the {cores} cores with no gap: "
+        f"at the matmul's rate and every other thunk packed onto the {cores} cores with no gap (one split "
+        "over the cores counts whole): "
         "{:.2f} of the matmul, {:.2f} with the dots that ran under a tenth of it at their traced "
         "time".format(*ceiling(row, bound, cores)), flush=True)
 

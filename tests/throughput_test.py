@@ -116,7 +116,7 @@ HLO = """HloModule jit_f, entry_computation_layout={(f32[4,4]{1,0})->f32[4,4]{1,
 ENTRY %main.9 (a.1: f32[4,4]) -> f32[4,4] {
   %a.1 = f32[4,4]{1,0} parameter(0)
   %ynn_fusion = f32[4,4]{1,0} fusion(%a.1, %a.1), kind=kCustom, calls=%fused_dot
-  %copy_fusion = f32[4,4]{1,0} fusion(%ynn_fusion), kind=kLoop, calls=%fused_transpose
+  %copy_fusion = f32[4,4]{1,0} fusion(%ynn_fusion), kind=kLoop, calls=%fused_transpose, backend_config={"outer_dimension_partitions":["1","2"]}
   %tanh_reduce_fusion = f32[4]{0} fusion(%copy_fusion), kind=kLoop, calls=%fused_tanh
   %dot.1 = f32[4,4]{1,0} dot(%copy_fusion, %a.1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
   %tuple.1 = (f32[4,4]{1,0}, s32[]) tuple(%dot.1, %c)
@@ -134,6 +134,10 @@ def test_thunk_kinds_sort_the_instructions_that_run_as_thunks():
   assert "while.1" not in kinds
 
 
+def test_thunk_parts_read_the_split_of_each_loop():
+  assert throughput.thunk_parts(HLO) == {"copy_fusion": 2}
+
+
 def test_dot_flops_count_each_dot_from_its_shapes():
   # Both dots are [4, 4] x [4, 4]: 2 x 16 outputs x 4 contracted; the fusion's is counted for the
   # fusion (its thunk), the bare one for itself.
@@ -143,14 +147,15 @@ def test_dot_flops_count_each_dot_from_its_shapes():
 
 
 def test_ceiling_packs_the_other_thunks_onto_the_cores():
-  # 100 FLOPs of dots at a bound of 10 FLOP/s take 10 s; 6 s of other thunks on 2 cores take 3 s:
-  # 10 / 13 of the bound.  With the slow dot (5 FLOPs in 10 s, under a tenth of the bound) kept at its
-  # time: 9.5 s + (6 + 10) / 2 s.
-  row = {"thunk_s": {"matmul": 15.0, "data movement": 2.0, "compute": 4.0},
-         "matmul_thunks": [[5.0, 95.0], [10.0, 5.0]]}
+  # 100 FLOPs of dots at a bound of 10 FLOP/s take 10 s.  Of the other thunks, 2 s split in two keep
+  # both cores busy (2 s), 4 s of single tasks pack onto 2 cores (2 s), and 4 s split in eight still
+  # use only the 2 cores (4 s): 10 / 18 of the bound.  With the slow dot (5 FLOPs in 10 s, under a
+  # tenth of the bound) kept at its time, packed as a single task: 9.5 s + 8 s + 10 / 2 s.
+  row = {"thunk_s": {"matmul": 15.0, "data movement": 2.0, "compute": 8.0},
+         "matmul_thunks": [[5.0, 95.0], [10.0, 5.0]], "other_thunks": [[2.0, 2], [4.0, 1], [4.0, 8]]}
   every_dot, slow_kept = throughput.ceiling(row, bound=10.0, cores=2)
-  assert every_dot == pytest.approx(10 / 13)
-  assert slow_kept == pytest.approx(10 / (9.5 + 8))
+  assert every_dot == pytest.approx(10 / 18)
+  assert slow_kept == pytest.approx(10 / (9.5 + 8 + 5))
 
 
 def test_profile_call_times_a_compiled_matmul():
