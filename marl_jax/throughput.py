@@ -351,7 +351,10 @@ def print_profile(row: dict, bound: float):
         f"at the matmul's rate and every other thunk packed onto the {cores} cores with no gap (one split "
         "over the cores counts whole): "
         "{:.2f} of the matmul, {:.2f} with the dots that ran under a tenth of it at their traced "
-        "time".format(*ceiling(row, bound, cores)), flush=True)
+        "time".format(*ceiling(row, bound, cores)) +
+        # Several devices' split loops share the cores at once, so their traced time swells.
+        (f" (a ceiling for one device; on {row['devices']} it reads low)" if row["devices"] > 1 else ""),
+        flush=True)
 
 
 def workflow_flops_table():
