@@ -80,13 +80,12 @@ def test_the_rollout_alone_is_split_over_devices_as_the_step_is():
         params_S = state_lib.initial_state(exp).params
         tokens.append(float(call(params_S, jax.random.PRNGKey(0))))
       shardings = call.lower(params_S, jax.random.PRNGKey(0)).compile().input_shardings
-      print(tokens, len(jax.tree.leaves(shardings)[0].device_set))
+      print(*tokens, len(jax.tree.leaves(shardings)[0].device_set))
       """)
   result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
   assert result.returncode == 0, result.stderr[-2000:]
-  tokens, devices = result.stdout.strip().rsplit(" ", 1)
-  one, two = eval(tokens)
-  assert one == two and int(devices) == 2
+  one_device, two_devices, devices_used = map(float, result.stdout.split()[-3:])
+  assert one_device == two_devices and devices_used == 2
 
 
 # A compiled module's text as XLA:CPU prints it: a dot fused for the matmul library, a transpose
