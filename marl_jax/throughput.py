@@ -6,9 +6,9 @@
 
 The relay job: agent 1 sees `a+b=` (digits 0-9) and writes up to 4 tokens; agent 2 sees the prompt and
 agent 1's message and writes the answer (up to 4 tokens); team reward 1 when it is right; isolated
-agents of d_model 128, 4 layers, 4 heads, or with `--checkpoint` a Qwen3/Llama checkpoint (each agent a
-copy of it).  A completion is one agent's message that the update trains
-on, so a step makes batch_size x roles completions.  Rows cover R = 1, 2, 4 roles (a chain of R
+agents of d_model 128, 4 layers, 4 heads (`--d_model` for wider ones, d_ff 4x), or with `--checkpoint`
+a Qwen3/Llama checkpoint (each agent a copy of it).  A completion is one agent's message that the
+update trains on, so a step makes batch_size x roles completions.  Rows cover R = 1, 2, 4 roles (a chain of R
 agents), S = 1, 4 seeds, with team credit and with difference (counterfactual) credit.
 
 Every row also gives the achieved model FLOP/s (`step_flops`: an analytic count of the step's model
@@ -60,6 +60,8 @@ _RANDOM = flags.DEFINE_bool("random_weights", False, "With --checkpoint: its sha
 _PROFILE = flags.DEFINE_bool("profile", False, "Also trace one train call per row and print where its "
                               "thunk time goes: matmuls, data movement, other compute (`profile_call`); "
                               "its dots' FLOPs against the count, and its `ceiling`.")
+_D_MODEL = flags.DEFINE_integer("d_model", 128, "Width of the built-in agents (d_ff 4x, 4 heads): the relay "
+                               "job is 128; wider agents do more matrix products per elementwise pass.")
 _CPU_DEVICES = flags.DEFINE_integer("cpu_devices", 0, "On a CPU: split it into this many JAX devices "
                                     "(jax_num_cpu_devices), each row's batch split over them as training "
                                     "splits it over devices; 0: as XLA_FLAGS has it (one by default).")
@@ -82,9 +84,9 @@ WORKFLOWS = (
 
 def relay_config(roles: int, seeds: int, credit: str, batch_size: int, steps_per_call: int,
                  sharing: str = "isolated", checkpoint: str = "", random_weights: bool = False,
-                 microbatch_size: int = 0):
+                 microbatch_size: int = 0, d_model: int = 128):
   c = configs.base_config()
-  c.model.update(d_model=128, n_layers=4, n_heads=4, d_ff=512, checkpoint=checkpoint,
+  c.model.update(d_model=d_model, n_layers=4, n_heads=4, d_ff=4 * d_model, checkpoint=checkpoint,
                  random_weights=random_weights)
   c.task.update(name="arithmetic", num_ops=1, ops="+", max_operand=9, modulus=100)
   c.protocol = configs.ml_collections.ConfigDict(dict(name="relay", agents=roles, message_len=4,
@@ -194,7 +196,7 @@ def measure(config, calls: int, profile: bool = False) -> dict:
   # Last: the traced call consumes (donates) the state.
   traced = profile_summary(profile_call(train_call, (state,)), train_call.as_text()) if profile else {}
   return {"job": "relay", "devices": exp.mesh.size, "roles": len(exp.layout.roles), "seeds": config.num_seeds,
-          "sharing": config.roles.sharing, "microbatch_size": config.rl.microbatch_size,
+          "sharing": config.roles.sharing, "d_model": config.model.d_model, "microbatch_size": config.rl.microbatch_size,
           "credit": config.credit.name, "completions_per_s": completions / seconds,
           "tokens_per_s": tokens / seconds, "flops_per_s": steps * step_flops(exp) / seconds,
           "rollout_tokens_per_s": rollout_tokens / rollout_s,
@@ -381,7 +383,7 @@ def main(argv):
   roles_grid, seeds_grid = ([int(x) for x in part.split(",")] for part in _GRID.value.split("/"))
   rows = []
   print(f"backend={jax.default_backend()} devices={jax.device_count()} batch_size={_BATCH.value} "
-        f"microbatch_size={_MICRO.value} model={_CHECKPOINT.value or 'built-in'}")
+        f"microbatch_size={_MICRO.value} model={_CHECKPOINT.value or f'built-in, d_model {_D_MODEL.value}'}")
   print(f"{'roles':>5} {'seeds':>5} {'sharing':>8} {'credit':>10} {'completions/s':>14} "
         f"{'tokens/s':>10} {'GFLOP/s':>8} {'of_matmul':>9} {'rollout_tok/s':>13} {'of_matmul':>9} "
         f"{'update_tok/s':>12} {'of_matmul':>9} {'compile_s':>9} {'matmul GFLOP/s':>15}")
@@ -389,7 +391,7 @@ def main(argv):
           for sharing in _SHARING.value.split(",") for credit in _CREDITS.value.split(",")]
   for roles, seeds, sharing, credit in grid:
     config = relay_config(roles, seeds, credit, _BATCH.value, _STEPS.value, sharing, _CHECKPOINT.value,
-                          _RANDOM.value, _MICRO.value)
+                          _RANDOM.value, _MICRO.value, _D_MODEL.value)
     bound_before = matmul_flops_per_s()
     row = measure(config, _CALLS.value, _PROFILE.value)
     row["matmul_flops_per_s"] = (bound_before, matmul_flops_per_s())

@@ -39,6 +39,18 @@ def test_step_flops_counts_the_rollout_reruns_and_update():
   assert throughput.step_flops(exp) == rl.batch_size * (sampling.token_reads(layout) * per_token + update)
 
 
+def test_a_wider_relay_job_keeps_its_shape_and_counts_its_own_flops():
+  # --d_model widens the agents (d_ff 4x, 4 heads) and nothing else: the same canvas and reads, each
+  # token's FLOPs those of the wider model (dense products 4x at twice the width).
+  narrow, wide = (experiment.build(throughput.relay_config(2, 1, "team", batch_size=8, steps_per_call=1,
+                                                           d_model=d)) for d in (128, 256))
+  assert (wide.model.d_model, wide.model.d_ff, wide.model.n_heads) == (256, 1024, 4)
+  assert wide.layout == narrow.layout
+  ratio = wide.model.flops_per_token(wide.layout.length) / narrow.model.flops_per_token(narrow.layout.length)
+  assert throughput.step_flops(wide) == pytest.approx(ratio * throughput.step_flops(narrow))
+  assert 3.5 < ratio < 4
+
+
 @pytest.mark.slow
 def test_a_row_times_the_step_and_its_rollout():
   config = throughput.relay_config(2, 2, "team", batch_size=8, steps_per_call=2)
