@@ -8,8 +8,8 @@ The relay job: agent 1 sees `a+b=` (digits 0-9) and writes up to 4 tokens; agent
 agent 1's message and writes the answer (up to 4 tokens); team reward 1 when it is right; isolated
 agents of d_model 128, 4 layers, 4 heads (`--d_model` for wider ones, d_ff 4x), or with `--checkpoint`
 a Qwen3/Llama checkpoint (each agent a copy of it).  A completion is one agent's message that the
-update trains on, so a step makes batch_size x roles completions.  Rows cover R = 1, 2, 4 roles (a chain of R
-agents), S = 1, 4 seeds, with team credit and with difference (counterfactual) credit.
+update trains on, so a step makes batch_size x roles completions.  Rows cover R = 1, 2, 4 roles (a
+chain of R agents), S = 1, 4 seeds, with team credit and with difference (counterfactual) credit.
 
 Every row also gives the achieved model FLOP/s (`step_flops`: an analytic count of the step's model
 FLOPs) and its fraction of a jitted float32 1024x1024 matmul timed just before and just after the row
@@ -196,7 +196,8 @@ def measure(config, calls: int, profile: bool = False) -> dict:
   # Last: the traced call consumes (donates) the state.
   traced = profile_summary(profile_call(train_call, (state,)), train_call.as_text()) if profile else {}
   return {"job": "relay", "devices": exp.mesh.size, "roles": len(exp.layout.roles), "seeds": config.num_seeds,
-          "sharing": config.roles.sharing, "d_model": config.model.d_model, "microbatch_size": config.rl.microbatch_size,
+          "sharing": config.roles.sharing, "d_model": config.model.d_model,
+          "microbatch_size": config.rl.microbatch_size,
           "credit": config.credit.name, "completions_per_s": completions / seconds,
           "tokens_per_s": tokens / seconds, "flops_per_s": steps * step_flops(exp) / seconds,
           "rollout_tokens_per_s": rollout_tokens / rollout_s,
