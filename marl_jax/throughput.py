@@ -61,7 +61,8 @@ _PROFILE = flags.DEFINE_bool("profile", False, "Also trace one train call per ro
                               "thunk time goes: matmuls, data movement, other compute (`profile_call`); "
                               "its dots' FLOPs against the count, and its `ceiling`.")
 _D_MODEL = flags.DEFINE_integer("d_model", 128, "Width of the built-in agents (d_ff 4x, 4 heads): the relay "
-                               "job is 128; wider agents do more matrix products per elementwise pass.")
+                               "job is 128; wider agents do more matrix products per elementwise pass.",
+                               lower_bound=4)
 _CPU_DEVICES = flags.DEFINE_integer("cpu_devices", 0, "On a CPU: split it into this many JAX devices "
                                     "(jax_num_cpu_devices), each row's batch split over them as training "
                                     "splits it over devices; 0: as XLA_FLAGS has it (one by default).")
@@ -379,6 +380,9 @@ def main(argv):
   if _WORKFLOWS.value:
     workflow_flops_table()
     return
+  if _CHECKPOINT.value and _D_MODEL.value != _D_MODEL.default:
+    raise app.UsageError(f"--d_model={_D_MODEL.value} sets the built-in agents' width; with --checkpoint "
+                         "the checkpoint's config.json does: leave --d_model at its default")
   if _CPU_DEVICES.value:  # before anything starts the backend
     jax.config.update("jax_num_cpu_devices", _CPU_DEVICES.value)
   roles_grid, seeds_grid = ([int(x) for x in part.split(",")] for part in _GRID.value.split("/"))

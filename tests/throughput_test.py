@@ -51,6 +51,14 @@ def test_a_wider_relay_job_keeps_its_shape_and_counts_its_own_flops():
   assert 3.5 < ratio < 4
 
 
+def test_the_cli_refuses_a_width_for_checkpoint_agents():
+  # A checkpoint's shapes are its own: --d_model beside --checkpoint would be silently ignored.
+  done = subprocess.run([sys.executable, "-m", "marl_jax.throughput", "--checkpoint=tests/fixtures/lm/qwen3",
+                         "--d_model=256"], capture_output=True, text=True, check=False)
+  assert done.returncode != 0
+  assert "--d_model=256" in done.stderr and "--checkpoint" in done.stderr
+
+
 @pytest.mark.slow
 def test_a_row_times_the_step_and_its_rollout():
   config = throughput.relay_config(2, 2, "team", batch_size=8, steps_per_call=2)
