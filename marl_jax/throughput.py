@@ -60,9 +60,11 @@ _RANDOM = flags.DEFINE_bool("random_weights", False, "With --checkpoint: its sha
 _PROFILE = flags.DEFINE_bool("profile", False, "Also trace one train call per row and print where its "
                               "thunk time goes: matmuls, data movement, other compute (`profile_call`); "
                               "its dots' FLOPs against the count, and its `ceiling`.")
-_D_MODEL = flags.DEFINE_integer("d_model", 128, "Width of the built-in agents (d_ff 4x, 4 heads): the relay "
-                               "job is 128; wider agents do more matrix products per elementwise pass.",
-                               lower_bound=4)
+RELAY_D_MODEL = 128  # the relay job's agents' width; `--d_model` runs the same job with wider ones
+
+_D_MODEL = flags.DEFINE_integer("d_model", RELAY_D_MODEL, "Width of the built-in agents (d_ff 4x, 4 heads): "
+                               f"the relay job is {RELAY_D_MODEL}; wider agents do more matrix products per "
+                               "elementwise pass.", lower_bound=4)
 _CPU_DEVICES = flags.DEFINE_integer("cpu_devices", 0, "On a CPU: split it into this many JAX devices "
                                     "(jax_num_cpu_devices), each row's batch split over them as training "
                                     "splits it over devices; 0: as XLA_FLAGS has it (one by default).")
@@ -85,7 +87,7 @@ WORKFLOWS = (
 
 def relay_config(roles: int, seeds: int, credit: str, batch_size: int, steps_per_call: int,
                  sharing: str = "isolated", checkpoint: str = "", random_weights: bool = False,
-                 microbatch_size: int = 0, d_model: int = 128):
+                 microbatch_size: int = 0, d_model: int = RELAY_D_MODEL):
   c = configs.base_config()
   c.model.update(d_model=d_model, n_layers=4, n_heads=4, d_ff=4 * d_model, checkpoint=checkpoint,
                  random_weights=random_weights)
@@ -380,7 +382,7 @@ def main(argv):
   if _WORKFLOWS.value:
     workflow_flops_table()
     return
-  if _CHECKPOINT.value and _D_MODEL.value != _D_MODEL.default:
+  if _CHECKPOINT.value and _D_MODEL.value != RELAY_D_MODEL:
     raise app.UsageError(f"--d_model={_D_MODEL.value} sets the built-in agents' width; with --checkpoint "
                          "the checkpoint's config.json does: leave --d_model at its default")
   if _CPU_DEVICES.value:  # before anything starts the backend
