@@ -87,7 +87,7 @@ def minibatch_gradient(exp, params_R, mb: Batch, devices: int):
 
 def apply(exp, params_R, opt_state, batch: Batch, devices: int):
   """Epochs of minibatch updates over this device's rows: (params_R, opt_state, aux), where aux holds
-  per-role diagnostics of the last minibatch, summed over devices, the norm of each parameter set's
+  per-role diagnostics of the last minibatch (global token means), the norm of each parameter set's
   gradient there (`grad_norm_S`), and whether every minibatch's loss and gradient were finite
   (`finite_loss_R`, `finite_grad_S`)."""
   def minibatch_update(carry, rows):
@@ -95,7 +95,9 @@ def apply(exp, params_R, opt_state, batch: Batch, devices: int):
     grads, loss_R, aux = minibatch_gradient(exp, params, jax.tree.map(lambda x: x[rows], batch), devices)
     grads = jax.lax.pmean(grads, parallel.DATA)
     updates, opt_state = exp.optimizer.update(grads, opt_state, params)  # per set; frozen sets still
-    aux = {k: jax.lax.psum(v, parallel.DATA) for k, v in {**aux, "loss": loss_R}.items()}
+    # Each device's token means are over `token_counts`' per-device average, so the global mean is
+    # their mean over devices (as for the gradients), not their sum.
+    aux = {k: jax.lax.pmean(v, parallel.DATA) for k, v in {**aux, "loss": loss_R}.items()}
     aux["grad_norm_S"] = model_lib.set_norms(exp.model, grads)
     return (optax.apply_updates(params, updates), opt_state), aux
 
