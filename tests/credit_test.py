@@ -46,9 +46,13 @@ def test_group_baselines_work_on_leading_axes(kind):
   chex.assert_trees_all_close(adv_RxB[1], jnp.roll(jnp.array(EXPECTED[kind], jnp.float32), 4), atol=1e-5)
 
 
-def test_grpo_of_a_constant_group_is_zero():
-  # All four right: no signal, and the eps keeps 0/0 finite.
-  chex.assert_trees_all_close(credit.group_advantage(jnp.ones(4), 4, "grpo"), jnp.zeros(4))
+@pytest.mark.parametrize("kind", credit.BASELINES[:3])
+@pytest.mark.parametrize("reward", [1.0, 0.7, 0.1])
+def test_a_group_of_equal_rewards_has_no_advantage(kind, reward):
+  # No signal, exactly: eight 0.7s do not average to 0.7 in float32, and grpo once turned that
+  # rounding (over a std of the same size) into advantages of 0.06.  Three 0.1s the same.
+  for size in (3, 8):
+    assert (credit.group_advantage(jnp.full(2 * size, reward), size, kind) == 0).all(), size
 
 
 def test_unknown_baseline():
@@ -415,3 +419,13 @@ def test_role_normalized_by_hand():
                               atol=1e-5)
   with pytest.raises(ValueError, match=r"config.credit.signal='x' is unknown; allowed: \['team', 'role'\]"):
     credit.make("role_normalized", signal="x").check(2, 2)
+
+
+@pytest.mark.parametrize("baseline", ["dr_grpo", "none"])
+def test_role_normalized_of_equal_rewards_is_zero(baseline):
+  # Every team reward 0.7: no signal.  Standardising the rounding of a one-pass variance once gave
+  # every row -0.12 (while logging advantage_std 0).
+  outcome = credit.Outcome(tokens_BxT=jnp.zeros((64, LAYOUT.length), jnp.int32), team_B=jnp.full(64, 0.7),
+                           role_RxB=jnp.full((2, 64), 0.7), group_size=8)
+  adv_RxB, metrics = sharded(credit.make("role_normalized", baseline=baseline).advantages)((), outcome, None)
+  assert (adv_RxB == 0).all() and (metrics["advantage_std"] == 0).all()

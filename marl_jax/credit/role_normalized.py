@@ -4,6 +4,7 @@ of role r's rows of the global batch, so every role's advantages have the same s
 normalisation of multi-agent GRPO variants)."""
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 
 from marl_jax import parallel
@@ -25,7 +26,10 @@ class RoleNormalized(base.Estimator):
   def advantages(self, state, outcome, counterfactuals):
     reward_RxB = role_baseline.reward_RxB(outcome, self.signal)
     a_RxB = baselines.group_advantage(reward_RxB, outcome.group_size, self.baseline)
-    # Moments over the global batch: every device holds the same number of rows.
-    mean_R = parallel.mean_over_devices(a_RxB.mean(1))
-    std_R = jnp.sqrt(jnp.maximum(parallel.mean_over_devices((a_RxB ** 2).mean(1)) - mean_R ** 2, 0.0))
-    return (a_RxB - mean_R[:, None]) / (std_R[:, None] + EPS), {"advantage_std": std_R}
+    # Moments over the global batch (every device holds the same number of rows), in two passes and
+    # about a value every device holds (the largest), so that equal advantages standardise to exactly 0
+    # rather than to rounding over a rounding-level std.
+    d_RxB = a_RxB - jax.lax.pmax(a_RxB.max(1), parallel.DATA)[:, None]
+    centred_RxB = d_RxB - parallel.mean_over_devices(d_RxB.mean(1))[:, None]
+    std_R = jnp.sqrt(parallel.mean_over_devices((centred_RxB ** 2).mean(1)))
+    return centred_RxB / (std_R[:, None] + EPS), {"advantage_std": std_R}
