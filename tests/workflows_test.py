@@ -172,7 +172,9 @@ def test_best_of_n_pick_and_rewards_by_hand():
   np.testing.assert_array_equal(out.role_RxB[:3].sum(0), [1, 1, 1, 1, 1, 0, 0])
   m = out.metrics
   np.testing.assert_allclose(m["oracle"], 5 / 7)
-  np.testing.assert_allclose(m["judge_precision"], 3 / 5)
+  # Of the five episodes with a right candidate the judge picked one right: rows 2 and 3 fall back to
+  # a right first candidate, but an unreadable pick is no pick.
+  np.testing.assert_allclose(m["judge_precision"], 1 / 5)
   np.testing.assert_allclose(m["candidate_accuracy"], 5 / 21, rtol=1e-6)
   np.testing.assert_allclose(m["readable_pick"], 3 / 7)
   np.testing.assert_allclose(m["same_message_rate"], 0.0)

@@ -58,7 +58,8 @@ class BestOfN(engine.Protocol):
         "accuracy": team_B.mean(),
         "candidate_accuracy": right_KxB.mean(),
         "oracle": oracle_B.mean(),  # some candidate is right
-        "judge_precision": team_B.sum() / jnp.maximum(oracle_B.sum(), 1),  # picked right | one right
+        # Picked right | one right: an unreadable pick is no pick, though its fallback may be right.
+        "judge_precision": jnp.where(readable_B, team_B, 0.0).sum() / jnp.maximum(oracle_B.sum(), 1),
         "readable_pick": readable_B.mean(),
         "same_message_rate": engine.same_message_rate(answers_KxBxA),
     }
