@@ -17,6 +17,7 @@ from tensorboardX.proto import event_pb2
 
 from marl_jax import checkpoint, configs, experiment, loop, state, train
 from marl_jax import metrics as metrics_lib
+from marl_jax import workdir as workdir_lib
 from main_test import _snapshot, _steps
 from train_test import tiny_config
 
@@ -285,6 +286,26 @@ def test_resume_refuses_a_steps_per_call_that_misses_the_steps_left(tmp_path):
                           "eval_every": 4, "checkpoint_every": 4})
   _refused_untouched(tmp_path, config, ["config.steps_per_call=4 does not divide step 2",
                                         "config.total_steps=8", "allowed: the divisors of 2"])
+
+
+RESUME_CHANGES = {  # name: (overrides, what the message names)
+    "seed": ({"seed": 1000}, ["config.seed: 0 there, 1000 now"]),
+    "num_seeds": ({"num_seeds": 2}, ["config.num_seeds: 1 there, 2 now"]),
+    "eval_set": ({"eval.seed": 99, "eval.size": 32},
+                 ["config.eval.seed: 1234 there, 99 now", "config.eval.size: 16 there, 32 now"]),
+}
+
+
+@pytest.mark.parametrize("name", RESUME_CHANGES)
+def test_resume_refuses_other_seeds_or_evaluation_set(tmp_path, name):
+  # A resume under other seeds or another evaluation set would report one run's curves as another's.
+  _workdir_of_a_run(tmp_path)
+  overrides, expected = RESUME_CHANGES[name]
+  _refused_untouched(tmp_path, tiny_config(**{**OVERRIDES, **overrides}),
+                     expected + ["resuming it needs the same"])
+  # How long and how often it runs, and where the evaluation set is stored, may change.
+  workdir_lib.check(tiny_config(**{**OVERRIDES, "total_steps": 8, "eval_every": 4,
+                                   "eval.data_dir": str(tmp_path / "data")}), str(tmp_path))
 
 
 # ---------------------------------------------------------------------------------------------
