@@ -308,6 +308,15 @@ def test_resume_refuses_other_seeds_or_evaluation_set(tmp_path, name):
                                    "eval.data_dir": str(tmp_path / "data")}), str(tmp_path))
 
 
+def test_corrupt_metrics_of_a_checkpoint_name_the_step_to_move_aside(tmp_path):
+  _workdir_of_a_run(tmp_path)
+  path = tmp_path / "checkpoints" / "2" / "metrics" / "metrics"
+  path.write_text("x\n")
+  _refused_untouched(tmp_path, tiny_config(**OVERRIDES),
+                     [f"metrics file {path} is corrupt",
+                      f"moving {tmp_path / 'checkpoints' / '2'} out of the workdir resumes from step 0"])
+
+
 # ---------------------------------------------------------------------------------------------
 # Malformed configs: each refused with its key and the allowed values, before the workdir is touched.
 
