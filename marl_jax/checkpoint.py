@@ -4,6 +4,7 @@ Orbax writes a step into a temporary directory and renames it when complete, so 
 mid-save leaves the previous steps intact and an unfinished temporary directory, which the next run's
 manager removes.  Besides the latest steps, the one with the best evaluation accuracy is kept (its
 `BEST` value is saved with it)."""
+import json
 import math
 import os
 
@@ -28,11 +29,36 @@ def manager(workdir: str, max_to_keep: int = 3, read_only: bool = False) -> ocp.
   keep = policies.AnyPreservationPolicy([
       policies.LatestN(max_to_keep),
       policies.BestN(get_metric_fn=_best_value, n=1, keep_checkpoints_without_metrics=False)])
-  return ocp.CheckpointManager(
-      os.path.abspath(os.path.join(workdir, "checkpoints")),
-      options=ocp.CheckpointManagerOptions(
-          best_fn=_best_value, best_mode="max", preservation_policy=keep, create=not read_only,
-          cleanup_tmp_directories=not read_only))
+  directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+  try:
+    return ocp.CheckpointManager(
+        directory,
+        options=ocp.CheckpointManagerOptions(
+            best_fn=_best_value, best_mode="max", preservation_policy=keep, create=not read_only,
+            cleanup_tmp_directories=not read_only))
+  except ValueError:  # orbax reads every step's metrics first, and names none that fails
+    _check_metrics(directory)
+    raise
+
+
+def _check_metrics(directory: str) -> None:
+  """Refuses a step whose saved metrics (its `BEST` value) do not read as JSON, naming its directory
+  to move aside.  Never reads it as a step without metrics: the `BestN` policy would then delete it."""
+  steps = sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+  for step in steps:
+    step_dir = os.path.join(directory, str(step))
+    path = os.path.join(step_dir, "metrics", "metrics")
+    try:
+      with open(path) as f:
+        json.load(f)
+    except FileNotFoundError:  # saved without metrics
+      continue
+    except ValueError as e:
+      others = [s for s in steps if s != step]
+      way_out = (f"moving {step_dir} out of the workdir resumes from step {others[-1]}" if others else
+                 "give a new workdir")
+      raise ValueError(f"checkpoint {step} in {os.path.dirname(directory)} cannot be read: its metrics "
+                       f"file {path} is corrupt ({e}); {way_out}") from e
 
 
 def latest_step(workdir: str) -> int | None:

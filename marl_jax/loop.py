@@ -67,6 +67,15 @@ def _setup(config: ml_collections.ConfigDict, workdir: str):
     workdir_lib.check(config, workdir)
     checkpoint.check_entries(workdir)
     start = checkpoint.latest_step(workdir)
+    # The calls step from `start` by steps_per_call: off its multiples they would pass total_steps and
+    # every log, evaluation and checkpoint step, and end without saving.
+    if start is not None and start < config.total_steps and start % config.steps_per_call:
+      raise ValueError(
+          f"config.steps_per_call={config.steps_per_call} does not divide step {start}, the latest "
+          f"checkpoint in {workdir} that this run resumes from, so its calls would never reach "
+          f"config.total_steps={config.total_steps}; allowed: the divisors of "
+          f"{math.gcd(start, config.total_steps)} (they divide both step {start} and the "
+          f"{config.total_steps - start} steps left)")
     state_S = None if start is None else checkpoint.restore(workdir, state.abstract_state(exp))
     init_params_S = load_params(exp, config.init_from) if config.init_from and start is None else None
   except (ValueError, OSError) as e:

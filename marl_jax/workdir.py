@@ -1,12 +1,15 @@
 """The workdir a run writes (config.json, metrics.jsonl, tensorboard/, checkpoints/): whether this run
 may use it, checked before anything is written, and replacing a file there in one step."""
+import functools
 import json
 import os
 
 import ml_collections
 
-# The groups that make a run's state and problems: resuming under different ones would mix two runs.
-IDENTITY = ("task", "model", "protocol", "roles")
+# The groups and keys that make a run's state, problems, seeds and evaluation set (eval.data_dir only
+# says where that set is stored): resuming under different ones would mix two runs, and the report
+# would label one run's seeds or evaluations as another's.
+IDENTITY = ("task", "model", "protocol", "roles", "seed", "num_seeds", "eval.seed", "eval.size")
 # A mixed team's other model configs make the run too; a run saved before they existed has none.
 LATER_IDENTITY = ("models",)
 FILES = ("config.json", "metrics.jsonl", "tensorboard", "checkpoints")
@@ -20,6 +23,11 @@ def write_atomically(path: str, text: str) -> None:
     f.flush()
     os.fsync(f.fileno())
   os.replace(tmp, path)
+
+
+def _get(config: dict, key: str):
+  """The value of a dotted `key` in `config`; None where it has none."""
+  return functools.reduce(lambda c, part: c.get(part) if isinstance(c, dict) else None, key.split("."), config)
 
 
 def _differences(saved: dict, now: dict, prefix: str) -> list[str]:
@@ -37,7 +45,7 @@ def _differences(saved: dict, now: dict, prefix: str) -> list[str]:
 def check(config: ml_collections.ConfigDict, workdir: str) -> None:
   """Refuses (ValueError) a workdir this run must not write: one it cannot write to, one that
   holds a run's files without their config.json (or with an unreadable one), and one whose run had
-  another task, model, protocol or roles.  Reads only."""
+  another IDENTITY (task, model, protocol, roles, seeds or evaluation set).  Reads only."""
   existing = workdir
   while not os.path.exists(existing):
     existing = os.path.dirname(os.path.abspath(existing))
@@ -61,12 +69,12 @@ def check(config: ml_collections.ConfigDict, workdir: str) -> None:
       saved = json.load(f)
   except (OSError, ValueError) as e:
     saved, error = None, e
-  if not isinstance(saved, dict) or not all(isinstance(saved.get(g), dict) for g in IDENTITY):
+  if not isinstance(saved, dict) or any(_get(saved, key) is None for key in IDENTITY):
     raise ValueError(f"--workdir={workdir}: its config.json is unreadable or not a marl_jax config "
                       f"({error if saved is None else 'no ' + '/'.join(IDENTITY)}); give a new workdir")
   now = json.loads(config.to_json())
-  groups = IDENTITY + LATER_IDENTITY
-  differences = _differences({g: saved.get(g, {}) for g in groups}, {g: now.get(g, {}) for g in groups}, "")
+  keys = [key for key in IDENTITY + LATER_IDENTITY if _get(saved, key) is not None]
+  differences = _differences({k: _get(saved, k) for k in keys}, {k: _get(now, k) for k in keys}, "")
   if differences:
     raise ValueError(f"--workdir={workdir} holds a run of a different config ({'; '.join(differences)}): "
                       f"resuming it needs the same {'/'.join(IDENTITY)}; give a new workdir "

@@ -17,6 +17,7 @@ from tensorboardX.proto import event_pb2
 
 from marl_jax import checkpoint, configs, experiment, loop, state, train
 from marl_jax import metrics as metrics_lib
+from marl_jax import workdir as workdir_lib
 from main_test import _snapshot, _steps
 from train_test import tiny_config
 
@@ -266,6 +267,56 @@ def test_foreign_corrupt_or_read_only_workdirs_are_refused_untouched(tmp_path):
     assert _snapshot(tmp_path / name) == before[name], name
 
 
+def _refused_untouched(workdir, config, expected):
+  """The run of `config` in `workdir` refuses with a ConfigError naming each of `expected`, before
+  compiling or writing anything."""
+  before = _snapshot(workdir)
+  with pytest.raises(experiment.ConfigError) as error:
+    loop.train_and_evaluate(config, str(workdir))
+  for piece in expected:
+    assert piece in str(error.value), (piece, str(error.value))
+  assert _snapshot(workdir) == before
+
+
+def test_resume_refuses_a_steps_per_call_that_misses_the_steps_left(tmp_path):
+  # From step 2 calls of 4 steps would reach 6, 10, ...: never total_steps=8, nor a step to log,
+  # evaluate or save at.
+  _workdir_of_a_run(tmp_path)
+  config = tiny_config(**{**OVERRIDES, "total_steps": 8, "steps_per_call": 4, "log_every": 4,
+                          "eval_every": 4, "checkpoint_every": 4})
+  _refused_untouched(tmp_path, config, ["config.steps_per_call=4 does not divide step 2",
+                                        "config.total_steps=8", "allowed: the divisors of 2"])
+
+
+RESUME_CHANGES = {  # name: (overrides, what the message names)
+    "seed": ({"seed": 1000}, ["config.seed: 0 there, 1000 now"]),
+    "num_seeds": ({"num_seeds": 2}, ["config.num_seeds: 1 there, 2 now"]),
+    "eval_set": ({"eval.seed": 99, "eval.size": 32},
+                 ["config.eval.seed: 1234 there, 99 now", "config.eval.size: 16 there, 32 now"]),
+}
+
+
+@pytest.mark.parametrize("name", RESUME_CHANGES)
+def test_resume_refuses_other_seeds_or_evaluation_set(tmp_path, name):
+  # A resume under other seeds or another evaluation set would report one run's curves as another's.
+  _workdir_of_a_run(tmp_path)
+  overrides, expected = RESUME_CHANGES[name]
+  _refused_untouched(tmp_path, tiny_config(**{**OVERRIDES, **overrides}),
+                     expected + ["resuming it needs the same"])
+  # How long and how often it runs, and where the evaluation set is stored, may change.
+  workdir_lib.check(tiny_config(**{**OVERRIDES, "total_steps": 8, "eval_every": 4,
+                                   "eval.data_dir": str(tmp_path / "data")}), str(tmp_path))
+
+
+def test_corrupt_metrics_of_a_checkpoint_name_the_step_to_move_aside(tmp_path):
+  _workdir_of_a_run(tmp_path)
+  path = tmp_path / "checkpoints" / "2" / "metrics" / "metrics"
+  path.write_text("x\n")
+  _refused_untouched(tmp_path, tiny_config(**OVERRIDES),
+                     [f"metrics file {path} is corrupt",
+                      f"moving {tmp_path / 'checkpoints' / '2'} out of the workdir resumes from step 0"])
+
+
 # ---------------------------------------------------------------------------------------------
 # Malformed configs: each refused with its key and the allowed values, before the workdir is touched.
 
@@ -319,12 +370,7 @@ def test_malformed_config_is_refused_before_the_workdir_is_touched(tmp_path, gro
   (tmp_path / "checkpoints").mkdir()
   (tmp_path / "metrics.jsonl").write_text('{"step": 0, "accuracy": 0.5}\n')
   (tmp_path / "config.json").write_text(tiny_config().to_json())
-  before = _snapshot(tmp_path)
-  with pytest.raises(experiment.ConfigError) as error:
-    loop.train_and_evaluate(tiny_config(**overrides), str(tmp_path))
-  for piece in expected:
-    assert piece in str(error.value), (piece, str(error.value))
-  assert _snapshot(tmp_path) == before
+  _refused_untouched(tmp_path, tiny_config(**overrides), expected)
 
 
 def test_command_line_config_errors_are_one_line(tmp_path):
