@@ -13,16 +13,19 @@ def eval_problems(exp: Experiment, data_dir: str) -> dict:
   """The fixed evaluation set (`config.eval`): the versioned TFDS set in `data_dir` when one is given
   (read when it exists, built when it does not), else the same problems drawn in memory."""
   cfg = exp.config.eval
-  if data_dir:
+  if not data_dir:
+    return tasks.eval_problems(exp.task, cfg.seed, cfg.size)
+  try:
     return datasets.load_eval_set(exp.task, cfg.seed, cfg.size, data_dir)
-  return tasks.eval_problems(exp.task, cfg.seed, cfg.size)
+  except OSError as e:
+    raise ValueError(f"config.eval.data_dir={data_dir!r}: {e}; give a directory that holds the evaluation "
+                     f"set or where this run can build it") from e
 
 
-def make_evaluate(exp: Experiment):
-  """`evaluate(params_S, greedy=True) -> metrics_S` on the fixed evaluation set, greedy or sampled:
+def make_evaluate(exp: Experiment, problems: dict):
+  """`evaluate(params_S, greedy=True) -> metrics_S` on `problems` (`eval_problems`), greedy or sampled:
   `greedy` is an argument of one compiled program, not a second program."""
   cfg = exp.config.eval
-  problems = eval_problems(exp, cfg.data_dir)
   keys = jax.random.split(jax.random.PRNGKey(cfg.seed + 1), cfg.size)
 
   def local(params_S, greedy, problems, key_B):

@@ -60,8 +60,9 @@ def summarize(metrics_SxN) -> dict:
 
 def _setup(config: ml_collections.ConfigDict, workdir: str):
   """Everything that can refuse the run, before anything is compiled or written: the config, the
-  workdir, its latest checkpoint (restored) and the warm start `init_from` (for a new run).  Returns
-  (exp, start, state_S, init_params_S) with start None for a new run; raises ConfigError."""
+  workdir, its latest checkpoint (restored), the warm start `init_from` (for a new run) and the
+  evaluation set.  Returns (exp, start, state_S, init_params_S, eval_problems) with start None for a
+  new run; raises ConfigError."""
   try:
     exp = experiment.build(config)
     workdir_lib.check(config, workdir)
@@ -78,9 +79,10 @@ def _setup(config: ml_collections.ConfigDict, workdir: str):
           f"{config.total_steps - start} steps left)")
     state_S = None if start is None else checkpoint.restore(workdir, state.abstract_state(exp))
     init_params_S = load_params(exp, config.init_from) if config.init_from and start is None else None
+    eval_problems = evaluate.eval_problems(exp, config.eval.data_dir)
   except (ValueError, OSError) as e:
     raise experiment.ConfigError(str(e)) from e
-  return exp, start, state_S, init_params_S
+  return exp, start, state_S, init_params_S, eval_problems
 
 
 @contextlib.contextmanager
@@ -155,7 +157,7 @@ def _skipped_updates(exp: experiment.Experiment, nonfinite_SxNxQxR, first_step: 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   if config.distributed:
     parallel.initialize_distributed()
-  exp, start, state_S, init_params_S = _setup(config, workdir)
+  exp, start, state_S, init_params_S, eval_problems = _setup(config, workdir)
   _agree_on_start(workdir, start)
   lead = jax.process_index() == 0
   if lead:
@@ -167,7 +169,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   skipped_S = np.asarray(saved.get("skipped_updates", [0] * config.num_seeds), np.int64)
   peak = checkpoint.best_value(mngr)
   writer = metrics_lib.Writer(workdir, config.total_steps, start, enabled=lead)
-  evaluate_set = evaluate.make_evaluate(exp)
+  evaluate_set = evaluate.make_evaluate(exp, eval_problems)
 
   def evaluation(state_S) -> tuple[dict, float]:
     """Greedy evaluation scalars with the drop of their mean accuracy from the best so far (the best

@@ -373,6 +373,16 @@ def test_malformed_config_is_refused_before_the_workdir_is_touched(tmp_path, gro
   _refused_untouched(tmp_path, tiny_config(**overrides), expected)
 
 
+def test_an_unusable_eval_data_dir_is_refused_before_the_workdir_is_touched(tmp_path):
+  # Neither holding the evaluation set nor a place to build it (a path under a file): once a traceback
+  # after the workdir was written.
+  (tmp_path / "a_file").write_text("")
+  data_dir = tmp_path / "a_file" / "eval"
+  _refused_untouched(tmp_path / "run", tiny_config(**{"eval.data_dir": str(data_dir)}),
+                     [f"config.eval.data_dir='{data_dir}'", "holds the evaluation set or where this run can build it"])
+  assert not (tmp_path / "run").exists()
+
+
 def test_command_line_config_errors_are_one_line(tmp_path):
   """A config error from the config file, an unknown key or a bad value: one line naming the flag,
   exit status 1, no traceback, nothing compiled, the workdir untouched."""
