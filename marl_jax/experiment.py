@@ -23,8 +23,9 @@ class ConfigError(ValueError):
   command line prints its message alone, without a traceback."""
 
 
-# What a non-finite reward, advantage, loss or gradient does (`config.rl.on_nonfinite`): the update is
-# skipped either way; `skip` counts it and goes on, `stop` ends the run with the step, role and quantity.
+# What a non-finite reward, advantage, loss, gradient or updated state does (`config.rl.on_nonfinite`):
+# the update is skipped either way; `skip` counts it and goes on, `stop` ends the run with the step,
+# role and quantity.
 ON_NONFINITE = ("skip", "stop")
 
 # Integer settings that others divide by or loop over, with the least value each allows.

@@ -175,28 +175,49 @@ def test_sigterm_then_kill_during_a_save_resume_exactly(tmp_path):
                               _restore(workdir, best["step"], CRITIC_OVERRIDES).params)
 
 
+# quantity: (flags, patch, the first update it skips).  A learning rate past float32's range turns
+# finite gradients (an entropy bonus: the untrained agent's rewards are all 0) into infinite parameters.
+NONFINITE_CASES = {
+    "reward": ((), NAN_REWARD, 3),
+    "parameters": (("--config.optim.learning_rate=1e39", "--config.rl.entropy_coef=0.01"), "", 1),
+}
+
+
 @pytest.mark.slow
-def test_nonfinite_reward_skips_the_update_or_stops_the_run(tmp_path):
+@pytest.mark.parametrize("quantity", NONFINITE_CASES)
+def test_nonfinite_value_skips_the_update_or_stops_the_run(tmp_path, quantity):
+  flags, patch, first = NONFINITE_CASES[quantity]
   # The same program both ways (the step skips a non-finite update; the host counts it or stops),
   # so the second run reuses the first one's compilation.
   skip, stop = tmp_path / "skip", tmp_path / "stop"
-  skipped = _run(skip, "--config.checkpoint_every=2", patch=NAN_REWARD)
+  skipped = _run(skip, "--config.checkpoint_every=2", *flags, patch=patch)
   assert skipped.returncode == 0, skipped.stderr[-3000:]
-  assert "non-finite reward at step 3 (seed 0, role agent): the update was skipped" in skipped.stderr
-  # The updates to steps 3 and 4 are skipped and counted: parameters, optimiser and credit state
-  # stay at step 2's.
-  assert [r["skipped_updates"] for r in map(json.loads, open(skip / "metrics.jsonl"))] == [0, 0, 2]
-  at_2, at_4 = _restore(skip, 2), _restore(skip, 4)
-  chex.assert_trees_all_equal(at_4.replace(step=at_2.step), at_2)
+  message = f"non-finite {quantity} at step {first} (seed 0, role agent)"
+  assert f"{message}: the update was skipped" in skipped.stderr
+  # Every update from step `first` on is skipped and counted: parameters, optimiser and credit state
+  # stay at step first - 1's.
+  assert ([r["skipped_updates"] for r in map(json.loads, open(skip / "metrics.jsonl"))]
+          == [max(0, step - first + 1) for step in (0, 2, 4)])
+  before, at_4 = _restore(skip, first - 1), _restore(skip, 4)
+  chex.assert_trees_all_equal(at_4.replace(step=before.step), before)
 
   # With on_nonfinite=stop the run ends with one line naming the step, seed, quantity and role;
-  # nothing past step 2 is saved or logged.
-  stopped = _run(stop, "--config.checkpoint_every=2", "--config.rl.on_nonfinite=stop", patch=NAN_REWARD)
+  # nothing of the call holding step `first` is saved or logged.
+  stopped = _run(stop, "--config.checkpoint_every=2", "--config.rl.on_nonfinite=stop", *flags,
+                 patch=patch)
   assert stopped.returncode == 1
   assert stopped.stderr.strip().splitlines()[-1].startswith(
-      "FATAL NonFiniteError: non-finite reward at step 3 (seed 0, role agent)"), stopped.stderr[-3000:]
+      f"FATAL NonFiniteError: {message}"), stopped.stderr[-3000:]
   assert "Traceback" not in stopped.stderr
-  assert checkpoint.latest_step(str(stop)) == 2 and _steps(stop) == [0, 2]
+  assert checkpoint.latest_step(str(stop)) == first - 1 and _steps(stop) == list(range(0, first, 2))
+
+
+def test_nonfinite_warm_start_stops_before_any_checkpoint(tmp_path):
+  config = tiny_config(**{**OVERRIDES, "sft.steps": 2, "sft.learning_rate": 1e39})
+  with pytest.raises(loop.NonFiniteError, match=r"^non-finite parameters before the first update \(after "
+                                                r"config.sft.steps=2 warm-start steps"):
+    loop.train_and_evaluate(config, str(tmp_path))
+  assert checkpoint.latest_step(str(tmp_path)) is None
 
 
 def test_checkpoint_refuses_a_nonfinite_state(tmp_path):
