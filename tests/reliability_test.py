@@ -3,6 +3,7 @@ non-finite updates, foreign or read-only workdirs and malformed configs.  The en
 the real command line at size=tiny in subprocesses, with the fault injected by a patch applied
 before `marl_jax.main` runs."""
 import json
+import math
 import os
 import pathlib
 import shutil
@@ -322,8 +323,22 @@ MALFORMED = [  # (group, overrides, what the message names)
     ("optim", {"optim.name": "nope"}, ["config.optim.name='nope'", "'adam'", "'sgd'"]),
     ("optim", {"optim.schedule": "nope"}, ["config.optim.schedule='nope'", "'constant'", "'cosine'"]),
     ("optim", {"optim.learning_rate": -1.0}, ["config.optim.learning_rate=-1.0", "> 0.0"]),
+    ("optim", {"optim.learning_rate": math.nan}, ["config.optim.learning_rate=nan", "> 0.0"]),
+    ("optim", {"optim.b1": 1.5}, ["config.optim.b1=1.5", "allowed: a number in [0, 1)"]),
+    ("optim", {"optim.b2": math.nan}, ["config.optim.b2=nan", "allowed: a number in [0, 1)"]),
+    ("optim", {"optim.weight_decay": -0.1}, ["config.optim.weight_decay=-0.1", "allowed: a number >= 0.0"]),
+    ("rl", {"rl.clip_eps": -1.0}, ["config.rl.clip_eps=-1.0", "allowed: a number > 0.0"]),
+    ("rl", {"rl.entropy_coef": -0.01}, ["config.rl.entropy_coef=-0.01", "allowed: a number >= 0.0"]),
+    ("rl", {"rl.kl_coef": math.nan}, ["config.rl.kl_coef=nan", "allowed: a number >= 0.0"]),
     ("sft", {"sft.schedule": "nope"}, ["config.sft.schedule='nope'", "'constant'", "'cosine'"]),
     ("sft", {"sft.steps": -1}, ["config.sft.steps=-1", "allowed: an integer >= 0"]),
+    ("sft", {"sft.learning_rate": -1.0}, ["config.sft.learning_rate=-1.0", "allowed: a number > 0.0"]),
+    ("sft", {"sft.learning_rate": math.nan}, ["config.sft.learning_rate=nan", "allowed: a number > 0.0"]),
+    ("sft", {"sft.warmup_steps": -5}, ["config.sft.warmup_steps=-5", "allowed: an integer >= 0"]),
+    ("sft", {"sft.b2": 1.0}, ["config.sft.b2=1.0", "allowed: a number in [0, 1)"]),
+    ("task", {"task.demo_error_rate": 2.0}, ["config.task.demo_error_rate=2.0", "a probability in [0, 1]"]),
+    ("task", {"task.demo_error_rate": math.nan},
+     ["config.task.demo_error_rate=nan", "a probability in [0, 1]"]),
     ("eval", {"eval.size": 0}, ["config.eval.size=0", "allowed: an integer >= 1"]),
     ("devices", {"num_devices": 1000}, ["config.num_devices=1000", "allowed: 0 (all of them) to"]),
     ("devices", {"num_devices": -1}, ["config.num_devices=-1", "allowed: an integer >= 0"]),
@@ -358,6 +373,8 @@ def test_command_line_config_errors_are_one_line(tmp_path):
        "config.rl.nope is not a key; allowed: ['algorithm',"),
       (["--config.rl.minibatches=0"], "FATAL ConfigError: config.rl.minibatches=0; ",
        "allowed: an integer >= 1 (from --config.rl.minibatches=0)"),
+      (["--config.sft.learning_rate=nan"], "FATAL ConfigError: config.sft.learning_rate=nan; ",
+       "allowed: a number > 0.0 (from --config.sft.learning_rate=nan)"),
   ]
   (tmp_path / "metrics.jsonl").write_text('{"step": 0, "accuracy": 0.5}\n')
   before = _snapshot(tmp_path)
