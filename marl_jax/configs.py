@@ -113,7 +113,8 @@ def base_config() -> ml_collections.ConfigDict:
   # models: '' (config.model for every set) or one model per set, 'model' or a config.models name.
   c.roles = ml_collections.ConfigDict(dict(sharing="isolated", trainable="", models=""))
   # algorithm: a registered loss (marl_jax/losses.py); G = group_size samples of each problem;
-  # on_nonfinite: 'skip' or 'stop' at a non-finite reward, advantage, loss or gradient (README).
+  # on_nonfinite: 'skip' or 'stop' at a non-finite reward, advantage, loss, gradient or updated state
+  # (README).
   # microbatch_size: rows per forward/backward pass on each device, their gradients summed over the
   # minibatch before the optimiser step (0: the whole minibatch in one pass).
   c.rl = ml_collections.ConfigDict(dict(

@@ -23,8 +23,9 @@ class ConfigError(ValueError):
   command line prints its message alone, without a traceback."""
 
 
-# What a non-finite reward, advantage, loss or gradient does (`config.rl.on_nonfinite`): the update is
-# skipped either way; `skip` counts it and goes on, `stop` ends the run with the step, role and quantity.
+# What a non-finite reward, advantage, loss, gradient or updated state does (`config.rl.on_nonfinite`):
+# the update is skipped either way; `skip` counts it and goes on, `stop` ends the run with the step,
+# role and quantity.
 ON_NONFINITE = ("skip", "stop")
 
 # Integer settings that others divide by or loop over, with the least value each allows.
@@ -32,22 +33,32 @@ _AT_LEAST = {"num_seeds": 1, "seeds_at_once": 0, "total_steps": 0, "steps_per_ca
              "eval_every": 1, "checkpoint_every": 1, "num_devices": 0, "model_shards": 1, "model.d_model": 1,
              "model.n_layers": 1, "model.n_heads": 1, "model.d_ff": 1, "model.max_len": 1, "rl.batch_size": 1,
              "rl.group_size": 1, "rl.epochs": 1, "rl.minibatches": 1, "rl.microbatch_size": 0, "optim.warmup_steps": 0,
-             "sft.steps": 0, "sft.batch_size": 1, "eval.size": 1}
+             "sft.steps": 0, "sft.batch_size": 1, "sft.warmup_steps": 0, "eval.size": 1}
 # Real settings that must be above a bound.
-_ABOVE = {"rl.temperature": 0.0, "optim.learning_rate": 0.0, "optim.max_grad_norm": 0.0}
+_ABOVE = {"rl.temperature": 0.0, "rl.clip_eps": 0.0, "optim.learning_rate": 0.0, "optim.max_grad_norm": 0.0,
+          "sft.learning_rate": 0.0}
+# Real settings with the least value each allows: coefficients that 0 turns off.
+_NOT_BELOW = {"rl.kl_coef": 0.0, "rl.entropy_coef": 0.0, "optim.weight_decay": 0.0}
+# Adam's decay rates, in [0, 1): 1 would never forget.
+_DECAY_RATES = ("optim.b1", "optim.b2", "sft.b2")
 
 
 def check_ranges(config: ml_collections.ConfigDict) -> None:
-  """The numeric settings are in range, before anything divides by them."""
-  get = lambda key: functools.reduce(getattr, key.split("."), config)
+  """The numeric settings are in range, before anything divides by them.  Each check says what is
+  allowed, so a NaN (every comparison with it False) is refused too."""
+  def check(key, allowed: Callable, description: str):
+    value = functools.reduce(getattr, key.split("."), config)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not allowed(value):
+      raise ValueError(f"config.{key}={value!r}; allowed: {description}")
+
   for key, low in _AT_LEAST.items():
-    value = get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-      raise ValueError(f"config.{key}={value!r}; allowed: an integer >= {low}")
+    check(key, lambda v: isinstance(v, int) and v >= low, f"an integer >= {low}")
   for key, low in _ABOVE.items():
-    value = get(key)
-    if not isinstance(value, (int, float)) or not value > low:
-      raise ValueError(f"config.{key}={value!r}; allowed: a number > {low}")
+    check(key, lambda v: v > low, f"a number > {low}")
+  for key, low in _NOT_BELOW.items():
+    check(key, lambda v: v >= low, f"a number >= {low}")
+  for key in _DECAY_RATES:
+    check(key, lambda v: 0 <= v < 1, "a number in [0, 1)")
 
 
 @dataclasses.dataclass(frozen=True)

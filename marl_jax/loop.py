@@ -22,7 +22,8 @@ from marl_jax import workdir as workdir_lib
 
 
 class NonFiniteError(FloatingPointError):
-  """A non-finite reward, advantage, loss or gradient under `config.rl.on_nonfinite='stop'`."""
+  """A non-finite reward, advantage, loss, gradient or updated state under
+  `config.rl.on_nonfinite='stop'`, or a warm start that left non-finite parameters."""
 
 
 def load_params(exp: experiment.Experiment, init_from: str, step: int | None = None):
@@ -154,6 +155,16 @@ def _skipped_updates(exp: experiment.Experiment, nonfinite_SxNxQxR, first_step: 
   return skipped_SxN.sum(1)
 
 
+def _check_start(config: ml_collections.ConfigDict, params_S) -> None:
+  """A new run's parameters are finite before anything evaluates or saves them: a warm start that
+  diverged has no update to skip, so it ends the run whatever `config.rl.on_nonfinite`."""
+  if not state.to_host(jax.jit(train.all_finite)(params_S)):
+    raise NonFiniteError(f"non-finite parameters before the first update (after config.sft.steps="
+                         f"{config.sft.steps} warm-start steps at config.sft.learning_rate="
+                         f"{config.sft.learning_rate}): nothing saved; a lower config.sft.learning_rate "
+                         f"keeps the warm start finite")
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   if config.distributed:
     parallel.initialize_distributed()
@@ -201,6 +212,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
       if start is None:
         start = 0
         state_S = state.initial_state(exp, init_params_S)
+        _check_start(config, state_S.params)
         sampled = state.to_host(evaluate_set(state_S.params, greedy=False))
         evals, accuracy = evaluation(state_S)
         log(0, {"accuracy": sampled["accuracy"], **evals, "skipped_updates": skipped_S})

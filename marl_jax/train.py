@@ -81,13 +81,30 @@ def step_metrics(exp: Experiment, scored, episodes: rollout.Episodes, devices, r
   return {k: jax.lax.pmean(v, parallel.DATA) for k, v in metrics.items()}
 
 
-NONFINITE = ("reward", "advantage", "loss", "gradient", "credit state")  # in the step's order
+NONFINITE = ("reward", "advantage", "loss", "gradient", "credit state", "parameters",
+             "optimiser state")  # in the step's order
+
+
+def all_finite(tree) -> jax.Array:
+  """Whether every float leaf of `tree` is finite: one reduction per leaf."""
+  return jnp.array([jnp.isfinite(x).all() for x in jax.tree.leaves(tree)
+                    if jnp.issubdtype(x.dtype, jnp.inexact)] + [True]).all()
+
+
+def every_role(exp: Experiment, *trees) -> jax.Array:
+  """nonfinite_QxR for whole trees (an updated state), one quantity each: non-finite for every role."""
+  return jnp.stack([jnp.full(len(exp.layout.roles), ~all_finite(tree)) for tree in trees])
+
+
+def on_any_device(nonfinite_QxR) -> jax.Array:
+  """Whether each was True on any device, so that every device skips the same updates."""
+  return jax.lax.pmax(nonfinite_QxR.astype(jnp.int32), parallel.DATA) > 0
 
 
 def nonfinite(exp: Experiment, outcome: credit.Outcome, adv_xB, aux, credit_state) -> jax.Array:
-  """nonfinite_QxR: whether quantity q of NONFINITE was non-finite for role r on any device (per-turn
-  values count for the turn's role, a set's gradient for every role that uses the set, the credit
-  estimator's updated state for every role)."""
+  """nonfinite_QxR: whether quantity q of NONFINITE (up to the credit state) was non-finite for role r
+  on any device (per-turn values count for the turn's role, a set's gradient for every role that
+  uses the set, the credit estimator's updated state for every role)."""
   R = len(exp.layout.roles)
   turn_role_NxR = np.asarray(exp.layout.turn_roles)[:, None] == np.arange(R)
   by_turn = lambda bad_N: (bad_N[:, None] & turn_role_NxR).any(0)
@@ -97,10 +114,8 @@ def nonfinite(exp: Experiment, outcome: credit.Outcome, adv_xB, aux, credit_stat
     reward_R = reward_R | by_turn(bad(outcome.turn_NxB))
   adv_R = by_turn(bad(adv_xB)) if exp.credit.per_turn else bad(adv_xB)
   gradient_R = ~aux["finite_grad_S"][np.asarray(exp.role_set_R)]
-  credit_ok = jnp.array([jnp.isfinite(x).all() for x in jax.tree.leaves(credit_state)
-                         if jnp.issubdtype(x.dtype, jnp.inexact)] + [True]).all()
-  nonfinite_QxR = jnp.stack([reward_R, adv_R, ~aux["finite_loss_R"], gradient_R, jnp.full(R, ~credit_ok)])
-  return jax.lax.pmax(nonfinite_QxR.astype(jnp.int32), parallel.DATA) > 0
+  nonfinite_QxR = jnp.stack([reward_R, adv_R, ~aux["finite_loss_R"], gradient_R])
+  return on_any_device(jnp.concatenate([nonfinite_QxR, every_role(exp, credit_state)]))
 
 
 def assign_credit(exp: Experiment, params_R, credit_state, problems, outcome: credit.Outcome, rerun_key_B,
@@ -152,14 +167,21 @@ def local_step(exp: Experiment, state: TrainState, problem_key_B, sample_key_B, 
     role_metrics["kl_to_base"] = aux["kl_to_base"]
   metrics = step_metrics(exp, scored, episodes, devices, role_metrics,
                          credit_metrics)
-  # A non-finite reward, advantage, loss or gradient skips the update: parameters, optimiser and
-  # credit state stay as they were, so no NaN enters the state (the host counts it, or stops).
+  # A non-finite reward, advantage, loss, gradient or credit state skips the update: parameters,
+  # optimiser and credit state stay as they were, so no NaN enters the state (the host counts it, or
+  # stops).
+  keep = lambda bad, new, old: jax.tree.map(lambda n, o: jnp.where(bad, o, n), new, old)
   nonfinite_QxR = nonfinite(exp, outcome, adv_xB, aux, credit_state)
-  params, opt_state, credit_state = jax.tree.map(
-      lambda new, old: jnp.where(nonfinite_QxR.any(), old, new),
-      (params, opt_state, credit_state), (state.params, state.opt_state, state.credit))
+  params, opt_state, credit_state = keep(nonfinite_QxR.any(), (params, opt_state, credit_state),
+                                         (state.params, state.opt_state, state.credit))
+  # So does an update that overflows finite gradients into the parameters or optimiser state (a huge
+  # learning rate).  They are read behind a barrier: a reader inside the update's fusion would change
+  # XLA's fusion of it, and so the float rounding of every finite run.
+  params, opt_state = jax.lax.optimization_barrier((params, opt_state))
+  updated_QxR = on_any_device(every_role(exp, params, opt_state))
+  params, opt_state = keep(updated_QxR.any(), (params, opt_state), (state.params, state.opt_state))
   state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, credit=credit_state)
-  return state, {**metrics, "nonfinite_QxR": nonfinite_QxR}
+  return state, {**metrics, "nonfinite_QxR": jnp.concatenate([nonfinite_QxR, updated_QxR])}
 
 
 def make_train_call(exp: Experiment):

@@ -3,6 +3,7 @@ non-finite updates, foreign or read-only workdirs and malformed configs.  The en
 the real command line at size=tiny in subprocesses, with the fault injected by a patch applied
 before `marl_jax.main` runs."""
 import json
+import math
 import os
 import pathlib
 import shutil
@@ -176,28 +177,49 @@ def test_sigterm_then_kill_during_a_save_resume_exactly(tmp_path):
                               _restore(workdir, best["step"], CRITIC_OVERRIDES).params)
 
 
+# quantity: (flags, patch, the first update it skips).  A learning rate past float32's range turns
+# finite gradients (an entropy bonus: the untrained agent's rewards are all 0) into infinite parameters.
+NONFINITE_CASES = {
+    "reward": ((), NAN_REWARD, 3),
+    "parameters": (("--config.optim.learning_rate=1e39", "--config.rl.entropy_coef=0.01"), "", 1),
+}
+
+
 @pytest.mark.slow
-def test_nonfinite_reward_skips_the_update_or_stops_the_run(tmp_path):
+@pytest.mark.parametrize("quantity", NONFINITE_CASES)
+def test_nonfinite_value_skips_the_update_or_stops_the_run(tmp_path, quantity):
+  flags, patch, first = NONFINITE_CASES[quantity]
   # The same program both ways (the step skips a non-finite update; the host counts it or stops),
   # so the second run reuses the first one's compilation.
   skip, stop = tmp_path / "skip", tmp_path / "stop"
-  skipped = _run(skip, "--config.checkpoint_every=2", patch=NAN_REWARD)
+  skipped = _run(skip, "--config.checkpoint_every=2", *flags, patch=patch)
   assert skipped.returncode == 0, skipped.stderr[-3000:]
-  assert "non-finite reward at step 3 (seed 0, role agent): the update was skipped" in skipped.stderr
-  # The updates to steps 3 and 4 are skipped and counted: parameters, optimiser and credit state
-  # stay at step 2's.
-  assert [r["skipped_updates"] for r in map(json.loads, open(skip / "metrics.jsonl"))] == [0, 0, 2]
-  at_2, at_4 = _restore(skip, 2), _restore(skip, 4)
-  chex.assert_trees_all_equal(at_4.replace(step=at_2.step), at_2)
+  message = f"non-finite {quantity} at step {first} (seed 0, role agent)"
+  assert f"{message}: the update was skipped" in skipped.stderr
+  # Every update from step `first` on is skipped and counted: parameters, optimiser and credit state
+  # stay at step first - 1's.
+  assert ([r["skipped_updates"] for r in map(json.loads, open(skip / "metrics.jsonl"))]
+          == [max(0, step - first + 1) for step in (0, 2, 4)])
+  before, at_4 = _restore(skip, first - 1), _restore(skip, 4)
+  chex.assert_trees_all_equal(at_4.replace(step=before.step), before)
 
   # With on_nonfinite=stop the run ends with one line naming the step, seed, quantity and role;
-  # nothing past step 2 is saved or logged.
-  stopped = _run(stop, "--config.checkpoint_every=2", "--config.rl.on_nonfinite=stop", patch=NAN_REWARD)
+  # nothing of the call holding step `first` is saved or logged.
+  stopped = _run(stop, "--config.checkpoint_every=2", "--config.rl.on_nonfinite=stop", *flags,
+                 patch=patch)
   assert stopped.returncode == 1
   assert stopped.stderr.strip().splitlines()[-1].startswith(
-      "FATAL NonFiniteError: non-finite reward at step 3 (seed 0, role agent)"), stopped.stderr[-3000:]
+      f"FATAL NonFiniteError: {message}"), stopped.stderr[-3000:]
   assert "Traceback" not in stopped.stderr
-  assert checkpoint.latest_step(str(stop)) == 2 and _steps(stop) == [0, 2]
+  assert checkpoint.latest_step(str(stop)) == first - 1 and _steps(stop) == list(range(0, first, 2))
+
+
+def test_nonfinite_warm_start_stops_before_any_checkpoint(tmp_path):
+  config = tiny_config(**{**OVERRIDES, "sft.steps": 2, "sft.learning_rate": 1e39})
+  with pytest.raises(loop.NonFiniteError, match=r"^non-finite parameters before the first update \(after "
+                                                r"config.sft.steps=2 warm-start steps"):
+    loop.train_and_evaluate(config, str(tmp_path))
+  assert checkpoint.latest_step(str(tmp_path)) is None
 
 
 def test_checkpoint_refuses_a_nonfinite_state(tmp_path):
@@ -352,8 +374,22 @@ MALFORMED = [  # (group, overrides, what the message names)
     ("optim", {"optim.name": "nope"}, ["config.optim.name='nope'", "'adam'", "'sgd'"]),
     ("optim", {"optim.schedule": "nope"}, ["config.optim.schedule='nope'", "'constant'", "'cosine'"]),
     ("optim", {"optim.learning_rate": -1.0}, ["config.optim.learning_rate=-1.0", "> 0.0"]),
+    ("optim", {"optim.learning_rate": math.nan}, ["config.optim.learning_rate=nan", "> 0.0"]),
+    ("optim", {"optim.b1": 1.5}, ["config.optim.b1=1.5", "allowed: a number in [0, 1)"]),
+    ("optim", {"optim.b2": math.nan}, ["config.optim.b2=nan", "allowed: a number in [0, 1)"]),
+    ("optim", {"optim.weight_decay": -0.1}, ["config.optim.weight_decay=-0.1", "allowed: a number >= 0.0"]),
+    ("rl", {"rl.clip_eps": -1.0}, ["config.rl.clip_eps=-1.0", "allowed: a number > 0.0"]),
+    ("rl", {"rl.entropy_coef": -0.01}, ["config.rl.entropy_coef=-0.01", "allowed: a number >= 0.0"]),
+    ("rl", {"rl.kl_coef": math.nan}, ["config.rl.kl_coef=nan", "allowed: a number >= 0.0"]),
     ("sft", {"sft.schedule": "nope"}, ["config.sft.schedule='nope'", "'constant'", "'cosine'"]),
     ("sft", {"sft.steps": -1}, ["config.sft.steps=-1", "allowed: an integer >= 0"]),
+    ("sft", {"sft.learning_rate": -1.0}, ["config.sft.learning_rate=-1.0", "allowed: a number > 0.0"]),
+    ("sft", {"sft.learning_rate": math.nan}, ["config.sft.learning_rate=nan", "allowed: a number > 0.0"]),
+    ("sft", {"sft.warmup_steps": -5}, ["config.sft.warmup_steps=-5", "allowed: an integer >= 0"]),
+    ("sft", {"sft.b2": 1.0}, ["config.sft.b2=1.0", "allowed: a number in [0, 1)"]),
+    ("task", {"task.demo_error_rate": 2.0}, ["config.task.demo_error_rate=2.0", "a probability in [0, 1]"]),
+    ("task", {"task.demo_error_rate": math.nan},
+     ["config.task.demo_error_rate=nan", "a probability in [0, 1]"]),
     ("eval", {"eval.size": 0}, ["config.eval.size=0", "allowed: an integer >= 1"]),
     ("devices", {"num_devices": 1000}, ["config.num_devices=1000", "allowed: 0 (all of them) to"]),
     ("devices", {"num_devices": -1}, ["config.num_devices=-1", "allowed: an integer >= 0"]),
@@ -393,6 +429,8 @@ def test_command_line_config_errors_are_one_line(tmp_path):
        "config.rl.nope is not a key; allowed: ['algorithm',"),
       (["--config.rl.minibatches=0"], "FATAL ConfigError: config.rl.minibatches=0; ",
        "allowed: an integer >= 1 (from --config.rl.minibatches=0)"),
+      (["--config.sft.learning_rate=nan"], "FATAL ConfigError: config.sft.learning_rate=nan; ",
+       "allowed: a number > 0.0 (from --config.sft.learning_rate=nan)"),
   ]
   (tmp_path / "metrics.jsonl").write_text('{"step": 0, "accuracy": 0.5}\n')
   before = _snapshot(tmp_path)

@@ -25,7 +25,13 @@ def make(name: str, **kwargs) -> Task:
   if unknown:
     raise ValueError(f"config.task has keys {unknown} that task {name!r} does not take; "
                      f"allowed: {sorted(fields)}")
-  return cls(**kwargs)
+  task = cls(**kwargs)
+  # Every task's own knob (the base class's), so checked here once rather than in each task; written
+  # as what is allowed, so a NaN is refused too.
+  if not 0 <= task.demo_error_rate <= 1:
+    raise ValueError(f"config.task.demo_error_rate={task.demo_error_rate!r}; allowed: a probability in "
+                     f"[0, 1]")
+  return task
 
 
 def from_config(config) -> Task:
