@@ -390,6 +390,8 @@ MALFORMED = [  # (group, overrides, what the message names)
     ("task", {"task.demo_error_rate": 2.0}, ["config.task.demo_error_rate=2.0", "a probability in [0, 1]"]),
     ("task", {"task.demo_error_rate": math.nan},
      ["config.task.demo_error_rate=nan", "a probability in [0, 1]"]),
+    ("protocol", {"protocol.name": "solver_verifier", "protocol.verifier_demo_error_rate": -0.1},
+     ["config.protocol.verifier_demo_error_rate=-0.1", "a probability in [0, 1]"]),
     ("eval", {"eval.size": 0}, ["config.eval.size=0", "allowed: an integer >= 1"]),
     ("devices", {"num_devices": 1000}, ["config.num_devices=1000", "allowed: 0 (all of them) to"]),
     ("devices", {"num_devices": -1}, ["config.num_devices=-1", "allowed: an integer >= 0"]),

@@ -2,6 +2,7 @@
 import dataclasses
 import inspect
 
+from marl_jax import tasks
 from marl_jax.protocols.best_of_n import BestOfN
 from marl_jax.protocols.contribution import Contribution
 from marl_jax.protocols.debate import Debate
@@ -50,4 +51,5 @@ def make(name: str, task, **kwargs) -> Protocol:
   if unknown:
     raise ValueError(f"config.protocol has keys {unknown} that protocol {name!r} does not take; "
                      f"allowed: {sorted(allowed)}")
+  tasks.check_rates("protocol", kwargs)
   return cls.build(task, **kwargs)

@@ -2,7 +2,7 @@
 import dataclasses
 
 from marl_jax.tasks.arithmetic import Arithmetic
-from marl_jax.tasks.base import Task, eval_problems
+from marl_jax.tasks.base import Task, check_rates, eval_problems
 from marl_jax.tasks.contribution import Contribution
 from marl_jax.tasks.hidden_sum import HiddenSum
 from marl_jax.tasks.matrix_game import MatrixGame
@@ -25,13 +25,8 @@ def make(name: str, **kwargs) -> Task:
   if unknown:
     raise ValueError(f"config.task has keys {unknown} that task {name!r} does not take; "
                      f"allowed: {sorted(fields)}")
-  task = cls(**kwargs)
-  # Every task's own knob (the base class's), so checked here once rather than in each task; written
-  # as what is allowed, so a NaN is refused too.
-  if not 0 <= task.demo_error_rate <= 1:
-    raise ValueError(f"config.task.demo_error_rate={task.demo_error_rate!r}; allowed: a probability in "
-                     f"[0, 1]")
-  return task
+  check_rates("task", kwargs)
+  return cls(**kwargs)
 
 
 def from_config(config) -> Task:

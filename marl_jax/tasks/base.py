@@ -129,3 +129,11 @@ def fixed_width_tokens(x, width: int):
 def eval_problems(task: Task, seed: int, n: int) -> dict:
   """The fixed evaluation set: the same `n` problems for a given task, seed and difficulty."""
   return task.eval_set(seed, n)
+
+
+def check_rates(group: str, settings: dict) -> None:
+  """Refuses a knob named `*_rate` (every one a probability: a demonstration's error rate, how often
+  a demonstration delegates) outside [0, 1]; written as what is allowed, so a NaN is refused too."""
+  for key, value in settings.items():
+    if key.endswith("_rate") and not 0 <= value <= 1:
+      raise ValueError(f"config.{group}.{key}={value!r}; allowed: a probability in [0, 1]")
