@@ -22,10 +22,12 @@ def eval_problems(exp: Experiment, data_dir: str) -> dict:
                      f"set or where this run can build it") from e
 
 
-def make_evaluate(exp: Experiment, problems: dict):
-  """`evaluate(params_S, greedy=True) -> metrics_S` on `problems` (`eval_problems`), greedy or sampled:
-  `greedy` is an argument of one compiled program, not a second program."""
+def make_evaluate(exp: Experiment, problems: dict | None = None):
+  """`evaluate(params_S, greedy=True) -> metrics_S` on the fixed evaluation set (`problems`, when
+  already loaded), greedy or sampled: `greedy` is an argument of one compiled program, not a second
+  program."""
   cfg = exp.config.eval
+  problems = eval_problems(exp, cfg.data_dir) if problems is None else problems
   keys = jax.random.split(jax.random.PRNGKey(cfg.seed + 1), cfg.size)
 
   def local(params_S, greedy, problems, key_B):
