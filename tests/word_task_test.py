@@ -50,6 +50,11 @@ def test_canvas_ids(family):
   symbols = lm_agent.symbol_ids(tok, free_text=True)
   assert ids_W[:text.VOCAB_SIZE] == symbols
   assert symbols[text.role_marker(2)] == tok.encode("\x12")[0]
+  # `<absent>`, which no policy writes, is a control character too: "_" is ordinary text (it once was
+  # `<absent>`, so no message could hold one and a demonstration with one scored log-prob -1e9).
+  assert symbols[text.ABSENT] == tok.encode("\x1a")[0]
+  underscore = ids_W.index(tok.encode("_")[0])
+  assert text.VOCAB_SIZE <= underscore < num_writable
   assert symbols[text.TOKEN_ID["a"]] == lm_agent.symbol_ids(tok)[text.TOKEN_ID["a"]]
   # Every token of the tokenizer is a canvas value: symbols repeat only the end-of-turn id.
   assert set(ids_W) == set(range(vocab_size))

@@ -35,11 +35,15 @@ SPECIAL_TEXT = {"<sep>": ("\n", ";"), "<accept>": ("yes", " yes", "Y"), "<reject
                 "<absent>": ("_", "~")}
 SPECIAL_TEXT.update({text.TOKENS[text.role_marker(k)]: (chr(ord("A") + k),)
                      for k in range(len(text.ROLE_MARKERS))})
-# In free text a policy may write any letter, so role markers are control characters instead (0x10 +
-# k, never in text; byte-level tokenizers hold each as one token), the letter only where one is not.
+# In free text a policy may write any character, so role markers and `<absent>` (symbols no policy
+# writes: sampling masks them) are control characters instead (0x10 + k, and 0x1A, "substitute"; never
+# in text, and byte-level tokenizers hold each as one token), the printable text only where one is not.
+# As "_", `<absent>` banned the underscore from every message and scored a demonstration holding one
+# at log-prob -1e9.
 FREE_TEXT = dict(SPECIAL_TEXT)
 FREE_TEXT.update({text.TOKENS[text.role_marker(k)]: (chr(0x10 + k), chr(ord("A") + k))
                   for k in range(len(text.ROLE_MARKERS))})
+FREE_TEXT["<absent>"] = (chr(0x1A), *SPECIAL_TEXT["<absent>"])
 
 
 def symbol_ids(tok: lm_tokenizer.Tokenizer, free_text: bool = False) -> tuple[int, ...]:
