@@ -203,8 +203,12 @@ def test_tiny_solver_verifier_through_the_cli_and_export(family, lora, verifier,
   assert (out / "tokenizer.json").exists()
   _, exported = lm_checkpoint.load(str(out))
   _, base = lm_checkpoint.load(str(FIXTURES / (verifier or family)))
-  assert (json.loads((out / "config.json").read_text())["model_type"]
-          == json.loads((FIXTURES / (verifier or family) / "config.json").read_text())["model_type"])
+  exported_config = json.loads((out / "config.json").read_text())
+  source_config = json.loads((FIXTURES / (verifier or family) / "config.json").read_text())
+  # What a server reads beside the weights (without the token ids transformers falls back to its
+  # class defaults) is the source's.
+  for key in ("model_type", *lm_checkpoint.SERVING_KEYS):
+    assert exported_config.get(key) == source_config.get(key), key
   changed = {"/".join(str(k.key) for k in path): not np.allclose(a, b) for (path, a), b in
              zip(jax.tree_util.tree_leaves_with_path(exported), jax.tree.leaves(base))}
   if lora:  # the adapters of every target projection merged in; the rest is the frozen base

@@ -111,9 +111,15 @@ def _to_hf(path: tuple[str, ...], p: np.ndarray, hf_shape: tuple[int, ...]) -> n
   return p.reshape(hf_shape[::-1]).T if path[-1] == "kernel" else p
 
 
-def save(directory: str, cfg: lm_model.LMConfig, params) -> None:
-  """Writes `config.json` and a float32 `model.safetensors` that `load` (and transformers) read back.
-  Refuses a directory that already holds a checkpoint: a save never replaces one."""
+# Keys of a source checkpoint's config.json that the decoder does not model but a server reads: its
+# special token ids (else transformers' class defaults: Llama's eos 2) and its context length.
+SERVING_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "max_position_embeddings")
+
+
+def save(directory: str, cfg: lm_model.LMConfig, params, source: dict | None = None) -> None:
+  """Writes `config.json` and a float32 `model.safetensors` that `load` (and transformers) read back,
+  with the `SERVING_KEYS` of `source` (the config.json it was trained from).  Refuses a directory that
+  already holds a checkpoint: a save never replaces one."""
   os.makedirs(directory, exist_ok=True)
   existing = [f for f in (CONFIG, WEIGHTS, INDEX) if os.path.exists(os.path.join(directory, f))]
   if existing:
@@ -130,6 +136,7 @@ def save(directory: str, cfg: lm_model.LMConfig, params) -> None:
   # Written under temporary names and renamed, so an interrupted save leaves no half-written file.
   save_file(tensors, os.path.join(directory, WEIGHTS + ".tmp"), metadata={"format": "pt"})
   with open(os.path.join(directory, CONFIG + ".tmp"), "w") as f:
-    json.dump(cfg.to_hf_config(), f, indent=2)
+    serving = {k: source[k] for k in SERVING_KEYS if k in (source or {})}
+    json.dump({**cfg.to_hf_config(), **serving}, f, indent=2)
   for name in (WEIGHTS, CONFIG):
     os.replace(os.path.join(directory, name + ".tmp"), os.path.join(directory, name))

@@ -2,9 +2,11 @@
 
   python -m marl_jax.lm.export --workdir=DIR --role=verifier --out=OUT [--seed=0] [--best]
 
-OUT gets `config.json` and `model.safetensors` (float32) from `lm.checkpoint.save`, and the source
-checkpoint's `tokenizer.json`: the role's parameter set of seed `--seed` at the run's latest
-checkpoint (or its best-evaluated one with `--best`), with its LoRA adapters merged into the weights.
+OUT gets `config.json` (with the source's token ids and context length) and `model.safetensors`
+(float32) from `lm.checkpoint.save`, and the source checkpoint's tokenizer files (`TOKENIZER_FILES`
+it has: the chat template and generation settings a server reads): the role's parameter set of seed
+`--seed` at the run's latest checkpoint (or its best-evaluated one with `--best`), with its LoRA
+adapters merged into the weights.
 """
 import argparse
 import json
@@ -19,6 +21,9 @@ from marl_jax import experiment, loop
 from marl_jax import model as model_lib
 from marl_jax.lm import agent as lm_agent
 from marl_jax.lm import checkpoint as lm_checkpoint
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 
 
 def export(workdir: str, role: str, out: str, seed: int = 0, best: bool = False) -> None:
@@ -36,8 +41,10 @@ def export(workdir: str, role: str, out: str, seed: int = 0, best: bool = False)
     raise ValueError(f"--seed={seed}: the run has seeds 0..{config.num_seeds - 1}")
   params_S = loop.load_params(exp, workdir + (":best" if best else ""))
   params = model_lib.take_sets(exp.model, jax.tree.map(lambda p: np.asarray(p[seed]), params_S), role_set)
-  lm_checkpoint.save(out, model.lm, model.servable(params))
-  shutil.copy(os.path.join(model.checkpoint, "tokenizer.json"), out)
+  lm_checkpoint.save(out, model.lm, model.servable(params), lm_checkpoint.read_hf_config(model.checkpoint))
+  for name in TOKENIZER_FILES:
+    if os.path.exists(os.path.join(model.checkpoint, name)):
+      shutil.copy(os.path.join(model.checkpoint, name), out)
 
 
 def main(argv=None) -> None:
