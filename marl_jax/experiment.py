@@ -52,11 +52,11 @@ def check_ranges(config: ml_collections.ConfigDict) -> None:
       raise ValueError(f"config.{key}={value!r}; allowed: {description}")
 
   for key, low in _AT_LEAST.items():
-    check(key, lambda v: isinstance(v, int) and v >= low, f"an integer >= {low}")
+    check(key, lambda v, low=low: isinstance(v, int) and v >= low, f"an integer >= {low}")
   for key, low in _ABOVE.items():
-    check(key, lambda v: v > low, f"a number > {low}")
+    check(key, lambda v, low=low: v > low, f"a number > {low}")
   for key, low in _NOT_BELOW.items():
-    check(key, lambda v: v >= low, f"a number >= {low}")
+    check(key, lambda v, low=low: v >= low, f"a number >= {low}")
   for key in _DECAY_RATES:
     check(key, lambda v: 0 <= v < 1, "a number in [0, 1)")
 
