@@ -51,9 +51,8 @@ def role_divergence(exp: Experiment, params_R, tokens_BxT) -> dict:
   R = len(exp.layout.roles)
   if len(set(exp.role_set_R)) < 2:
     return {}
-  js_sum_RxS, count_R = jax.lax.psum(sampling.next_token_divergence(
-      exp.model, exp.layout, exp.role_set_R, params_R, tokens_BxT, exp.config.rl.temperature),
-      parallel.DATA)
+  js_sum_RxS, count_R = parallel.sum_over_devices(sampling.next_token_divergence(
+      exp.model, exp.layout, exp.role_set_R, params_R, tokens_BxT, exp.config.rl.temperature))
   js_RxR = (js_sum_RxS / jnp.maximum(count_R, 1)[:, None])[:, np.asarray(exp.role_set_R)]
   others_R = (js_RxR.sum(1) - jnp.diagonal(js_RxR)) / (R - 1)
   return {f"{role}/next_token_js": others_R[r] for r, role in enumerate(exp.layout.roles)}

@@ -236,11 +236,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
           tokens += float(summary["tokens"].sum()) * config.steps_per_call
         writer.advance(step)
         accuracy, best = None, False
-        if step % config.log_every == 0 or step % config.eval_every == 0:
+        # The last step is evaluated too, so that the report's final accuracy is the saved model's.
+        evaluating = step % config.eval_every == 0 or step == config.total_steps
+        if step % config.log_every == 0 or evaluating:
           row = {**summary, "skipped_updates": skipped_S}
           if train_seconds > 0:
             row["tokens_per_s"] = np.asarray(tokens / train_seconds)
-          if step % config.eval_every == 0:
+          if evaluating:
             before = peak
             evals, accuracy = evaluation(state_S)
             best = accuracy > before

@@ -14,11 +14,24 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory; an existing chec
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+def _config_flag(argv) -> str | None:
+  """The config file flag as `--config=FILE[:ARG]`, whether given so or as `--config FILE[:ARG]`
+  (absl takes both; the last one counts); None without one."""
+  found = None
+  for arg, after in zip(argv, [*argv[1:], None]):
+    if arg.startswith("--config="):
+      found = arg
+    elif arg == "--config" and after is not None:
+      found = f"--config={after}"
+  return found
+
+
 def _unknown_key(argv) -> str | None:
   """The first --config.KEY=VALUE whose KEY the config lacks, with the keys allowed there."""
-  config_file = next((a.partition("=")[2] for a in argv if a.startswith("--config=")), None)
-  if config_file is None:
+  config_flag = _config_flag(argv)
+  if config_flag is None:
     return None
+  config_file = config_flag.partition("=")[2]
   # The value is unset when an override failed: parse the file again.
   config = flags.FLAGS["config"].value or flags.FLAGS["config"].parser.parse(config_file)
   for arg in argv:
@@ -54,7 +67,7 @@ def _origin(message: str, argv) -> str:
   by the config file; '' when it names none (a workdir's problem, say)."""
   keys = set(re.findall(r"config\.([\w.]+\w)", message)) - {"json"}
   given = [a for a in argv if a.partition("=")[0].removeprefix("--config.") in keys]
-  config_file = [a for a in argv if a.startswith("--config=")][-1:]
+  config_file = [flag for flag in [_config_flag(argv)] if flag]
   return f" (from {', '.join(given or config_file)})" if keys else ""
 
 

@@ -27,6 +27,12 @@ def make_mesh(num_devices: int = 0, model_shards: int = 1) -> jax.sharding.Mesh:
   if n > available:
     raise ValueError(f"config.num_devices={num_devices} but only {available} devices are visible; "
                      f"allowed: 0 (all of them) to {available}")
+  # Every process runs the step on its own devices: one left without any could not take part.
+  if len({d.process_index for d in jax.devices()[:n]}) < jax.process_count():
+    whole = sorted({i for i in range(1, available + 1)
+                    if len({d.process_index for d in jax.devices()[:i]}) == jax.process_count()})
+    raise ValueError(f"config.num_devices={num_devices} leaves out every device of some of the "
+                     f"{jax.process_count()} processes; allowed: 0 (all of them) or {whole[0]} to {available}")
   if model_shards < 1 or n % model_shards:
     raise ValueError(f"config.model_shards={model_shards} does not divide the {n} devices "
                      f"(config.num_devices={num_devices}); allowed: a divisor of {n}")
@@ -61,14 +67,23 @@ def initialize_distributed() -> None:
     jax.distributed.initialize()
 
 
-def mean_over_devices(x):
-  """The mean of a per-device value over the `data` axis (inside the sharded step)."""
-  return jax.lax.pmean(x, DATA)
+# Collectives over the `data` axis, inside the sharded step.  Each is the identity on a one-device
+# `data` axis (model_shards = the device count): there XLA's SPMD partitioner refuses a collective
+# over the manual `data` axis of a value split over the Auto `model` axis.
+
+def _over_data(collective):
+  return lambda tree: tree if jax.lax.axis_size(DATA) == 1 else collective(tree, DATA)
+
+
+mean_over_devices = _over_data(jax.lax.pmean)  # the mean of a per-device value over the devices
+sum_over_devices = _over_data(jax.lax.psum)
+max_over_devices = _over_data(jax.lax.pmax)
 
 
 def gather_rows(tree):
   """This device's rows -> the global batch (every device's rows, in row order)."""
-  return jax.tree.map(lambda x: jax.lax.all_gather(x, DATA, tiled=True), tree)
+  gather = _over_data(lambda x, axis: jax.lax.all_gather(x, axis, tiled=True))
+  return jax.tree.map(gather, tree)
 
 
 def own_rows(x_xB, rows: int):

@@ -2,12 +2,16 @@
 
   python -m marl_jax.report DIR [DIR ...]           one row per run: mean ± CI half-width, then std
   python -m marl_jax.report --compare A B           B − A with a Welch interval: established or not
+  python -m marl_jax.report --compare A B --paired  B − A per seed (same config.seed and num_seeds)
   python -m marl_jax.report --split SINGLE MULTI    gain split: base → single-agent RL → multi-agent RL
   python -m marl_jax.report --seeds DIR             one row per seed, diverged seeds and the spread
 
-Each DIR is a workdir; its seeds are the vmapped runs (`NAME/seedI` in metrics.jsonl).  Intervals of
-a mean are Student t with n − 1 dof; of a difference of two runs' means, Welch (unequal variances,
-Welch–Satterthwaite dof); of the split's shares, a percentile bootstrap over seeds.  With one seed an
+Each DIR is a workdir; its seeds are the vmapped runs (`NAME/seedI` in metrics.jsonl), labelled
+config.seed + I: seed I's key is split(PRNGKey(config.seed), num_seeds)[I], so a seed is rerun with its
+whole set, not with --config.seed=config.seed + I.  Intervals of a mean are Student t with n − 1 dof; of
+a difference of two runs' means, Welch (unequal variances, Welch–Satterthwaite dof), or with --paired
+Student t over the per-seed differences (runs from one warm start per seed, say); of the split's
+shares, a percentile bootstrap over seeds.  With one seed an
 interval is undefined and prints as n/a.  Accuracies print in %, drops and gains in points.
 """
 import argparse
@@ -118,11 +122,20 @@ COUNTS = ("workers_used", "critical_steps")
 
 
 def summarize(workdir: str) -> dict:
-  """Per-seed arrays (fractions) of a run's evals: base (step 0), final, peak (after step 0), drop."""
+  """Per-seed arrays (fractions) of a run's evals: base (step 0), final, peak (after step 0), drop;
+  with the run's first seed (`config.seed`).  ValueError for a run with no evaluation yet."""
   rows = [r for r in metrics.read(workdir) if "eval_accuracy" in r]
+  if not rows:
+    raise ValueError(f"{workdir} has no evaluation yet (no eval_accuracy in its metrics.jsonl: a run "
+                     f"still in its warm start, or one that stopped before step 0)")
   acc_NxS = np.stack([seed_values(r, "eval_accuracy") for r in rows])
   after_base = acc_NxS[1:] if len(acc_NxS) > 1 else acc_NxS  # a run with only its step-0 eval
-  out = {"workdir": workdir, "seeds": acc_NxS.shape[1], "steps": rows[-1]["step"],
+  config_path = os.path.join(workdir, "config.json")
+  first_seed = 0
+  if os.path.exists(config_path):
+    with open(config_path) as f:
+      first_seed = json.load(f).get("seed", 0)
+  out = {"workdir": workdir, "seeds": acc_NxS.shape[1], "first_seed": first_seed, "steps": rows[-1]["step"],
          "base": acc_NxS[0], "final": acc_NxS[-1], "peak": after_base.max(0)}
   out["drop"] = out["peak"] - out["final"]
   for name in DIAGNOSTICS:
@@ -204,14 +217,25 @@ def table(summaries: list[dict]) -> str:
           "".join(stds))
 
 
-def compare(a: dict, b: dict) -> str:
+def compare(a: dict, b: dict, paired: bool = False) -> str:
+  """B − A of each metric: Welch over the two runs' seeds, or with `paired` Student t over the per-seed
+  differences, for runs of the same seeds (ValueError otherwise)."""
+  if paired and (a["first_seed"], a["seeds"]) != (b["first_seed"], b["seeds"]):
+    raise ValueError(f"--paired needs runs of the same seeds: A has config.seed={a['first_seed']} and "
+                     f"{a['seeds']} seeds, B config.seed={b['first_seed']} and {b['seeds']}")
+  method = ("paired by seed: Student t interval of the mean of B − A per seed (n − 1 dof)" if paired else
+            "Welch interval (unequal variances, Welch–Satterthwaite dof)")
   lines = [f"B − A of the mean over seeds, A = {a['workdir']} (seeds: {a['seeds']}), "
-           f"B = {b['workdir']} (seeds: {b['seeds']}); {LEVEL:.0%} Welch interval (unequal variances, "
-           "Welch–Satterthwaite dof); established when the interval excludes 0:\n",
+           f"B = {b['workdir']} (seeds: {b['seeds']}); {LEVEL:.0%} {method}; established when the "
+           "interval excludes 0:\n",
            row("metric", "A", "B", "B − A", "interval", "dof", "verdict"), "|---" * 7 + "|\n"]
   # Accuracy, then the diagnostics both runs log (e.g. two delegate runs' serial-collapse rates).
   for c in ("final", "peak", "drop", *(c for c in DIAGNOSTICS if c in a and c in b)):
-    diff, half, dof = welch_diff(a[c], b[c])
+    if paired:
+      diff, half = mean_ci(b[c] - a[c])
+      dof = len(a[c]) - 1 if math.isfinite(half) else math.nan
+    else:
+      diff, half, dof = welch_diff(a[c], b[c])
     count = c in COUNTS
     lines.append(row(c, num(a[c].mean(), count=count), num(b[c].mean(), count=count),
                      pm(diff, half, sign=True, count=count), interval(diff, half, count),
@@ -247,15 +271,10 @@ def seeds_table(workdir: str) -> str:
   """One row per seed, then how many diverged and the spread of the final accuracy."""
   s = summarize(workdir)
   health = seed_health(metrics.read(workdir), s["seeds"])
-  first = 0  # seeds are config.seed, config.seed + 1, ...
-  config_path = os.path.join(workdir, "config.json")
-  if os.path.exists(config_path):
-    with open(config_path) as f:
-      first = json.load(f).get("seed", 0)
   lines = [f"{workdir}: {s['seeds']} seeds, {s['steps']} steps; accuracies in %, drop in points:\n",
            row("seed", "base", "final", "peak", "drop", "skipped updates", "non-finite"), "|---" * 7 + "|\n"]
   for i in range(s["seeds"]):
-    lines.append(row(first + i, num(s["base"][i]), num(s["final"][i]), num(s["peak"][i]), num(s["drop"][i]),
+    lines.append(row(s["first_seed"] + i, num(s["base"][i]), num(s["final"][i]), num(s["peak"][i]), num(s["drop"][i]),
                      int(health["skipped"][i]), "yes" if health["nonfinite"][i] else "no"))
   diverged = health["nonfinite"] | (health["skipped"] > 0)
   final = s["final"]
@@ -273,21 +292,35 @@ def main(argv: list[str] | None = None):
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("workdirs", nargs="*", help="runs to tabulate")
   parser.add_argument("--compare", nargs=2, metavar=("A", "B"), help="print B − A with a Welch interval")
+  parser.add_argument("--paired", action="store_true",
+                      help="with --compare: pair the runs seed by seed (runs of the same config.seed and "
+                           "num_seeds, e.g. from one warm start per seed)")
   parser.add_argument("--split", nargs=2, metavar=("SINGLE", "MULTI"),
                       help="split the gain: base → single-agent RL (SINGLE) → multi-agent RL (MULTI)")
   parser.add_argument("--seeds", metavar="DIR", help="one row per seed of DIR, diverged seeds, spread")
   args = parser.parse_args(argv)
   if not (args.workdirs or args.compare or args.split or args.seeds):
     parser.error("give workdirs, --compare A B, --split SINGLE MULTI or --seeds DIR")
+  if args.paired and not args.compare:
+    parser.error("--paired goes with --compare A B")
   outputs = []
-  if args.workdirs:
-    outputs.append(table([summarize(w) for w in args.workdirs]))
-  if args.compare:
-    outputs.append(compare(*map(summarize, args.compare)))
-  if args.split:
-    outputs.append(split(*map(summarize, args.split)))
-  if args.seeds:
-    outputs.append(seeds_table(args.seeds))
+  try:
+    if args.workdirs:
+      summaries, waiting = [], []
+      for w in args.workdirs:  # a run still warming up does not keep the others from the table
+        try:
+          summaries.append(summarize(w))
+        except ValueError as e:
+          waiting.append(f"left out: {e}\n")
+      outputs.append((table(summaries) if summaries else "") + "".join(waiting))
+    if args.compare:
+      outputs.append(compare(*map(summarize, args.compare), paired=args.paired))
+    if args.split:
+      outputs.append(split(*map(summarize, args.split)))
+    if args.seeds:
+      outputs.append(seeds_table(args.seeds))
+  except ValueError as e:
+    parser.exit(1, f"python -m marl_jax.report: {e}\n")
   print("\n".join(outputs), end="")
 
 

@@ -42,9 +42,13 @@ def to_host(tree):
 
 def place(exp: Experiment, tree):
   """Host-identical values to arrays on the (possibly multi-process) mesh, where `exp.shardings`
-  puts them: replicated, or parameters split over the `model` axis."""
-  to_global = lambda x, sharding: jax.make_array_from_callback(x.shape, sharding,
-                                                               lambda i: np.asarray(x)[i])
+  puts them: replicated, or parameters split over the `model` axis.  An array already spread over
+  several processes' devices (a warm start split over a `model` axis that spans hosts) cannot be read
+  on one host: it moves between shardings on the devices instead."""
+  def to_global(x, sharding):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      return jax.device_put(x, sharding)
+    return jax.make_array_from_callback(x.shape, sharding, lambda i: np.asarray(x)[i])
   return jax.tree.map(to_global, tree, exp.shardings(tree))
 
 

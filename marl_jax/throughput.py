@@ -29,6 +29,7 @@ import collections
 import glob
 import gzip
 import json
+import math
 import os
 import re
 import tempfile
@@ -53,7 +54,8 @@ _CALLS = flags.DEFINE_integer("calls", 3, "Timed calls of steps_per_call steps e
 _STEPS = flags.DEFINE_integer("steps_per_call", 10, "Steps per compiled call.")
 _GRID = flags.DEFINE_string("grid", "1,2,4/1,4", "roles/seeds to run, e.g. '2/1' for the relay job only.")
 _CREDITS = flags.DEFINE_string("credits", "team,difference", "Credit estimators to run.")
-_SHARING = flags.DEFINE_string("sharing", "isolated", "Parameter sharing to run: isolated, shared or both.")
+_SHARING = flags.DEFINE_string("sharing", "isolated", "Parameter sharing to run, comma-separated: isolated, "
+                               "shared or isolated,shared.")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", "", "A local Qwen3/Llama checkpoint directory as the agents "
                                   "(config.model.checkpoint) instead of the built-in model.")
 _RANDOM = flags.DEFINE_bool("random_weights", False, "With --checkpoint: its shapes, randomly initialised.")
@@ -107,11 +109,17 @@ def step_flops(exp: experiment.Experiment) -> float:
   `sampling.token_reads` tokens per episode (live views only); the update runs each scoring pass
   (`sampling.scoring_passes`: one per group of views that read alike, at its first view's model) over
   the whole canvas, forward and backward (2x) per epoch, plus a forward under the base model with a KL
-  term."""
+  term; with parameter sets shared between roles, the per-role gradient norms of the last step of
+  each call (`update.role_grad_norms`: a forward and a backward per role over the first minibatch),
+  spread over the call's steps.  Not counted: a learned critic's value network (`credit.critic`,
+  under 1 % of the relay job's step)."""
   rl, layout = exp.config.rl, exp.layout
-  reruns = exp.credit.reruns(len(layout.roles))
+  R = len(layout.roles)
+  reruns = exp.credit.reruns(R)
   rerun_rows = 0 if reruns is None else len(reruns.changed_CxR) * reruns.samples
   update_passes = 3 * rl.epochs + (1 if rl.kl_coef > 0 else 0)
+  if sorted(exp.role_set_R) != list(range(R)):
+    update_passes += (1 + 2 * R) / (rl.minibatches * exp.config.steps_per_call)
   first_view_P = sampling.scoring_passes(layout, layout.view_set_V)[2]
   first_of_pass_V = np.isin(np.arange(len(layout.view_set_V)), first_view_P)
   reads_V = (1 + rerun_rows) * sampling.token_reads_V(layout) + layout.length * update_passes * first_of_pass_V
@@ -155,7 +163,7 @@ def make_rollout_call(exp: experiment.Experiment):
     def one(params_R, problem_key_B, sample_key_B):
       problems = jax.vmap(exp.task.sample)(problem_key_B)
       return rollout.sample(exp, params_R, problems, sample_key_B).sampled_BxT.sum()
-    return jax.lax.psum(jax.vmap(one)(params_S, problem_key_SxB, sample_key_SxB).sum(), parallel.DATA)
+    return parallel.sum_over_devices(jax.vmap(one)(params_S, problem_key_SxB, sample_key_SxB).sum())
 
   sharded = parallel.shard_map(local, exp.mesh, in_specs=(P(), rows_spec, rows_spec), out_specs=P())
 
@@ -188,13 +196,15 @@ def measure(config, calls: int, profile: bool = False) -> dict:
   rollout_call = make_rollout_call(exp)
   params_S, key = state.params, jax.random.PRNGKey(0)
   rollout_call(params_S, key).block_until_ready()  # compile and warm up
+  keys = jax.block_until_ready([jax.random.fold_in(key, i) for i in range(calls)])  # outside the timing
   start, rollout_tokens = time.perf_counter(), 0.0
-  for i in range(calls):
-    rollout_tokens += float(rollout_call(params_S, jax.random.fold_in(key, i)))
+  for rollout_key in keys:
+    rollout_tokens += float(rollout_call(params_S, rollout_key))
   rollout_s = time.perf_counter() - start
   steps = calls * config.steps_per_call * config.num_seeds
   completions = steps * config.rl.batch_size * len(exp.layout.roles)
-  rest_s = max(seconds - rollout_s, 1e-9)
+  # A rollout timed longer than the whole step (a noisy machine, a tiny step) leaves no time to rate.
+  rest_s = seconds - rollout_s if seconds > rollout_s else math.nan
   params_per_agent = model_lib.count_params(jax.tree.map(lambda p: p[0, 0], state.params))
   # Last: the traced call consumes (donates) the state.
   traced = profile_summary(profile_call(train_call, (state,)), train_call.as_text()) if profile else {}

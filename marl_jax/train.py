@@ -78,7 +78,7 @@ def step_metrics(exp: Experiment, scored, episodes: rollout.Episodes, devices, r
     (role_metrics if jnp.ndim(value) else metrics)[name] = value
   for name, value_R in role_metrics.items():
     metrics.update({f"{role}/{name}": value_R[r] for r, role in enumerate(exp.layout.roles)})
-  return {k: jax.lax.pmean(v, parallel.DATA) for k, v in metrics.items()}
+  return parallel.mean_over_devices(metrics)
 
 
 NONFINITE = ("reward", "advantage", "loss", "gradient", "credit state", "parameters",
@@ -98,7 +98,7 @@ def every_role(exp: Experiment, *trees) -> jax.Array:
 
 def on_any_device(nonfinite_QxR) -> jax.Array:
   """Whether each was True on any device, so that every device skips the same updates."""
-  return jax.lax.pmax(nonfinite_QxR.astype(jnp.int32), parallel.DATA) > 0
+  return parallel.max_over_devices(nonfinite_QxR.astype(jnp.int32)) > 0
 
 
 def nonfinite(exp: Experiment, outcome: credit.Outcome, adv_xB, aux, credit_state) -> jax.Array:
@@ -143,7 +143,7 @@ def local_step(exp: Experiment, state: TrainState, problem_key_B, sample_key_B, 
   """One seed, this device's rows: rollout, score, credit, update.  `diagnose` (a scalar bool, the
   same on every device and seed) adds diagnostics that cost extra backward passes."""
   R = len(exp.layout.roles)
-  devices = jax.lax.psum(1, parallel.DATA)
+  devices = jax.lax.axis_size(parallel.DATA)
   problems = jax.vmap(exp.task.sample)(problem_key_B)
   episodes = rollout.sample(exp, state.params, problems, sample_key_B)
   scored, outcome = score(exp, problems, episodes, state.step)

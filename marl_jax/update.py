@@ -29,7 +29,7 @@ class Batch:
 def token_counts(mb: Batch, devices: int):
   """count_R: each role's sampled tokens in the global minibatch, over the devices (the average per
   device), the denominator of every per-role token mean."""
-  return jax.lax.psum(mb.role_mask_BxRxT.sum((0, 2)), parallel.DATA) / devices
+  return parallel.sum_over_devices(mb.role_mask_BxRxT.sum((0, 2))) / devices
 
 
 def role_losses(exp, params_R, mb: Batch, count_R):
@@ -93,11 +93,11 @@ def apply(exp, params_R, opt_state, batch: Batch, devices: int):
   def minibatch_update(carry, rows):
     params, opt_state = carry
     grads, loss_R, aux = minibatch_gradient(exp, params, jax.tree.map(lambda x: x[rows], batch), devices)
-    grads = jax.lax.pmean(grads, parallel.DATA)
+    grads = parallel.mean_over_devices(grads)
     updates, opt_state = exp.optimizer.update(grads, opt_state, params)  # per set; frozen sets still
     # Each device's token means are over `token_counts`' per-device average, so the global mean is
     # their mean over devices (as for the gradients), not their sum.
-    aux = {k: jax.lax.pmean(v, parallel.DATA) for k, v in {**aux, "loss": loss_R}.items()}
+    aux = parallel.mean_over_devices({**aux, "loss": loss_R})
     aux["grad_norm_S"] = model_lib.set_norms(exp.model, grads)
     return (optax.apply_updates(params, updates), opt_state), aux
 
@@ -119,5 +119,5 @@ def role_grad_norms(exp, params_R, batch: Batch, devices: int):
   mb = jax.tree.map(lambda x: x[minibatch_rows(exp, batch.tokens_BxT.shape[0])[0]], batch)
   count_R = token_counts(mb, devices)
   _, vjp_fn, _ = jax.vjp(lambda p: role_losses(exp, p, mb, count_R), params_R, has_aux=True)
-  grads_R = jax.lax.pmean(jax.vmap(vjp_fn)(jnp.eye(R))[0], parallel.DATA)
+  grads_R = parallel.mean_over_devices(jax.vmap(vjp_fn)(jnp.eye(R))[0])
   return jax.vmap(optax.tree_utils.tree_norm)(grads_R)

@@ -1,17 +1,23 @@
 """The workdir a run writes (config.json, metrics.jsonl, tensorboard/, checkpoints/): whether this run
 may use it, checked before anything is written, and replacing a file there in one step."""
+import dataclasses
 import functools
 import json
 import os
 
 import ml_collections
 
-# The groups and keys that make a run's state, problems, seeds and evaluation set (eval.data_dir only
-# says where that set is stored): resuming under different ones would mix two runs, and the report
-# would label one run's seeds or evaluations as another's.
-IDENTITY = ("task", "model", "protocol", "roles", "seed", "num_seeds", "eval.seed", "eval.size")
-# A mixed team's other model configs make the run too; a run saved before they existed has none.
-LATER_IDENTITY = ("models",)
+from marl_jax import configs, credit, protocols, tasks
+
+# The settings a resumed run may change: how far it runs, how often it records, where its evaluation
+# set is stored, and how its computation is laid out on the machine (the same updates, to float
+# rounding).  Every other setting made the run so far: resuming under another would mix two runs
+# under one config.json, which the report and archive then label with the new settings.
+MAY_CHANGE = ("total_steps", "eval_every", "log_every", "checkpoint_every", "steps_per_call",
+              "eval.data_dir", "distributed", "num_devices", "model_shards", "seeds_at_once",
+              "rl.microbatch_size", "rl.on_nonfinite")
+# What every run's config.json holds.
+REQUIRED = ("task.name", "protocol.name", "model", "roles", "seed", "num_seeds", "eval.seed", "eval.size")
 FILES = ("config.json", "metrics.jsonl", "tensorboard", "checkpoints")
 
 
@@ -30,11 +36,34 @@ def _get(config: dict, key: str):
   return functools.reduce(lambda c, part: c.get(part) if isinstance(c, dict) else None, key.split("."), config)
 
 
+def _named_defaults(group: str, name) -> dict:
+  """The settings with a default of the task, workflow or estimator `name` (`config.GROUP`), at their
+  defaults; {} for a name not registered (any more)."""
+  if group == "protocol":
+    return protocols.defaults(name) if name in protocols.REGISTRY else {}
+  registry = {"task": tasks.REGISTRY, "credit": credit.REGISTRY}[group]
+  if name not in registry:
+    return {}
+  return {f.name: f.default for f in dataclasses.fields(registry[name]) if f.default is not dataclasses.MISSING}
+
+
+def _with_defaults(config: dict) -> dict:
+  """`config` with each setting it omits at its default: experiment files set different subsets of a
+  task's or workflow's knobs, and older runs lack settings added since."""
+  full = configs.with_new_defaults(ml_collections.ConfigDict(config)).to_dict()
+  for group in ("task", "protocol", "credit"):
+    defaults = json.loads(json.dumps(_named_defaults(group, full[group].get("name")), default=repr))
+    full[group] = {**defaults, **full[group]}
+  return full
+
+
 def _differences(saved: dict, now: dict, prefix: str) -> list[str]:
-  """`KEY: SAVED -> NOW` for each key both hold with different values (a key that only one holds is a
-  setting added or removed since, at its default)."""
+  """`KEY: SAVED -> NOW` for each key outside MAY_CHANGE that both hold with different values (a key
+  that only one holds is a setting removed since)."""
   out = []
   for key in sorted(set(saved) & set(now)):
+    if f"{prefix}{key}" in MAY_CHANGE:
+      continue
     if isinstance(saved[key], dict) and isinstance(now[key], dict):
       out += _differences(saved[key], now[key], f"{prefix}{key}.")
     elif saved[key] != now[key]:
@@ -44,8 +73,8 @@ def _differences(saved: dict, now: dict, prefix: str) -> list[str]:
 
 def check(config: ml_collections.ConfigDict, workdir: str) -> None:
   """Refuses (ValueError) a workdir this run must not write: one it cannot write to, one that
-  holds a run's files without their config.json (or with an unreadable one), and one whose run had
-  another IDENTITY (task, model, protocol, roles, seeds or evaluation set).  Reads only."""
+  is a file, one that holds a run's files without their config.json (or with an unreadable one), and
+  one whose run had other settings than this one outside MAY_CHANGE.  Reads only."""
   existing = workdir
   while not os.path.exists(existing):
     existing = os.path.dirname(os.path.abspath(existing))
@@ -54,6 +83,8 @@ def check(config: ml_collections.ConfigDict, workdir: str) -> None:
     if not os.access(path, os.W_OK | (os.X_OK if os.path.isdir(path) else 0)):
       raise ValueError(f"--workdir={workdir}: {path} is not writable (read-only file system or "
                         f"permissions); give a workdir this run can write")
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise ValueError(f"--workdir={workdir} is a file, not a directory; give a directory (new or a run's)")
   if not os.path.isdir(workdir):
     return
   config_json = os.path.join(workdir, "config.json")
@@ -69,13 +100,11 @@ def check(config: ml_collections.ConfigDict, workdir: str) -> None:
       saved = json.load(f)
   except (OSError, ValueError) as e:
     saved, error = None, e
-  if not isinstance(saved, dict) or any(_get(saved, key) is None for key in IDENTITY):
+  if not isinstance(saved, dict) or any(_get(saved, key) is None for key in REQUIRED):
     raise ValueError(f"--workdir={workdir}: its config.json is unreadable or not a marl_jax config "
-                      f"({error if saved is None else 'no ' + '/'.join(IDENTITY)}); give a new workdir")
-  now = json.loads(config.to_json())
-  keys = [key for key in IDENTITY + LATER_IDENTITY if _get(saved, key) is not None]
-  differences = _differences({k: _get(saved, k) for k in keys}, {k: _get(now, k) for k in keys}, "")
+                      f"({error if saved is None else 'no ' + '/'.join(REQUIRED)}); give a new workdir")
+  differences = _differences(_with_defaults(saved), _with_defaults(json.loads(config.to_json())), "")
   if differences:
     raise ValueError(f"--workdir={workdir} holds a run of a different config ({'; '.join(differences)}): "
-                      f"resuming it needs the same {'/'.join(IDENTITY)}; give a new workdir "
-                      f"(--config.init_from={workdir} starts one from its parameters, when they fit)")
+                      f"resuming it needs the same settings but {'/'.join(MAY_CHANGE)}; give a new "
+                      f"workdir (--config.init_from={workdir} starts one from its parameters, when they fit)")

@@ -28,7 +28,8 @@ run() {  # [from=BASE] run NAME EXPERIMENT_ARG [FLAGS...]: both seed sets, the e
 }
 # The warm start alone (step 0) of both seed sets.  Runs that differ only in their rewards (influence
 # weights, auxiliary rewards) start from the same base: the same parameters their own warm start would
-# give (same seed, same demonstrations), computed once, and a comparison paired seed by seed.
+# give (same seed, same demonstrations), computed once; `report --compare A B --paired` compares them
+# seed by seed.
 base() {  # base NAME EXPERIMENT_ARG
   local seed
   for seed in 0 1000; do

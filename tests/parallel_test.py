@@ -100,3 +100,36 @@ def test_two_processes_match_one_process_of_two_devices(tmp_path):
   for worker in workers:
     finish(worker)
   assert_same_training(one, two)
+
+
+def two_processes(*args, timeout=900):
+  """The CLI in two processes of one CPU device each, joined by jax.distributed: (returncode, output)
+  of each."""
+  port = free_port()
+  workers = [launch([*args, "--config.distributed=True"], devices=1, JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
+                    JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(i)) for i in range(2)]
+  return [(w.wait(timeout=timeout), w.stdout.read()) for w in workers]
+
+
+def test_devices_that_leave_a_process_out_are_refused(tmp_path):
+  # One device of two processes: the second would run nothing while the first waited on it forever.
+  (lead, lead_out), (other, other_out) = two_processes(
+      "--config=experiments/single_agent.py:size=tiny", f"--workdir={tmp_path / 'run'}",
+      "--config.num_devices=1", *TINY)
+  assert lead == 1 and ("FATAL ConfigError: config.num_devices=1 leaves out every device of some of the 2 "
+                        "processes; allowed: 0 (all of them) or 2 to 2") in lead_out, lead_out[-3000:]
+  # The other process refuses the same way, or ends when the lead's exit closes the coordination
+  # service first: never a run.
+  assert other != 0, other_out[-3000:]
+  assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_language_model_split_over_two_processes_warm_starts_and_trains(tmp_path):
+  # model_shards=2 over two processes of one device: the warm start leaves parameters that no process
+  # can read whole, and the `data` axis has one device.
+  for returncode, out in two_processes("--config=experiments/lm_solver_verifier.py:size=tiny",
+                                       f"--workdir={tmp_path / 'run'}", "--config.sft.steps=2",
+                                       "--config.model_shards=2", "--config.total_steps=2"):
+    assert returncode == 0, out[-3000:]
+  assert [r["step"] for r in metrics.read(str(tmp_path / "run"))] == [0, 2]

@@ -315,19 +315,41 @@ RESUME_CHANGES = {  # name: (overrides, what the message names)
     "num_seeds": ({"num_seeds": 2}, ["config.num_seeds: 1 there, 2 now"]),
     "eval_set": ({"eval.seed": 99, "eval.size": 32},
                  ["config.eval.seed: 1234 there, 99 now", "config.eval.size: 16 there, 32 now"]),
+    "credit": ({"credit": configs.credit_config("per_role")}, ["config.credit.name: 'team' there, 'per_role' now"]),
+    "learning_rate": ({"optim.learning_rate": 0.5}, ["config.optim.learning_rate: 0.0003 there, 0.5 now"]),
+    # single_agent.py leaves `ops` out of config.task (tasks.py sets it): compared at its default.
+    "task_knob_left_out": ({"task.ops": "+"}, ["config.task.ops: '+-*' there, '+' now"]),
 }
 
 
 @pytest.mark.parametrize("name", RESUME_CHANGES)
-def test_resume_refuses_other_seeds_or_evaluation_set(tmp_path, name):
-  # A resume under other seeds or another evaluation set would report one run's curves as another's.
+def test_resume_refuses_another_config(tmp_path, name):
+  # A resume under other seeds, another evaluation set, estimator or optimiser would report one run's
+  # curves as another's, under the second one's settings.
   _workdir_of_a_run(tmp_path)
   overrides, expected = RESUME_CHANGES[name]
   _refused_untouched(tmp_path, tiny_config(**{**OVERRIDES, **overrides}),
-                     expected + ["resuming it needs the same"])
-  # How long and how often it runs, and where the evaluation set is stored, may change.
-  workdir_lib.check(tiny_config(**{**OVERRIDES, "total_steps": 8, "eval_every": 4,
-                                   "eval.data_dir": str(tmp_path / "data")}), str(tmp_path))
+                     expected + ["resuming it needs the same settings but total_steps/"])
+  # How long and how often it runs, where the evaluation set is stored and how the computation is laid
+  # out may change.
+  workdir_lib.check(tiny_config(**{**OVERRIDES, "total_steps": 8, "eval_every": 4, "log_every": 4,
+                                   "eval.data_dir": str(tmp_path / "data"), "rl.microbatch_size": 8,
+                                   "num_devices": 2, "rl.on_nonfinite": "stop"}), str(tmp_path))
+
+
+def test_a_workdir_that_is_a_file_is_refused(tmp_path):
+  (tmp_path / "a_file").write_text("notes\n")
+  with pytest.raises(ValueError, match=r"a_file is a file, not a directory; give a directory"):
+    workdir_lib.check(tiny_config(**OVERRIDES), str(tmp_path / "a_file"))
+  assert (tmp_path / "a_file").read_text() == "notes\n"
+
+
+def test_the_last_step_is_evaluated_off_the_eval_every_grid(tmp_path):
+  # 6 steps with eval_every 4: the report's final accuracy must be the saved model's (step 6).
+  loop.train_and_evaluate(tiny_config(**{**OVERRIDES, "total_steps": 6, "eval_every": 4, "log_every": 4,
+                                         "steps_per_call": 2}), str(tmp_path))
+  assert [r["step"] for r in metrics_lib.read(str(tmp_path)) if "eval_accuracy" in r] == [0, 4, 6]
+  assert checkpoint.latest_step(str(tmp_path)) == 6
 
 
 def test_corrupt_metrics_of_a_checkpoint_name_the_step_to_move_aside(tmp_path):
@@ -407,7 +429,9 @@ def test_malformed_config_is_refused_before_the_workdir_is_touched(tmp_path, gro
   # A workdir a run of the good config left behind (stand-in files: nothing may write them).
   (tmp_path / "checkpoints").mkdir()
   (tmp_path / "metrics.jsonl").write_text('{"step": 0, "accuracy": 0.5}\n')
-  (tmp_path / "config.json").write_text(tiny_config().to_json())
+  # A warm start's source is part of the run's config: that run named the same one.
+  saved = tiny_config(**overrides) if group == "init_from" else tiny_config()
+  (tmp_path / "config.json").write_text(saved.to_json())
   _refused_untouched(tmp_path, tiny_config(**overrides), expected)
 
 
@@ -443,3 +467,16 @@ def test_command_line_config_errors_are_one_line(tmp_path):
     assert len(err.strip().splitlines()) == 1 and err.strip().startswith(start) and piece in err, err[-3000:]
     assert "Compiling" not in err
   assert _snapshot(tmp_path) == before
+
+
+def test_an_unknown_key_is_named_with_the_config_file_given_after_a_space(tmp_path):
+  # absl takes `--config FILE` as well as `--config=FILE`; the one line must not become a traceback.
+  config_file = f"{REPO / 'experiments' / 'single_agent.py'}:size=tiny"
+  run = subprocess.run([sys.executable, "-m", "marl_jax.main", "--config", config_file,
+                        f"--workdir={tmp_path / 'run'}", "--config.rl.nope=3"],
+                       cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300, check=False)
+  assert run.returncode == 1 and run.stderr.strip() == (
+      "FATAL Flags parsing error: flag --config.rl.nope=3: config.rl.nope is not a key; allowed: "
+      "['algorithm', 'batch_size', 'clip_eps', 'entropy_coef', 'epochs', 'group_size', 'kl_coef', "
+      "'microbatch_size', 'minibatches', 'on_nonfinite', 'temperature']"), run.stderr[-3000:]
+  assert not (tmp_path / "run").exists()

@@ -35,7 +35,9 @@ def test_step_flops_counts_the_rollout_reruns_and_update():
   exp = experiment.build(config)
   layout, per_token = exp.layout, exp.model.flops_per_token(exp.layout.length)
   assert len(layout.view_set_V) == 3
-  update = 1 * layout.length * 3 * rl.epochs * per_token
+  # Shared sets: the per-role gradient norms of the call's last step, a forward and three backward
+  # passes (2x each) over the minibatch: 7 more passes, here in a call of one step.
+  update = 1 * layout.length * (3 * rl.epochs + 1 + 2 * 3) * per_token
   assert throughput.step_flops(exp) == rl.batch_size * (sampling.token_reads(layout) * per_token + update)
 
 
@@ -60,8 +62,9 @@ def test_the_cli_refuses_a_width_for_checkpoint_agents():
 
 
 @pytest.mark.slow
-def test_a_row_times_the_step_and_its_rollout():
-  config = throughput.relay_config(2, 2, "team", batch_size=8, steps_per_call=2)
+@pytest.mark.parametrize("sharing", ["isolated", "shared"])
+def test_a_row_times_the_step_and_its_rollout(sharing):
+  config = throughput.relay_config(2, 2, "team", batch_size=8, steps_per_call=2, sharing=sharing)
   config.model.update(d_model=16, n_layers=1, n_heads=2, d_ff=32)
   config.num_devices = 1
   # The rollout program samples steps x seeds x batch episodes of two agents writing 1 to 4 tokens.
@@ -73,7 +76,7 @@ def test_a_row_times_the_step_and_its_rollout():
   assert set(row["thunk_s"]) == set(throughput.THUNK_KINDS) == {"matmul", "data movement", "compute"}
   assert row["thunk_s"]["matmul"] > 0 and row["thunk_s"]["compute"] > 0
   # The traced call's dots are the model FLOPs the analytic count gives, and little else (the group
-  # baseline's and the loss's small products).
+  # baseline's and the loss's small products); with shared sets, the per-role gradient norms too.
   traced_flops = sum(flops for _, flops in row["matmul_thunks"])
   assert traced_flops == pytest.approx(row["flops_per_s"] * row["call_s"], rel=0.01)
   assert sum(s for s, _ in row["matmul_thunks"]) == pytest.approx(row["thunk_s"]["matmul"])

@@ -4,7 +4,6 @@ of role r's rows of the global batch, so every role's advantages have the same s
 normalisation of multi-agent GRPO variants)."""
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 
 from marl_jax import parallel
@@ -29,7 +28,7 @@ class RoleNormalized(base.Estimator):
     # Moments over the global batch (every device holds the same number of rows), in two passes and
     # about a value every device holds (the largest), so that equal advantages standardise to exactly 0
     # rather than to rounding over a rounding-level std.
-    d_RxB = a_RxB - jax.lax.pmax(a_RxB.max(1), parallel.DATA)[:, None]
+    d_RxB = a_RxB - parallel.max_over_devices(a_RxB.max(1))[:, None]
     centred_RxB = d_RxB - parallel.mean_over_devices(d_RxB.mean(1))[:, None]
     std_R = jnp.sqrt(parallel.mean_over_devices((centred_RxB ** 2).mean(1)))
     return centred_RxB / (std_R[:, None] + EPS), {"advantage_std": std_R}

@@ -43,6 +43,12 @@ def knobs(name: str) -> dict:
           if f.name not in ("roles", "turns", "hidden") and f.metadata.get("knob", True)}
 
 
+def defaults(name: str) -> dict:
+  """Every setting of workflow `name` that has a default, at it: its knobs and `build`'s arguments."""
+  build = inspect.signature(_check_name(name).build).parameters.values()
+  return {**knobs(name), **{p.name: p.default for p in build if p.default is not inspect.Parameter.empty}}
+
+
 def make(name: str, task, **kwargs) -> Protocol:
   cls = _check_name(name)
   allowed = {p for p in inspect.signature(cls.build).parameters if p not in ("task", "kwargs")}
