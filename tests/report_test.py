@@ -194,3 +194,36 @@ def test_cli_seeds(tmp_path, capsys):
   assert ("Diverged: 1 of 3 seeds (1 logged a non-finite accuracy, reward or loss; 1 skipped an update). "
           "Ended below their base: 1. Final accuracy: min 20.0, median 40.0, max 42.0, sd 12.2, "
           "mean 34.0 ± 30.2 (95% CI).") in out
+
+
+def test_cli_compare_paired(runs, capsys):
+  # Final per seed a [40, 42, 44], b [50, 53, 56]: B − A = [10, 11, 12], mean 11, s = 1,
+  # half = t_{0.975, 2} * 1 / sqrt(3) = 4.3027 * 0.5774 = 2.48 (Welch's was 6.1).
+  report.main(["--compare", runs[0], runs[1], "--paired"])
+  out = capsys.readouterr().out
+  assert "paired by seed" in out
+  assert "| final | 42.0 | 53.0 | +11.0 ± 2.5 | [+8.5, +13.5] | 2.0 | established |" in out
+  # Peaks [45, 42, 50] and [60, 53, 56]: B − A = [15, 11, 6], mean 10.7, s = 4.51, half 11.2.
+  assert "| peak | 45.7 | 56.3 | +10.7 ± 11.2 | [-0.5, +21.9] | 2.0 | not established |" in out
+  # Runs of other seeds cannot be paired.
+  with open(os.path.join(runs[1], "config.json"), "w") as f:
+    json.dump({"seed": 1000}, f)
+  with pytest.raises(SystemExit) as exit_info:
+    report.main(["--compare", runs[0], runs[1], "--paired"])
+  assert exit_info.value.code == 1
+  assert ("--paired needs runs of the same seeds: A has config.seed=0 and 3 seeds, B config.seed=1000 "
+          "and 3") in capsys.readouterr().err
+
+
+def test_cli_leaves_out_a_run_without_evaluations(runs, tmp_path, capsys):
+  # A run still in its warm start has an empty metrics.jsonl.
+  warming = tmp_path / "warming"
+  warming.mkdir()
+  (warming / "metrics.jsonl").write_text("")
+  report.main([runs[0], str(warming)])
+  out = capsys.readouterr().out
+  assert f"| {runs[0]} | 3 | 100 | 30.0 ± 0.0 | 42.0 ± 5.0 |" in out
+  assert f"left out: {warming} has no evaluation yet" in out
+  with pytest.raises(SystemExit):
+    report.main(["--seeds", str(warming)])
+  assert f"{warming} has no evaluation yet" in capsys.readouterr().err
