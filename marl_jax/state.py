@@ -63,7 +63,13 @@ def initial_state(exp: Experiment, params_S=None) -> TrainState:
     pretrained_R = model_lib.pretrained_stack(exp.model, exp.num_sets)
     if pretrained_R is not None:
       params_S = jax.tree.map(lambda p: np.broadcast_to(p, (config.num_seeds,) + p.shape), pretrained_R)
-  return place(exp, jax.jit(jax.vmap(functools.partial(init_state, exp)))(keys_S, params_S))
+  init = jax.vmap(functools.partial(init_state, exp))
+  if not exp.splits_parameters:
+    return place(exp, jax.jit(init)(keys_S, params_S))
+  # Split parameters: the state is computed where it lives, each device its share (a whole state on
+  # one device would not fit there, for the models the split exists for).
+  keys_S, params_S = place(exp, (keys_S, params_S))
+  return jax.jit(init, out_shardings=exp.shardings(jax.eval_shape(init, keys_S, params_S)))(keys_S, params_S)
 
 
 def abstract_state(exp: Experiment) -> TrainState:
