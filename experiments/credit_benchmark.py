@@ -47,6 +47,8 @@ def scenario_config(name: str, size: str) -> ml_collections.ConfigDict:
   for key, value in overrides.items():
     group, _, field = key.partition(".")
     c[group][field] = value
+  for key in configs.BENCHMARK_SETS:
+    del c[key]
   return c
 
 

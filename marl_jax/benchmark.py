@@ -25,6 +25,7 @@ import functools
 import json
 import math
 import os
+import sys
 import time
 import warnings
 
@@ -61,7 +62,16 @@ def credit_group(name: str, **settings) -> ml_collections.ConfigDict:
 
 
 def check(config: ml_collections.ConfigDict) -> None:
-  """Every name in the benchmark config exists, before anything compiles."""
+  """Every name in the benchmark config exists and every benchmark setting is in range, before anything
+  compiles (the run configs themselves are checked by `experiment.build`, in `run`)."""
+  for r in names(config.fidelity.roles):
+    if not (r.isdigit() and int(r) >= 1):
+      raise ValueError(f"config.fidelity.roles has {r!r}; allowed: integers >= 1, comma-separated")
+  fid, learn = config.fidelity, config.learning
+  if not (isinstance(fid.adapt_steps, int) and fid.adapt_steps >= 0):
+    raise ValueError(f"config.fidelity.adapt_steps={fid.adapt_steps!r}; allowed: an integer >= 0")
+  if not (isinstance(learn.target, (int, float)) and 0 < learn.target <= 1):
+    raise ValueError(f"config.learning.target={learn.target!r}; allowed: a training accuracy in (0, 1]")
   for name in names(config.estimators):
     if name not in credit.REGISTRY:
       raise ValueError(f"config.estimators has {name!r}; allowed: {sorted(credit.REGISTRY)}")
@@ -184,14 +194,14 @@ def grade(credit_SxBxR, exact_SxBxR) -> dict:
           "spearman": np.array([spearman(c, e) for c, e in zip(credit_SxBxR, exact_SxBxR)])}
 
 
-def fidelity_credits(config, num_roles: int, games: list[str]) -> dict:
+def fidelity_credits(config, num_roles: int, games: list[str], estimators: list[str] | None = None) -> dict:
   """Every estimator on the same warm-started policy and episodes, scored under every game:
   {game: {estimator: (exp, credit_SxBxR, exact Shapley_SxBxR, exact expected difference_SxBxR)}}.
   The policy does not depend on the game (each role copies its own digit), so one warm start and one
-  program per estimator serve every game."""
+  program per estimator serve every game.  `estimators`: those of config.estimators (the default)."""
   fid = config.fidelity
   exps = {name: experiment.build(fidelity_config(config, num_roles, name))
-          for name in names(config.estimators)}
+          for name in (names(config.estimators) if estimators is None else estimators)}
   first = next(iter(exps.values()))
   game_GxM = jnp.stack([dataclasses.replace(first.task, game=g).game_values() for g in games])
   keys_S = jax.random.split(jax.random.PRNGKey(config.seed), fid.num_seeds)
@@ -214,20 +224,42 @@ def fidelity_credits(config, num_roles: int, games: list[str]) -> dict:
   return credits
 
 
-def run_fidelity_cell(config, num_roles: int, games: list[str], folder: str) -> None:
-  """The fidelity cells of one number of roles (`GAME-rR.json`, one per game): each estimator's cost
-  and its credit graded against both exact references."""
-  for game, by_estimator in fidelity_credits(config, num_roles, games).items():
-    results = {}
+def run_fidelity_cell(config, num_roles: int, games: list[str], folder: str, estimators: list[str]) -> None:
+  """The fidelity cells of one number of roles (`GAME-rR.json`, one per game): each of `estimators`'
+  cost and its credit graded against both exact references, added to what the cell holds.  (An
+  estimator's numbers do not depend on the others computed beside it: the warm start, problems and
+  keys are the cell's.)"""
+  for game, by_estimator in fidelity_credits(config, num_roles, games, estimators).items():
+    cell = fidelity_cell(config, folder, game, num_roles)
     for name, (exp, credit_SxBxR, shapley_SxBxR, difference_SxBxR) in by_estimator.items():
-      results[name] = {
+      cell["estimators"][name] = {
           **cost(exp),
           **{f"shapley_{k}": v.tolist() for k, v in grade(credit_SxBxR, shapley_SxBxR).items()},
           **{f"difference_{k}": v.tolist() for k, v in grade(credit_SxBxR, difference_SxBxR).items()},
       }
-    _write_json(fidelity_path(folder, game, num_roles),
-                {"game": game, "roles": num_roles, "seeds": config.fidelity.num_seeds,
-                 "estimators": results})
+    _write_json(fidelity_path(folder, game, num_roles), cell)
+
+
+def fidelity_settings(config) -> dict:
+  """What a fidelity cell's numbers depend on besides its game, roles and estimators."""
+  settings = {k: v for k, v in config.fidelity.to_dict().items() if k not in ("games", "roles")}
+  return json.loads(json.dumps({"seed": config.seed, "size": config.size, **settings}))
+
+
+def fidelity_cell(config, folder: str, game: str, num_roles: int) -> dict:
+  """The cell as stored (an empty one where none is); ValueError for one computed with other
+  settings, which a rerun must not mix with this run's."""
+  path = fidelity_path(folder, game, num_roles)
+  settings = fidelity_settings(config)
+  if not os.path.exists(path):
+    return {"game": game, "roles": num_roles, "seeds": config.fidelity.num_seeds, "settings": settings,
+            "estimators": {}}
+  with open(path) as f:
+    cell = json.load(f)
+  if cell.get("settings") != settings:
+    raise ValueError(f"{path} was computed with other settings ({cell.get('settings')} there, {settings} "
+                     f"now): give a new --workdir, or move that file aside to recompute it")
+  return cell
 
 
 def fidelity_path(folder: str, game: str, num_roles: int) -> str:
@@ -237,14 +269,26 @@ def fidelity_path(folder: str, game: str, num_roles: int) -> str:
 # Learning.
 
 def run_learning_cell(config, scenario: str, estimator: str, workdir: str, base: str) -> None:
-  """One estimator on one scenario from the scenario's shared warm start; records its wall time."""
+  """One estimator on one scenario from the scenario's shared warm start; adds its wall time to the
+  cell's (an attempt killed outright loses its time)."""
   c = learning_config(config, scenario, estimator)
   c.init_from = base
   clock = time.perf_counter()
   loop.train_and_evaluate(c, workdir)
-  wall = os.path.join(workdir, "wall_seconds.json")
-  previous = json.load(open(wall))["seconds"] if os.path.exists(wall) else 0.0
-  _write_json(wall, {"seconds": previous + time.perf_counter() - clock})
+  _write_json(wall_path(workdir), {"seconds": wall_seconds(workdir, 0.0) + time.perf_counter() - clock})
+
+
+def wall_path(workdir: str) -> str:
+  return os.path.join(workdir, "wall_seconds.json")
+
+
+def wall_seconds(workdir: str, missing: float = math.nan) -> float:
+  """A learning cell's recorded wall time; `missing` where none was (a kill before it was written)."""
+  if not os.path.exists(wall_path(workdir)):
+    return missing
+  with open(wall_path(workdir)) as f:
+    return json.load(f)["seconds"]
+
 
 
 def learning_config(config, scenario: str, estimator: str) -> ml_collections.ConfigDict:
@@ -256,6 +300,7 @@ def learning_config(config, scenario: str, estimator: str) -> ml_collections.Con
   # cost more than training; one compiled call per step costs ~nothing next to a step on CPU).
   c.steps_per_call = c.log_every = 1
   c.credit = credit_group(estimator)
+  c.init_from = ""  # the scenario's base, for a learning cell (`run_learning_cell`)
   return c
 
 
@@ -296,19 +341,24 @@ def ci_cells(prefix: str, values) -> dict:
   return {prefix: mean, f"{prefix}_ci": half}
 
 
-def fidelity_rows(workdir: str) -> list[dict]:
+def fidelity_rows(config, workdir: str) -> list[dict]:
+  """One row per estimator of config.estimators in each configured cell (game x number of roles)."""
   rows = []
   folder = os.path.join(workdir, "fidelity")
-  for file in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
-    cell = json.load(open(os.path.join(folder, file)))
-    for name, r in cell["estimators"].items():
-      row = {"game": cell["game"], "roles": cell["roles"], "estimator": name, "seeds": cell["seeds"],
-             "reruns": r["reruns"], "turns": r["turns"]}
-      for ref in ("shapley", "difference"):
-        for stat in ("bias", "error_sd", "spearman"):
-          row.update(ci_cells(f"{ref}_{stat}", r[f"{ref}_{stat}"]))
-          row[f"{ref}_{stat}_S"] = r[f"{ref}_{stat}"]  # per seed, for the means over games
-      rows.append(row)
+  for num_roles in [int(r) for r in names(config.fidelity.roles)]:
+    for game in names(config.fidelity.games):
+      cell = fidelity_cell(config, folder, game, num_roles)
+      for name in names(config.estimators):
+        if name not in cell["estimators"]:
+          continue
+        r = cell["estimators"][name]
+        row = {"game": game, "roles": num_roles, "estimator": name, "seeds": cell["seeds"],
+               "reruns": r["reruns"], "turns": r["turns"]}
+        for ref in ("shapley", "difference"):
+          for stat in ("bias", "error_sd", "spearman"):
+            row.update(ci_cells(f"{ref}_{stat}", r[f"{ref}_{stat}"]))
+            row[f"{ref}_{stat}_S"] = r[f"{ref}_{stat}"]  # per seed, for the means over games
+        rows.append(row)
   return rows
 
 
@@ -327,7 +377,7 @@ def learning_rows(config, workdir: str) -> list[dict]:
       to_target = steps_to_target(run, config.learning.target)
       row = {"scenario": scenario, "estimator": name, "seeds": s["seeds"],
              "reached_target": float(np.isfinite(to_target).mean()),
-             "wall_seconds": json.load(open(os.path.join(run, "wall_seconds.json")))["seconds"]}
+             "wall_seconds": wall_seconds(run)}
       for stat in ("final", "peak", "drop"):
         row.update(ci_cells(stat, s[stat]))
       row.update(ci_cells("steps_to_target", to_target))
@@ -458,7 +508,7 @@ def plot_fidelity(fid_rows: list[dict], folder: str) -> None:
 def write_report(config, workdir: str) -> str:
   folder = os.path.join(workdir, "report")
   os.makedirs(folder, exist_ok=True)
-  fid_rows, learn_rows = fidelity_rows(workdir), learning_rows(config, workdir)
+  fid_rows, learn_rows = fidelity_rows(config, workdir), learning_rows(config, workdir)
   write_csv(os.path.join(folder, "fidelity.csv"), fid_rows)
   write_csv(os.path.join(folder, "learning.csv"), learn_rows)
   text = markdown(config, fid_rows, learn_rows)
@@ -478,33 +528,62 @@ def _write_json(path: str, obj) -> None:
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> str:
   """Runs the missing cells of both grids, then writes the report (returns its markdown)."""
-  check(config)
-  games = names(config.fidelity.games)
-  for name in names(config.estimators):  # every estimator setting is checked before compiling
-    for r in names(config.fidelity.roles):
-      experiment.build(fidelity_config(config, int(r), name))
-  folder = os.path.join(workdir, "fidelity")
-  os.makedirs(folder, exist_ok=True)
-  roles = [int(r) for r in names(config.fidelity.roles)]
+  games, estimators = names(config.fidelity.games), names(config.estimators)
   scenarios = names(config.learning.scenarios)
-  learn_cells = [(s, e) for s in scenarios for e in names(config.estimators)]
+  learn_cells = [(s, e) for s in scenarios for e in estimators]
+  folder = os.path.join(workdir, "fidelity")
+  # Every name, setting and run config of both grids, and the cells already there, are checked before
+  # anything compiles.
+  try:
+    check(config)
+    roles = [int(r) for r in names(config.fidelity.roles)]
+    for name in estimators:
+      for r in roles:
+        where = f"the fidelity cell of {r} roles, estimator {name!r} (config.fidelity)"
+        _build(fidelity_config(config, r, name), where)
+        for game in games:
+          fidelity_cell(config, folder, game, r)
+    for scenario, name in learn_cells:
+      _build(learning_config(config, scenario, name),
+             f"the learning cell {scenario}/{name} (config.runs.{scenario} and config.learning)")
+  except ValueError as e:
+    raise experiment.ConfigError(str(e)) from e
+  os.makedirs(folder, exist_ok=True)
   with tqdm.tqdm(total=len(roles) + len(scenarios) + len(learn_cells), desc="benchmark") as bar:
     for num_roles in roles:
-      missing = [g for g in games if not os.path.exists(fidelity_path(folder, g, num_roles))]
-      if missing:
-        run_fidelity_cell(config, num_roles, missing, folder)
+      held = {g: fidelity_cell(config, folder, g, num_roles)["estimators"] for g in games}
+      missing_games = [g for g in games if any(e not in held[g] for e in estimators)]
+      missing = [e for e in estimators if any(e not in held[g] for g in missing_games)]
+      if missing_games:
+        run_fidelity_cell(config, num_roles, missing_games, folder, missing)
       bar.update()
     for scenario in scenarios:
       base = os.path.join(workdir, "learning", scenario, "base")
       if not finished(base, 0):
         warm_start_base(config, scenario, base)
+        _stop_unless_finished(base, 0)
       bar.update()
     for scenario, name in learn_cells:
       run_dir = os.path.join(workdir, "learning", scenario, name)
       if not finished(run_dir, config.learning.total_steps):
         run_learning_cell(config, scenario, name, run_dir, os.path.join(workdir, "learning", scenario, "base"))
+        _stop_unless_finished(run_dir, config.learning.total_steps)
       bar.update()
   return write_report(config, workdir)
+
+
+def _build(c: ml_collections.ConfigDict, where: str) -> None:
+  try:
+    experiment.build(c)
+  except ValueError as e:
+    raise ValueError(f"{where}: {e}") from e
+
+
+def _stop_unless_finished(workdir: str, total_steps: int) -> None:
+  """A cell that returned unfinished was stopped by a signal (it saved a checkpoint to resume from):
+  the benchmark stops too, instead of moving on and reporting without it."""
+  if not finished(workdir, total_steps):
+    raise SystemExit(f"stopped by a signal in {workdir}; run the same command again to resume")
 
 
 def main(argv):
@@ -515,7 +594,10 @@ def main(argv):
   # compilation cache in the workdir compiles each program once (unless one is configured already).
   if not jax.config.jax_compilation_cache_dir:
     jax.config.update("jax_compilation_cache_dir", os.path.join(_WORKDIR.value, "compilation_cache"))
-  print(run(_CONFIG.value, _WORKDIR.value))
+  try:
+    print(run(_CONFIG.value, _WORKDIR.value))
+  except experiment.ConfigError as e:  # one line, no traceback, exit status 1
+    sys.exit(f"FATAL ConfigError: {e}")
 
 
 if __name__ == "__main__":

@@ -161,6 +161,13 @@ def add_model(c: ml_collections.ConfigDict, name: str, **overrides) -> ml_collec
   return c.models[name]
 
 
+# Keys of a learning scenario's run config that the credit benchmark sets itself, from config.seed,
+# config.learning and config.estimators (`benchmark.learning_config`): experiments/credit_benchmark.py
+# leaves them out of `config.runs`, so that --config.runs.SCENARIO.KEY for one of them is refused as
+# unknown instead of ignored.
+BENCHMARK_SETS = ("seed", "num_seeds", "total_steps", "eval_every", "checkpoint_every", "steps_per_call",
+                  "log_every", "credit", "init_from")
+
 SIZES = ("tiny", "cpu", "gpu")
 
 

@@ -79,15 +79,86 @@ def test_fidelity_credit_is_the_credit_term_alone():
     ("estimators", "team,oracle", "'difference'"),
     ("fidelity.games", "synergy,chaos", "'saboteur'"),
     ("learning.scenarios", "free_rider,nope", "'penalty'"),
+    ("fidelity.roles", "2.5", "integers >= 1"),
+    ("fidelity.adapt_steps", -1, "an integer >= 0"),
+    ("learning.target", 90.0, "a training accuracy in (0, 1]"),
+    ("learning.target", math.nan, "a training accuracy in (0, 1]"),
+    # The learning cells' run configs are built too (once only after the whole fidelity grid).
+    ("learning.num_seeds", 0, ("the learning cell free_rider/team (config.runs.free_rider and "
+                               "config.learning): config.num_seeds=0")),
+    ("learning.eval_every", 0, ("the learning cell free_rider/team (config.runs.free_rider and "
+                                "config.learning): config.eval_every=0")),
 ])
 def test_unknown_names_are_refused_before_compiling(key, value, allowed, tmp_path):
   config = _config()
   group, _, field = key.rpartition(".")
   (config[group] if group else config)[field] = value
-  with pytest.raises(ValueError, match=f"config.{key}") as error:
+  with pytest.raises(ValueError) as error:
     benchmark.run(config, str(tmp_path / "bench"))
   assert allowed in str(error.value)
+  assert f"config.{key}" in str(error.value) or key.startswith("learning.")
   assert not (tmp_path / "bench").exists()
+
+
+def test_keys_the_benchmark_sets_are_not_settable_per_scenario():
+  # --config.runs.penalty.credit.baseline=grpo was accepted and ignored: each cell's credit group is its
+  # estimator's, its seeds and steps config.learning's.
+  for run in _config().runs.values():
+    assert not set(configs.BENCHMARK_SETS) & set(run)
+  config = benchmark.learning_config(_config(), "free_rider", "shapley")
+  assert (config.credit.name, config.num_seeds, config.total_steps, config.init_from) == ("shapley", 2, 2, "")
+
+
+def _fidelity_file(folder, game, roles, settings, estimators):
+  folder.mkdir(parents=True, exist_ok=True)
+  r = {"reruns": 0, "turns": 2, **{f"{ref}_{stat}": [0.1, 0.2] for ref in ("shapley", "difference")
+                                   for stat in ("bias", "error_sd", "spearman")}}
+  (folder / f"{game}-r{roles}.json").write_text(json.dumps(
+      {"game": game, "roles": roles, "seeds": 2, "settings": settings, "estimators": {e: r for e in estimators}}))
+
+
+def test_a_fidelity_cell_of_other_settings_is_refused(tmp_path):
+  # It was counted as finished whatever was asked: another seed count reused it, silently.
+  config = _config()
+  config.learning.scenarios = ""
+  settings = benchmark.fidelity_settings(config)
+  _fidelity_file(tmp_path / "fidelity", "synergy", 2, {**settings, "num_seeds": 3}, ["team", "shapley"])
+  with pytest.raises(experiment.ConfigError, match=r"synergy-r2.json was computed with other settings .* "
+                                                   r"give a new --workdir, or move that file aside"):
+    benchmark.run(config, str(tmp_path))
+
+
+def test_the_report_reads_the_configured_cells_and_estimators_only(tmp_path):
+  config = _config()
+  config.estimators, config.fidelity.games = "team", "synergy"
+  settings = benchmark.fidelity_settings(config)
+  _fidelity_file(tmp_path / "fidelity", "synergy", 2, settings, ["team", "shapley"])
+  _fidelity_file(tmp_path / "fidelity", "additive", 2, settings, ["team"])
+  (tmp_path / "fidelity" / "saboteur-r2.json.tmp").write_text('{"game": "sab')  # a killed write
+  rows = benchmark.fidelity_rows(config, str(tmp_path))
+  assert [(r["game"], r["estimator"]) for r in rows] == [("synergy", "team")]
+
+
+def test_a_cell_stopped_by_a_signal_stops_the_benchmark(tmp_path, monkeypatch):
+  # train_and_evaluate returns normally after a SIGTERM (it saved a checkpoint to resume from): the
+  # benchmark went on to the next cell and reported without this one, exit status 0.
+  config = _config()
+  config.fidelity.roles = ""
+  monkeypatch.setattr(benchmark.loop, "train_and_evaluate", lambda config, workdir: None)
+  with pytest.raises(SystemExit, match=r"stopped by a signal in .*free_rider/base; run the same command "
+                                       r"again to resume"):
+    benchmark.run(config, str(tmp_path))
+
+
+def test_a_finished_cell_without_its_wall_time_reads_nan(tmp_path, monkeypatch):
+  # A kill between a cell's last checkpoint and its wall_seconds.json once broke every later report.
+  config = _config()
+  config.estimators, config.learning.scenarios = "team", "penalty"
+  monkeypatch.setattr(benchmark, "finished", lambda run, steps: True)
+  _write_cell(tmp_path / "learning" / "penalty" / "team", [[.5, .5], [.9, .9]], [1.0, 1.0])
+  (tmp_path / "learning" / "penalty" / "team" / "wall_seconds.json").unlink()
+  (row,) = benchmark.learning_rows(config, str(tmp_path))
+  assert math.isnan(row["wall_seconds"])
 
 
 def test_steps_to_target_reads_the_per_step_training_accuracy(tmp_path):

@@ -1,6 +1,7 @@
 """Credit estimators: every group baseline and estimator against examples worked out by hand, one
 contract every registered estimator keeps, and the registry's errors."""
 import dataclasses
+import math
 
 import jax
 import chex
@@ -217,8 +218,25 @@ def test_critic_refuses_bad_knobs():
     credit.make("critic", d_model=30, n_heads=4).check(2, 2)
   with pytest.raises(ValueError, match=r"config.credit.samples=0; K must be >= 1"):
     credit.make("critic", samples=0).check(2, 2)
-  with pytest.raises(ValueError, match=r"config.credit.learning_rate=0.0; it must be > 0"):
+  with pytest.raises(ValueError, match=r"config.credit.learning_rate=0.0; allowed: a finite number > 0.0"):
     credit.make("critic", learning_rate=0.0).check(2, 2)
+
+
+@pytest.mark.parametrize("name, key, value", [
+    ("critic", "learning_rate", math.nan), ("critic", "learning_rate", math.inf),
+    ("critic", "loss_weight", math.nan), ("critic", "outcome_weight", -math.inf),
+    ("difference", "outcome_weight", math.nan), ("difference", "credit_weight", math.nan),
+    ("shapley", "credit_weight", -1.0)])
+def test_credit_weights_and_rates_must_be_finite_and_in_range(name, key, value):
+  # NaN once passed `lr <= 0` (False for NaN) and trained nothing, every update skipped.
+  with pytest.raises(ValueError, match=rf"config.credit.{key}={value!r}; allowed: a finite number >"):
+    credit.make(name, **{key: value}).check(2, 2)
+
+
+def test_shapley_permutation_seed_must_be_a_seed():
+  # Once accepted, then a crash after the warm start (numpy: "expected non-negative integer").
+  with pytest.raises(ValueError, match=r"config.credit.permutation_seed=-1; allowed: an integer >= 0"):
+    credit.make("shapley", permutation_seed=-1).check(2, 2)
 
 
 def _reruns_for(estimator, R, B=4):
@@ -260,8 +278,12 @@ def test_unknown_estimator_and_knobs_are_refused_with_the_allowed_values():
   with pytest.raises(ValueError, match=r"config.credit.counterfactual='maybe' is unknown; allowed: "
                                        r"\['resample', 'absent', 'replace'\]"):
     credit.make("difference", counterfactual="maybe").check(2, 2)
-  with pytest.raises(ValueError, match=r"config.credit.baseline='rloo' needs config.rl.group_size >= 2"):
-    credit.make("per_role", baseline="rloo").check(2, 1)
+  # A group of one sample is its own baseline: every advantage would be 0.
+  for name, baseline in (("per_role", "rloo"), ("team", "dr_grpo"), ("difference", "grpo")):
+    with pytest.raises(ValueError, match=rf"config.credit.baseline='{baseline}' needs config.rl.group_size "
+                                         r">= 2 .*allowed with group_size 1: 'none'"):
+      credit.make(name, baseline=baseline).check(2, 1)
+  credit.make("team", baseline="none").check(2, 1)
 
 
 # Shapley values, pure: the glove game (agent 0 holds a left glove, 1 and 2 right ones; a pair is worth

@@ -15,6 +15,7 @@ name with `@register("name")`.  In the step it:
 The step never names an estimator: a new one is one file in `credit/` and its test.
 """
 import dataclasses
+import math
 from typing import Any, ClassVar
 
 import flax
@@ -92,5 +93,13 @@ def check_baseline(baseline: str, group_size: int) -> None:
   """The group-baseline setting most estimators share (`config.credit.baseline`)."""
   if baseline not in baselines.BASELINES:
     raise ValueError(f"config.credit.baseline={baseline!r} is unknown; allowed: {list(baselines.BASELINES)}")
-  if baseline == "rloo" and group_size < 2:
-    raise ValueError("config.credit.baseline='rloo' needs config.rl.group_size >= 2")
+  if baseline != "none" and group_size < 2:  # a group of one is its own baseline: every advantage 0
+    raise ValueError(f"config.credit.baseline={baseline!r} needs config.rl.group_size >= 2 (a group of one "
+                     f"sample has advantage 0); allowed with group_size 1: 'none'")
+
+
+def check_number(key: str, value, low: float, above: bool = False) -> None:
+  """Refuses `config.credit.KEY` unless it is a finite number >= `low` (> `low` with `above`); the test
+  is written as what is allowed, so NaN fails it."""
+  if not (isinstance(value, (int, float)) and math.isfinite(value) and (value > low if above else value >= low)):
+    raise ValueError(f"config.credit.{key}={value!r}; allowed: a finite number {'>' if above else '>='} {low}")

@@ -48,10 +48,8 @@ class Critic(difference.OutcomeAndCredit):
     super().check(num_roles, group_size)
     if self.samples < 1:
       raise ValueError(f"config.credit.samples={self.samples}; K must be >= 1")
-    if self.learning_rate <= 0:
-      raise ValueError(f"config.credit.learning_rate={self.learning_rate}; it must be > 0")
-    if self.loss_weight < 0:
-      raise ValueError(f"config.credit.loss_weight={self.loss_weight}; it must be >= 0")
+    base.check_number("learning_rate", self.learning_rate, 0.0, above=True)
+    base.check_number("loss_weight", self.loss_weight, 0.0)
     for key in ("d_model", "n_layers", "n_heads", "d_ff"):
       if getattr(self, key) < 1:
         raise ValueError(f"config.credit.{key}={getattr(self, key)}; it must be >= 1")

@@ -39,6 +39,8 @@ class OutcomeAndCredit(base.Estimator):
 
   def check(self, num_roles, group_size):
     base.check_baseline(self.baseline, group_size)
+    base.check_number("outcome_weight", self.outcome_weight, 0.0)
+    base.check_number("credit_weight", self.credit_weight, 0.0)
 
   def mix(self, outcome: base.Outcome, credit_RxB):
     """Advantages adv_RxB, and the credit's mean size per role as `influence`."""

@@ -122,6 +122,9 @@ class Shapley(difference.OutcomeAndCredit):
     if self.num_permutations < 0:
       raise ValueError(f"config.credit.num_permutations={self.num_permutations}; allowed: 0 (exact "
                        f"only) or >= 1 (Monte Carlo above config.credit.max_exact_roles)")
+    if not (isinstance(self.permutation_seed, int) and self.permutation_seed >= 0):
+      raise ValueError(f"config.credit.permutation_seed={self.permutation_seed!r}; allowed: an integer >= 0 "
+                       f"(numpy's generator seed)")
     if num_roles > self.max_exact_roles and self.num_permutations == 0:
       raise ValueError(f"config.credit.num_permutations=0 asks for exact Shapley, but the protocol has "
                        f"{num_roles} roles > config.credit.max_exact_roles={self.max_exact_roles} "
