@@ -290,7 +290,6 @@ def wall_seconds(workdir: str, missing: float = math.nan) -> float:
     return json.load(f)["seconds"]
 
 
-
 def learning_config(config, scenario: str, estimator: str) -> ml_collections.ConfigDict:
   learn = config.learning
   c = ml_collections.ConfigDict(config.runs[scenario].to_dict())
