@@ -256,7 +256,11 @@ def fidelity_cell(config, folder: str, game: str, num_roles: int) -> dict:
             "estimators": {}}
   with open(path) as f:
     cell = json.load(f)
-  if cell.get("settings") != settings:
+  if "settings" not in cell:
+    raise ValueError(f"{path} records no settings (written before cells recorded them), so its numbers "
+                     f"cannot be checked against this run's: move it aside to recompute it, or give a "
+                     f"new --workdir")
+  if cell["settings"] != settings:
     raise ValueError(f"{path} was computed with other settings ({cell.get('settings')} there, {settings} "
                      f"now): give a new --workdir, or move that file aside to recompute it")
   return cell
@@ -581,6 +585,10 @@ def _build(c: ml_collections.ConfigDict, where: str) -> None:
 def _stop_unless_finished(workdir: str, total_steps: int) -> None:
   """A cell that returned unfinished was stopped by a signal (it saved a checkpoint to resume from):
   the benchmark stops too, instead of moving on and reporting without it."""
+  latest = checkpoint.latest_step(workdir)
+  if latest is not None and latest > total_steps:
+    raise SystemExit(f"{workdir} holds a checkpoint at step {latest}, past config.learning.total_steps="
+                     f"{total_steps}: give that many steps, or a new --workdir")
   if not finished(workdir, total_steps):
     raise SystemExit(f"stopped by a signal in {workdir}; run the same command again to resume")
 

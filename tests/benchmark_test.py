@@ -128,6 +128,27 @@ def test_a_fidelity_cell_of_other_settings_is_refused(tmp_path):
     benchmark.run(config, str(tmp_path))
 
 
+def test_a_fidelity_cell_without_settings_is_refused_as_such(tmp_path):
+  config = _config()
+  config.learning.scenarios = ""
+  _fidelity_file(tmp_path / "fidelity", "synergy", 2, None, ["team", "shapley"])
+  cell = json.loads((tmp_path / "fidelity" / "synergy-r2.json").read_text())
+  del cell["settings"]  # as older code wrote it
+  (tmp_path / "fidelity" / "synergy-r2.json").write_text(json.dumps(cell))
+  with pytest.raises(experiment.ConfigError, match=r"synergy-r2.json records no settings"):
+    benchmark.run(config, str(tmp_path))
+
+
+def test_a_cell_past_the_steps_asked_is_not_called_signalled(tmp_path, monkeypatch):
+  config = _config()
+  config.fidelity.roles = ""
+  monkeypatch.setattr(benchmark.loop, "train_and_evaluate", lambda config, workdir: None)
+  monkeypatch.setattr(benchmark.checkpoint, "latest_step", lambda workdir: 5)
+  with pytest.raises(SystemExit, match=r"free_rider/base holds a checkpoint at step 5, past "
+                                       r"config.learning.total_steps=0"):
+    benchmark.run(config, str(tmp_path))
+
+
 def test_the_report_reads_the_configured_cells_and_estimators_only(tmp_path):
   config = _config()
   config.estimators, config.fidelity.games = "team", "synergy"

@@ -279,11 +279,17 @@ def test_unknown_estimator_and_knobs_are_refused_with_the_allowed_values():
                                        r"\['resample', 'absent', 'replace'\]"):
     credit.make("difference", counterfactual="maybe").check(2, 2)
   # A group of one sample is its own baseline: every advantage would be 0.
-  for name, baseline in (("per_role", "rloo"), ("team", "dr_grpo"), ("difference", "grpo")):
+  for name, baseline in (("team", "dr_grpo"), ("per_role", "grpo")):
     with pytest.raises(ValueError, match=rf"config.credit.baseline='{baseline}' needs config.rl.group_size "
                                          r">= 2 .*allowed with group_size 1: 'none'"):
       credit.make(name, baseline=baseline).check(2, 1)
+  with pytest.raises(ValueError, match=r"config.credit.baseline='rloo' needs config.rl.group_size >= 2"):
+    credit.make("difference", baseline="rloo").check(2, 1)
   credit.make("team", baseline="none").check(2, 1)
+  # Beside a credit term the baselined outcome may be 0 for a group of one: refused only without credit.
+  credit.make("difference").check(2, 1)
+  with pytest.raises(ValueError, match=r"config.credit.baseline='dr_grpo' needs config.rl.group_size >= 2"):
+    credit.make("difference", credit_weight=0.0).check(2, 1)
 
 
 # Shapley values, pure: the glove game (agent 0 holds a left glove, 1 and 2 right ones; a pair is worth

@@ -334,7 +334,8 @@ def test_resume_refuses_another_config(tmp_path, name):
   # out may change.
   workdir_lib.check(tiny_config(**{**OVERRIDES, "total_steps": 8, "eval_every": 4, "log_every": 4,
                                    "eval.data_dir": str(tmp_path / "data"), "rl.microbatch_size": 8,
-                                   "num_devices": 2, "rl.on_nonfinite": "stop"}), str(tmp_path))
+                                   "num_devices": 2, "rl.on_nonfinite": "stop",
+                                   "init_from": str(tmp_path / "base")}), str(tmp_path))
 
 
 def test_a_workdir_that_is_a_file_is_refused(tmp_path):

@@ -89,11 +89,15 @@ class Estimator:
     return state, {}
 
 
-def check_baseline(baseline: str, group_size: int) -> None:
-  """The group-baseline setting most estimators share (`config.credit.baseline`)."""
+def check_baseline(baseline: str, group_size: int, whole_advantage: bool = True) -> None:
+  """The group-baseline setting most estimators share (`config.credit.baseline`); `whole_advantage`:
+  the baselined term is the whole advantage (not an outcome term beside a credit term)."""
   if baseline not in baselines.BASELINES:
     raise ValueError(f"config.credit.baseline={baseline!r} is unknown; allowed: {list(baselines.BASELINES)}")
-  if baseline != "none" and group_size < 2:  # a group of one is its own baseline: every advantage 0
+  if baseline == "rloo" and group_size < 2:
+    raise ValueError("config.credit.baseline='rloo' needs config.rl.group_size >= 2")
+  # A group of one is its own baseline: every advantage 0.
+  if whole_advantage and baseline != "none" and group_size < 2:
     raise ValueError(f"config.credit.baseline={baseline!r} needs config.rl.group_size >= 2 (a group of one "
                      f"sample has advantage 0); allowed with group_size 1: 'none'")
 

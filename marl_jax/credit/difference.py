@@ -38,7 +38,7 @@ class OutcomeAndCredit(base.Estimator):
   credit_weight: float = 1.0
 
   def check(self, num_roles, group_size):
-    base.check_baseline(self.baseline, group_size)
+    base.check_baseline(self.baseline, group_size, whole_advantage=self.credit_weight == 0)
     base.check_number("outcome_weight", self.outcome_weight, 0.0)
     base.check_number("credit_weight", self.credit_weight, 0.0)
 
