@@ -43,10 +43,11 @@ def _named_defaults(group: str, name) -> dict:
   defaults; {} for a name not registered (any more)."""
   if group == "protocol":
     return protocols.defaults(name) if name in protocols.REGISTRY else {}
-  registry = {"task": tasks.REGISTRY, "credit": credit.REGISTRY}[group]
-  if name not in registry:
+  if group == "credit":
+    return credit.knobs(name) if name in credit.REGISTRY else {}
+  if name not in tasks.REGISTRY:
     return {}
-  return {f.name: f.default for f in dataclasses.fields(registry[name]) if f.default is not dataclasses.MISSING}
+  return {f.name: f.default for f in dataclasses.fields(tasks.REGISTRY[name]) if f.default is not dataclasses.MISSING}
 
 
 def _with_defaults(config: dict) -> dict:
