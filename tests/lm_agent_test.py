@@ -20,6 +20,7 @@ import pytest
 from marl_jax import configs, experiment, model as model_lib, state as state_lib, text, train
 from marl_jax.lm import agent as lm_agent
 from marl_jax.lm import checkpoint as lm_checkpoint
+from marl_jax.lm import export as lm_export
 from marl_jax.lm import lora as lora_lib
 from marl_jax.lm import model as lm_model
 from marl_jax.lm import tokenizer as lm_tokenizer
@@ -114,6 +115,15 @@ def test_bad_checkpoints_are_refused_before_compiling(tmp_path):
   (other / "config.json").write_text(json.dumps(dict(hf, model_type="gpt2")))
   with pytest.raises(ValueError, match=r"config.model.checkpoint=.*model_type='gpt2'.*allowed"):
     lm_agent.from_config(_model_config("qwen3", checkpoint=str(other)))
+  # safetensors' and tokenizers' own errors (not OSError or ValueError) are named like the rest.
+  pointer = tmp_path / "lfs_pointer"
+  shutil.copytree(FIXTURES / "qwen3", pointer)
+  (pointer / "model.safetensors").write_text("version https://git-lfs.github.com/spec/v1\nsize 12\n")
+  with pytest.raises(ValueError, match=r"config.model.checkpoint=.*model.safetensors is not a readable safetensors"):
+    lm_agent.from_config(_model_config("qwen3", checkpoint=str(pointer)))
+  (pointer / "tokenizer.json").write_text("{")
+  with pytest.raises(ValueError, match=r"config.model.checkpoint=.*tokenizer.json is not a readable tokenizer"):
+    lm_agent.from_config(_model_config("qwen3", checkpoint=str(pointer), random_weights=True))
 
 
 def test_lora_agent_is_the_adapted_decoder():
@@ -176,6 +186,19 @@ def test_lora_team_holds_one_base():
                               jax.tree.map(lambda p: p[None], base))
   assert optax.tree_utils.tree_norm(jax.tree.map(lambda a, b: a - b, jax.device_get(
       trained_S.params["adapter"]), adapter_before)) > 0
+
+
+def test_export_copies_the_tokenizer_files_a_server_reads(tmp_path):
+  source, out = tmp_path / "source", tmp_path / "out"
+  shutil.copytree(FIXTURES / "qwen3", source)
+  (source / "chat_template.jinja").write_text("{{ messages }}")
+  (source / "additional_chat_templates").mkdir()
+  (source / "additional_chat_templates" / "tool_use.jinja").write_text("{{ tools }}")
+  out.mkdir()
+  lm_export.copy_tokenizer_files(str(source), str(out))
+  assert sorted(p.name for p in out.iterdir()) == ["additional_chat_templates", "chat_template.jinja",
+                                                    "tokenizer.json"]
+  assert (out / "additional_chat_templates" / "tool_use.jinja").read_text() == "{{ tools }}"
 
 
 @pytest.mark.slow

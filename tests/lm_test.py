@@ -198,6 +198,32 @@ def _index_of_absent_shard(tmp_path):
   return tmp_path
 
 
+def _write(tmp_path, name, text):
+  (_copy(tmp_path) / name).write_text(text)
+  return tmp_path
+
+
+def _truncated_weights(tmp_path):
+  path = _copy(tmp_path) / "model.safetensors"
+  path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+  return tmp_path
+
+
+def _index_without_weight_map(tmp_path):
+  (_copy(tmp_path, files=["config.json"]) / checkpoint.INDEX).write_text('{"metadata": {}}')
+  return tmp_path
+
+
+def _llama3_rope_without(tmp_path, key):
+  path = _copy(tmp_path, family="llama") / "config.json"
+  hf = json.loads(path.read_text())
+  del hf["rope_parameters"][key]
+  path.write_text(json.dumps(hf))
+  return tmp_path
+
+
+LFS_POINTER = "version https://git-lfs.github.com/spec/v1\noid sha256:{}\nsize 123456\n".format("0" * 64)
+UNREADABLE = r"model.safetensors is not a readable safetensors file \(.*\): a truncated download or a Git LFS"
 BAD_CHECKPOINTS = {  # name -> (make the bad directory in tmp_path, error, what its message names)
     "missing directory": (lambda d: d / "absent", FileNotFoundError, r"absent' does not exist"),
     "missing config.json": (lambda d: _copy(d, files=["model.safetensors"]), FileNotFoundError,
@@ -218,6 +244,20 @@ BAD_CHECKPOINTS = {  # name -> (make the bad directory in tmp_path, error, what 
         d, lambda t: t.update({"model.layers.0.self_attn.k_proj.weight": np.zeros((64, 64), np.float32)})),
         ValueError, r"'model.layers.0.self_attn.k_proj.weight' has shape \(64, 64\); config.json implies "
                     r"\(32, 64\)"),
+    "quantised tensor": (lambda d: _edit_tensors(
+        d, lambda t: t.update({"model.layers.0.self_attn.k_proj.weight": np.ones((32, 64), np.int8)})),
+        ValueError, (r"'model.layers.0.self_attn.k_proj.weight' is stored as I8, not weights; allowed: "
+                     r"\['F32', 'BF16', 'F16'\]")),
+    "quantised config": (lambda d: _edit_config(d, quantization_config={"quant_method": "bitsandbytes"}),
+                         ValueError, r"quantization_config \(quant_method='bitsandbytes'\) is not supported"),
+    "truncated weights": (_truncated_weights, ValueError, UNREADABLE),
+    "git lfs pointer": (lambda d: _write(d, "model.safetensors", LFS_POINTER), ValueError, UNREADABLE),
+    "config.json not json": (lambda d: _write(d, "config.json", '{"model_type": "qwen3", '), ValueError,
+                             r"config.json is not valid JSON \(Expecting property name"),
+    "index without weight_map": (_index_without_weight_map, ValueError,
+                                 r"model.safetensors.index.json has no weight_map"),
+    "llama3 rope without factor": (functools.partial(_llama3_rope_without, key="factor"), ValueError,
+                                   r"rope_type='llama3' lacks \['factor'\]"),
 }
 
 
@@ -249,6 +289,13 @@ def test_tokenizer_matches_the_fixture_and_renders_chat(family):
           "llama": "<|start_header_id|>{r}<|end_header_id|>\n\n{t}<|eot_id|>"}[family]
   expected = "".join(turn.format(r=r, t=t) for r, t in turns)
   assert tok.decode(ids) == ("<|begin_of_text|>" if family == "llama" else "") + expected
+
+
+def test_an_unreadable_tokenizer_is_refused_naming_it(tmp_path):
+  text = (FIXTURES / "qwen3" / "tokenizer.json").read_text()
+  _write(tmp_path, "tokenizer.json", text[:len(text) // 2])
+  with pytest.raises(ValueError, match=r"tokenizer.json is not a readable tokenizer \(EOF while parsing"):
+    lm_tokenizer.load(str(tmp_path))
 
 
 def test_tokenizer_without_end_of_turn_token_is_refused(tmp_path):

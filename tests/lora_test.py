@@ -103,9 +103,12 @@ def test_merged_weights_equal_low_rank_path_and_roles_differ(family):
 def test_saved_merged_role_loads_as_that_model(family, tmp_path):
   cfg, base, _, tokens_BxP, ok_BxP = _setup(family)
   adapters_R = _trained_like(family)
-  lora.save_merged(str(tmp_path / "role1"), cfg, LORA, base, _role(adapters_R, 1))
+  source = checkpoint.read_hf_config(str(FIXTURES / family))
+  lora.save_merged(str(tmp_path / "role1"), cfg, LORA, base, _role(adapters_R, 1), source)
   cfg2, loaded = checkpoint.load(str(tmp_path / "role1"), max_len=cfg.max_len)
   assert cfg2 == cfg
+  saved = checkpoint.read_hf_config(str(tmp_path / "role1"))
+  assert all(saved[k] == source[k] for k in checkpoint.SERVING_KEYS)  # what a server reads beside them
   merged_R = _stack(*(lora.merged_params(LORA, base, _role(adapters_R, r)) for r in range(2)))
   chex.assert_trees_all_equal(loaded, _role(merged_R, 1))  # float32 written, float32 read
   logits_RxBxPxV, _ = _apply_stacked(cfg, LORA, base, adapters_R, tokens_BxP, 0, ok_BxP)

@@ -4,7 +4,8 @@
 Every parameter of the Flax tree has one checkpoint tensor (`tensor_names`); HF stores a linear layer
 as weight[out, in], Flax as kernel[in..., out...], so kernels are transposed (and the attention heads
 split out).  Tensors the model does not use (e.g. a copy of tied embeddings as `lm_head.weight`) are
-ignored; a missing tensor or one of the wrong shape is an error naming it, before any data is read.
+ignored; a missing tensor or one of the wrong shape or dtype is an error naming it, before any data is
+read, and so is a file safetensors cannot read (a truncated download, a Git LFS pointer).
 """
 import contextlib
 import json
@@ -14,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from marl_jax.lm import model as lm_model
@@ -22,6 +23,8 @@ from marl_jax.lm import model as lm_model
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
+# Stored dtypes whose values are the weights; quantised ones (int8, float8, packed 4-bit) need scales.
+WEIGHT_DTYPES = ("F32", "BF16", "F16")
 
 
 def read_hf_config(directory: str) -> dict:
@@ -31,8 +34,25 @@ def read_hf_config(directory: str) -> dict:
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{path} is missing: a checkpoint directory holds {CONFIG} and {WEIGHTS} "
                             f"(or {INDEX} and its shards)")
-  with open(path) as f:
-    return json.load(f)
+  return _read_json(path)
+
+
+def _read_json(path: str) -> dict:
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path} is not valid JSON ({e})") from e
+
+
+@contextlib.contextmanager
+def _reading(path: str):
+  """safetensors' own errors (a plain Exception subclass) as a ValueError naming the file."""
+  try:
+    yield
+  except SafetensorError as e:
+    raise ValueError(f"{path} is not a readable safetensors file ({e}): a truncated download or a Git LFS "
+                     "pointer reads so") from e
 
 
 def tensor_names(cfg: lm_model.LMConfig) -> dict[tuple[str, ...], tuple[str, tuple[int, ...]]]:
@@ -66,12 +86,14 @@ def _weight_files(directory: str) -> dict[str, str]:
   """Tensor name -> the safetensors file holding it."""
   single, index = os.path.join(directory, WEIGHTS), os.path.join(directory, INDEX)
   if os.path.isfile(single):
-    with safe_open(single, framework="np") as f:
+    with _reading(single), safe_open(single, framework="np") as f:
       return dict.fromkeys(f.keys(), single)
   if not os.path.isfile(index):
     raise FileNotFoundError(f"{directory} holds no weights: expected {WEIGHTS}, or {INDEX} and its shards")
-  with open(index) as f:
-    weight_map = json.load(f)["weight_map"]
+  index_json = _read_json(index)
+  if "weight_map" not in index_json:
+    raise ValueError(f"{index} has no weight_map (tensor name -> shard file)")
+  weight_map = index_json["weight_map"]
   files = {name: os.path.join(directory, shard) for name, shard in weight_map.items()}
   for shard in sorted(set(files.values())):
     if not os.path.isfile(shard):
@@ -92,13 +114,21 @@ def load(directory: str, *, max_len: int = 256, dtype=jnp.float32):
   flax_shapes = _param_shapes(cfg)
   flat = {}
   with contextlib.ExitStack() as stack:
-    opened = {path: stack.enter_context(safe_open(path, framework="np")) for path in set(files.values())}
+    opened = {}
+    for file in sorted(set(files.values())):
+      with _reading(file):
+        opened[file] = stack.enter_context(safe_open(file, framework="np"))
     for path, (name, shape) in names.items():
-      f = opened[files[name]]
-      found = tuple(f.get_slice(name).get_shape())
-      if found != shape:
-        raise ValueError(f"{files[name]}: tensor {name!r} has shape {found}; config.json implies {shape}")
-      flat[path] = _to_flax(path, np.asarray(f.get_tensor(name), np.float32), flax_shapes[path])
+      file = files[name]
+      with _reading(file):
+        tensor = opened[file].get_slice(name)
+        found, dtype = tuple(tensor.get_shape()), tensor.get_dtype()
+        if found != shape:
+          raise ValueError(f"{file}: tensor {name!r} has shape {found}; config.json implies {shape}")
+        if dtype not in WEIGHT_DTYPES:
+          raise ValueError(f"{file}: tensor {name!r} is stored as {dtype}, not weights; allowed: "
+                           f"{list(WEIGHT_DTYPES)} (a quantised checkpoint is not supported)")
+        flat[path] = _to_flax(path, np.asarray(opened[file].get_tensor(name), np.float32), flax_shapes[path])
   return cfg, traverse_util.unflatten_dict(flat)
 
 

@@ -22,7 +22,9 @@ from marl_jax import model as model_lib
 from marl_jax.lm import agent as lm_agent
 from marl_jax.lm import checkpoint as lm_checkpoint
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+# Newer transformers write the chat template to a file of its own (named variants to a folder).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+                   "chat_template.jinja", "chat_template.json", "additional_chat_templates")
 
 
 def export(workdir: str, role: str, out: str, seed: int = 0, best: bool = False) -> None:
@@ -41,9 +43,17 @@ def export(workdir: str, role: str, out: str, seed: int = 0, best: bool = False)
   params_S = loop.load_params(exp, workdir + (":best" if best else ""))
   params = model_lib.take_sets(exp.model, jax.tree.map(lambda p: np.asarray(p[seed]), params_S), role_set)
   lm_checkpoint.save(out, model.lm, model.servable(params), lm_checkpoint.read_hf_config(model.checkpoint))
+  copy_tokenizer_files(model.checkpoint, out)
+
+
+def copy_tokenizer_files(checkpoint: str, out: str) -> None:
+  """The `TOKENIZER_FILES` that `checkpoint` has, into `out`."""
   for name in TOKENIZER_FILES:
-    if os.path.exists(os.path.join(model.checkpoint, name)):
-      shutil.copy(os.path.join(model.checkpoint, name), out)
+    source = os.path.join(checkpoint, name)
+    if os.path.isdir(source):
+      shutil.copytree(source, os.path.join(out, name))
+    elif os.path.exists(source):
+      shutil.copy(source, out)
 
 
 def main(argv=None) -> None:

@@ -133,7 +133,9 @@ def merged_params(lora_cfg: LoRAConfig, base, adapter):
   return traverse_util.unflatten_dict(flat)
 
 
-def save_merged(directory: str, cfg: lm_model.LMConfig, lora_cfg: LoRAConfig, base, adapter) -> None:
+def save_merged(directory: str, cfg: lm_model.LMConfig, lora_cfg: LoRAConfig, base, adapter,
+                source: dict | None = None) -> None:
   """Writes the base with one role's adapter merged in as a Hugging Face checkpoint (`checkpoint.save`:
-  a new directory only), which `checkpoint.load` and transformers read as a plain model."""
-  checkpoint.save(directory, cfg, merged_params(lora_cfg, base, adapter))
+  a new directory only), which `checkpoint.load` and transformers read as a plain model; `source`, the
+  base's config.json, gives it the token ids and context length a server reads."""
+  checkpoint.save(directory, cfg, merged_params(lora_cfg, base, adapter), source)

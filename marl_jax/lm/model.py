@@ -62,6 +62,10 @@ class LMConfig:
     if missing:
       raise ValueError(f"config.json lacks {missing}, required for model_type={model_type!r}")
     # Features of these families that this decoder does not implement are refused, not ignored.
+    if "quantization_config" in hf:
+      method = hf["quantization_config"].get("quant_method")
+      raise ValueError(f"config.json quantization_config (quant_method={method!r}) is not supported: its "
+                       "tensors are not the weights; allowed: an unquantised checkpoint")
     for key, allowed in (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False),
                          ("use_sliding_window", False), ("partial_rotary_factor", 1.0)):
       if hf.get(key, allowed) != allowed:
@@ -102,6 +106,9 @@ def _rope_scaling(rope: dict, max_position_embeddings: int | None) -> Llama3Rope
     return None
   # transformers falls back to max_position_embeddings when the original length is not given.
   original = rope.get("original_max_position_embeddings", max_position_embeddings)
+  missing = [k for k in ("factor", "low_freq_factor", "high_freq_factor") if k not in rope]
+  if missing or original is None:
+    raise ValueError(f"config.json rope_type='llama3' lacks {missing or ['original_max_position_embeddings']}")
   return Llama3RopeScaling(float(rope["factor"]), float(rope["low_freq_factor"]),
                            float(rope["high_freq_factor"]), int(original))
 

@@ -62,7 +62,10 @@ def load(directory: str) -> Tokenizer:
   path = os.path.join(directory, "tokenizer.json")
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{path} is missing")
-  tok = tokenizers.Tokenizer.from_file(path)
+  try:
+    tok = tokenizers.Tokenizer.from_file(path)
+  except Exception as e:  # the tokenizers library raises a bare Exception for an unreadable file
+    raise ValueError(f"{path} is not a readable tokenizer ({e})") from e
   layout = LAYOUTS[model_type]
   # Every special token of the layout must be one token, or rendered turns would not parse as chat.
   for special in special_tokens(layout.begin + layout.header + layout.end_of_turn):
