@@ -38,6 +38,10 @@ GSM8K_ANSWERS = ("27", "270", "1485", "28", "6", "-3", "2.25")  # worked out by 
     ("-0", "0"),
     ("10-3", "3"),  # a `-` after a digit is an operator, not a sign
     ("<<4-7=-3>>-3 degrees", "-3"),
+    ("The answer is .5", "0.5"),  # a number with no integer part
+    ("#### .75", "0.75"),
+    ("She ends with \u22125 dollars", "-5"),  # the minus sign U+2212 is a sign...
+    ("10\u22123", "3"),  # ...or an operator, as `-` is
     ("no numbers at all", None),
 ])
 def test_extract_final_answer(message, expected):

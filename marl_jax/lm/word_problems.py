@@ -26,10 +26,11 @@ from marl_jax.lm import tokenizer as lm_tokenizer
 SOURCES = ("auto", "jsonl", "tfds")  # auto: a directory is tfds, a file jsonl
 ANSWER_STYLES = ("auto", "gsm8k", "plain")  # auto: gsm8k when the first answer holds the mark
 GSM8K_MARK = "####"
-# A number as written in prose: an optional sign and `$`, digits with or without thousands commas, an
-# optional decimal part. A sign right after a letter, digit or `)` is an operator (`10-3`), not a sign;
-# a `.` with no digit after it ends a sentence.
-_NUMBER = re.compile(r"(?<![\w.)])-?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?")
+# A number as written in prose: an optional sign (`-` or the minus sign U+2212) and `$`, digits with or
+# without thousands commas and an optional decimal part, or a decimal part alone (`.5`). A sign right
+# after a letter, digit or `)` is an operator (`10-3`), not a sign; a `.` with no digit after it ends a
+# sentence.
+_NUMBER = re.compile(r"(?<![\w.)])[-\u2212]?\$?(?:(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|\.\d+)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,8 +52,8 @@ class Prompts(NamedTuple):
 
 
 def canonical_number(number: str) -> str:
-  """One spelling per value: no `$` or commas, no trailing zeros or `.0`, no `-0`."""
-  value = decimal.Decimal(number.replace("$", "").replace(",", ""))
+  """One spelling per value: no `$` or commas, an ASCII `-`, no trailing zeros or `.0`, no `-0`."""
+  value = decimal.Decimal(number.replace("$", "").replace(",", "").replace("\u2212", "-"))
   if value == value.to_integral_value():
     return str(int(value))
   return format(value.normalize(), "f")
