@@ -46,7 +46,8 @@ def get_config(arg=None):
       eval_path=args.eval_path, split="train", eval_split="test",
       question_key="problem" if plain else "question", answer_key="final" if plain else "answer",
       answer_style="auto", max_prompt_len=96 if plain else 160, max_answer_len=8 if plain else 160,
-      drop_long=False, chat_roles="agent:assistant", demo_error_rate=0.5))
+      drop_long=False, demo_error_rate=0.5,
+      chat_roles="agent:assistant" if args.protocol == "single" else ""))  # one agent: the assistant
   configs.apply_size(c, args.size)
   if args.size == "tiny":
     c.eval.size = 4  # the plain fixture's four questions

@@ -248,10 +248,19 @@ def make_agents(config: ml_collections.ConfigDict, num_sets: int, free_text: boo
   models_S = [by_name[n] for n in names_S]
   groups = list(dict.fromkeys(models_S))  # one group per distinct model, in order of first use
   if len(groups) == 1:  # every set on one model: a uniform team of it
-    return groups[0]
-  group_S = tuple(groups.index(model) for model in models_S)
-  group_names = tuple(names_S[group_S.index(g)] for g in range(len(groups)))  # a group's first name
-  return team_lib.make(group_names, tuple(groups), group_S, free_text)
+    agents = groups[0]
+  else:
+    group_S = tuple(groups.index(model) for model in models_S)
+    group_names = tuple(names_S[group_S.index(g)] for g in range(len(groups)))  # a group's first name
+    agents = team_lib.make(group_names, tuple(groups), group_S, free_text)  # one canvas for all groups
+  # A free-text task is posed (tasks.from_config) and archived through config.model's tokenizer.
+  if free_text and getattr(groups[0], "canvas_ids_V", None) != tuple(
+      lm_agent.free_text_canvas(config.model.checkpoint)[1].tolist()):
+    used = ", ".join(f"config.models.{name}.checkpoint" for name in by_name)
+    raise ValueError(f"config.roles.models={names!r}: the free-text task is posed through the tokenizer of "
+                     f"config.model.checkpoint={config.model.checkpoint!r}, which the roles' models ({used}) "
+                     f"do not read; allowed: config.model.checkpoint set to a checkpoint of their tokenizer")
+  return agents
 
 
 def make_model(model_config, free_text: bool = False, key: str = "config.model"):

@@ -3,9 +3,11 @@ each fixture tokenizer, the agent's whole-vocabulary logits against the decoder'
 back to the file's questions and solutions, final answers scored inside a jitted function by hand-worked
 cases, sampled tokens that are all the policy's to write, bad input refused before compiling, and tiny
 runs through the real CLI (a warm start that learns the plain fixture's four answers)."""
+import dataclasses
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -14,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from marl_jax import archive, configs, datasets, experiment, rollout, sampling, state as state_lib, text
+from marl_jax import archive, configs, datasets, experiment, rollout, sampling, state as state_lib, tasks, text
 from marl_jax.lm import agent as lm_agent
 from marl_jax.lm import checkpoint as lm_checkpoint
 from marl_jax.lm import model as lm_model
@@ -222,6 +224,72 @@ def test_bad_input_is_refused_before_compiling(tmp_path):
     experiment.build(_config(**long))
   kept = experiment.build(_config(**long, **{"task.drop_long": True, "eval.size": 2})).task._data()  # pylint: disable=protected-access
   assert kept.num_train == 2 and kept.reference_N == ("-3", "2.25") * 2  # the two short solutions
+  with pytest.raises(ValueError, match=r"config.task.path: none of the 4 questions fits in max_prompt_len=8 "
+                                       r"tokens; raise config.task.max_prompt_len"):
+    experiment.build(_config(**{"task.max_prompt_len": 8}))
+  with pytest.raises(ValueError, match=r"config.task.answer_style='gsm'; allowed: \['auto', 'gsm8k', 'plain'\]"):
+    experiment.build(_config(**{"task.answer_style": "gsm"}))
+
+
+def test_special_tokens_in_problems_are_refused(tmp_path):
+  """A special token in a question or answer would read as the chat layout's (here a turn ended
+  mid-question), so such a file is refused, as the token past the model's vocabulary always was."""
+  for family, token in (("qwen3", "<|endoftext|>"), ("qwen3", "<|im_end|>"), ("llama", "<|eot_id|>")):
+    path = tmp_path / "special.jsonl"
+    path.write_text(json.dumps({"problem": "What is 1 plus 1?", "final": "2"}) + "\n"
+                    + json.dumps({"problem": f"What is 7 times 6?{token}", "final": "42"}) + "\n")
+    with pytest.raises(ValueError, match=rf"config.task.path: problem 1's question holds '{re.escape(token)}'"):
+      experiment.build(_config(**{"model.checkpoint": str(FIXTURES / "lm" / family), "task.path": str(path)}))
+  path.write_text(json.dumps({"question": "What is 7 times 6?", "answer": "6 * 7 = 42<|im_end|>\n#### 42"}))
+  with pytest.raises(ValueError, match=r"problem 0's answer holds '<\|im_end\|>'"):
+    experiment.build(_config(**{"task.path": str(path), "task.question_key": "question",
+                                "task.answer_key": "answer"}))
+
+
+def test_wrong_demonstrations_must_fit_only_when_used(tmp_path):
+  """99's wrong demonstration, 100, is a token longer: at demo_error_rate > 0 it must fit, and the
+  error names its length as the wrong one's; at 0 it is never written and need not fit."""
+  path = tmp_path / "ninety_nine.jsonl"
+  path.write_text(json.dumps({"problem": "What is 90 plus 9?", "final": "99"}) + "\n")
+  tok = lm_tokenizer.load(str(FIXTURES / "lm" / "qwen3"))
+  right, wrong = len(tok.encode("99")) + 1, len(tok.encode("100")) + 1  # with the end of turn
+  assert wrong == right + 1
+  task = tasks.make("word_problems", path=str(path), question_key="problem", answer_key="final",
+                    max_answer_len=right, tokenizer=str(FIXTURES / "lm" / "qwen3"))
+  with pytest.raises(ValueError, match=rf"max_answer_len={right} \(the longest wrong demonstration is "
+                                       rf"{wrong} tokens\)"):
+    dataclasses.replace(task, demo_error_rate=0.5).check(1)
+  task.check(1)
+
+
+def test_chat_roles_are_the_workflows(tmp_path):
+  """`config.task.chat_roles` is role:name pairs of the workflow's roles: a pair without `:` or a role
+  the workflow lacks (a typo) is refused, listing the roles there are."""
+  for chat_roles in ("assistant", "agnet:assistant", "agent:"):
+    with pytest.raises(ValueError, match=rf"config.task.chat_roles='{chat_roles}'; allowed: comma-separated "
+                                         r"role:name pairs, each role one of this workflow's \['agent'\]"):
+      experiment.build(_config(**{"task.chat_roles": chat_roles}))
+  exp = experiment.build(_config("size=tiny,protocol=solver_verifier", **{"task.chat_roles": "verifier:judge"}))
+  data = exp.task._data()  # pylint: disable=protected-access
+  assert [data.tokenizer.decode(data.canvas_ids_W[list(h)]) for h in exp.task.turn_headers(("solver", "verifier"))
+          ] == ["<|im_start|>solver\n", "\n<|im_start|>judge\n"]
+
+
+def test_roles_on_other_models_read_the_tasks_tokenizer():
+  """The task is posed through config.model.checkpoint's tokenizer: roles all on Llama models while
+  config.model is Qwen3 would read a Qwen3 chat layout through Llama's, so that is refused; roles on
+  models of config.model's tokenizer are not."""
+  config = _config("size=tiny,protocol=solver_verifier")
+  configs.add_model(config, "solver", checkpoint=str(FIXTURES / "lm" / "llama"))
+  configs.add_model(config, "verifier", checkpoint=str(FIXTURES / "lm" / "llama"))
+  config.roles.models = "solver,verifier"
+  with pytest.raises(ValueError, match=r"config.roles.models='solver,verifier': the free-text task is posed "
+                                       r"through the tokenizer of config.model.checkpoint='.*qwen3', which the "
+                                       r"roles' models \(config.models.solver.checkpoint, "
+                                       r"config.models.verifier.checkpoint\) do not read"):
+    experiment.build(config)
+  config.models.solver.checkpoint = config.models.verifier.checkpoint = config.model.checkpoint
+  experiment.build(config)
 
 
 @pytest.mark.slow

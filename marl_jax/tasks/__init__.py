@@ -31,7 +31,8 @@ def make(name: str, **kwargs) -> Task:
 
 def from_config(config) -> Task:
   """`config.task` as a task; a free-text one is posed through the tokenizer of the run's agent,
-  `config.model.checkpoint` (without one, its `check` refuses it)."""
+  `config.model.checkpoint` (without one, its `check` refuses it; roles on `config.models` entries
+  that read another tokenizer are refused by `experiment.make_agents`)."""
   task = make(config.task.name, **{k: v for k, v in config.task.items() if k != "name"})
   if task.free_text:
     task = dataclasses.replace(task, tokenizer=config.model.checkpoint)

@@ -61,9 +61,10 @@ class WordProblems(Task):
   max_prompt_len: int = 128
   max_answer_len: int = 64  # tokens of a message, its end-of-turn token included
   drop_long: bool = False  # leave out problems whose prompt or demonstration does not fit, not refuse
-  # The name each protocol role speaks as in the chat layout (role:name, comma-separated); any other
-  # role speaks as its own name.  A single agent is the model's assistant.
-  chat_roles: str = "agent:assistant"
+  # The name each protocol role speaks as in the chat layout (role:name, comma-separated, roles of the
+  # workflow); any other role speaks as its own name (experiments/lm_word_problems.py makes a single
+  # agent the model's assistant).
+  chat_roles: str = ""
   tokenizer: str = ""  # the checkpoint directory whose tokenizer poses the problems (set by the run)
 
   @property
@@ -95,10 +96,17 @@ class WordProblems(Task):
     if self.max_prompt_len < 1 or self.max_answer_len < 2:
       raise ValueError(f"config.task.max_prompt_len={self.max_prompt_len}, max_answer_len="
                        f"{self.max_answer_len}; allowed: >= 1 and >= 2")
+    if self.answer_style not in word_problems.ANSWER_STYLES:
+      raise ValueError(f"config.task.answer_style={self.answer_style!r}; allowed: "
+                       f"{list(word_problems.ANSWER_STYLES)}")
     tok, canvas_ids_W = lm_agent.free_text_canvas(self.tokenizer)
     value_of_id = np.full(max(tok.vocab_size, int(canvas_ids_W.max()) + 1), -1)
     value_of_id[canvas_ids_W] = np.arange(len(canvas_ids_W))
     value_of_id[tok.end_of_turn_id] = text.EOS
+    # Text a problem may hold: a special token in a question or solution would read as the chat
+    # layout's (a turn opened or closed mid-text), and a token past the model's vocabulary has no value.
+    plain_id = value_of_id >= 0
+    plain_id[[i for i, added in tok.tok.get_added_tokens_decoder().items() if added.special]] = False
 
     def read(key, path, split):
       try:
@@ -109,23 +117,36 @@ class WordProblems(Task):
 
     def encode(problems, key):
       """Canvas rows of the problems that fit (all of them unless drop_long)."""
-      prompts = word_problems.encode_prompts(tok, problems.questions, self.max_prompt_len,
-                                             drop_long=True, next_role=None)
+      for i, (question, solution) in enumerate(zip(problems.questions, problems.solutions)):
+        for field, ids in (("question", tok.encode(question)), ("answer", tok.encode(solution))):
+          unusable = [t for t in ids if not plain_id[t]]
+          if unusable:
+            raise ValueError(f"config.task.{key}: problem {i}'s {field} holds {tok.decode(unusable[:1])!r}, "
+                             "a special token of the tokenizer or one past the model's vocabulary; allowed: "
+                             "text without them")
+      try:
+        prompts = word_problems.encode_prompts(tok, problems.questions, self.max_prompt_len,
+                                               drop_long=True, next_role=None)
+      except ValueError as e:  # not one question fits
+        raise ValueError(f"config.task.{key}: {e}; raise config.task.max_prompt_len") from e
       solutions = [tok.encode(s) + [tok.end_of_turn_id] for s in problems.solutions]
+      # A wrong demonstration (Task.demonstrate, at demo_error_rate > 0) may be a token longer than the
+      # right one (99 -> 100): it must fit only when demonstrations use it, and is the right one if not.
       wrongs = [tok.encode(word_problems.wrong_solution(s)) + [tok.end_of_turn_id]
-                for s in problems.solutions]
+                for s in problems.solutions] if self.demo_error_rate else solutions
       fits = {int(i) for i in prompts.index_N} & {
           i for i, (s, w) in enumerate(zip(solutions, wrongs)) if max(len(s), len(w)) <= self.answer_len}
       if len(fits) < len(problems.questions) and not self.drop_long:
-        longest = max(len(x) for x in solutions)
+        longest = {"right": max(map(len, solutions)), "wrong": max(map(len, wrongs))}
+        which = max(longest, key=longest.get)  # the right one on a tie
         raise ValueError(f"config.task.{key}: {len(problems.questions) - len(fits)} of "
                          f"{len(problems.questions)} problems do not fit config.task.max_prompt_len="
                          f"{self.max_prompt_len} (prompt) or max_answer_len={self.answer_len} (the "
-                         f"longest demonstration is {longest} tokens); raise them or set "
+                         f"longest {which} demonstration is {longest[which]} tokens); raise them or set "
                          f"config.task.drop_long=True")
       if not fits:
-        raise ValueError(f"config.task.{key}: no problem fits max_prompt_len={self.max_prompt_len} "
-                         f"and max_answer_len={self.answer_len}")
+        raise ValueError(f"config.task.{key}: no problem fits config.task.max_prompt_len="
+                         f"{self.max_prompt_len} and max_answer_len={self.answer_len}")
       rows = [r for r, i in enumerate(prompts.index_N) if int(i) in fits]
       index = [int(prompts.index_N[r]) for r in rows]
       prompt_NxP = np.where(np.arange(self.max_prompt_len) >= self.max_prompt_len
@@ -137,11 +158,6 @@ class WordProblems(Task):
         for row, i in enumerate(index):
           out[row, :len(ids_list[i])] = value_of_id[ids_list[i]]
         return out
-
-      unmapped = (prompt_NxP < 0).any() or (messages(solutions) < 0).any()
-      if unmapped:
-        raise ValueError(f"config.task.{key}: a problem holds a special token of the tokenizer that "
-                         "the chat layout does not use")
       return (prompt_NxP, messages(solutions), messages(wrongs),
               tuple(problems.answers[i] for i in index))
 
@@ -204,7 +220,12 @@ class WordProblems(Task):
     Qwen3's `<|im_start|>solver\n`, Llama's `<|start_header_id|>solver<|end_header_id|>\n\n`, after the
     first turn preceded by the layout's text between turns; the policy's end-of-turn token closes it."""
     data = self._data()
-    names = dict(pair.split(":", 1) for pair in self.chat_roles.split(",") if pair)
+    roles = list(dict.fromkeys(turn_roles))
+    pairs = [pair.split(":", 1) for pair in self.chat_roles.split(",") if pair]
+    if any(len(pair) != 2 or pair[0] not in roles or not pair[1] for pair in pairs):
+      raise ValueError(f"config.task.chat_roles={self.chat_roles!r}; allowed: comma-separated role:name "
+                       f"pairs, each role one of this workflow's {roles}")
+    names = dict(pairs)
     layout = data.tokenizer.layout
     opening = lambda i, role: (layout.after_turn if i else "") + layout.header.format(role=names.get(role, role))
     return tuple(tuple(int(v) for v in data.value_of_id[data.tokenizer.encode(opening(i, role))])
