@@ -142,7 +142,9 @@ _NAMED_GROUPS = ("task", "protocol", "credit", "models")
 def with_new_defaults(saved: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """A run's saved config (its config.json) with each setting `base_config` has gained since it was
   written added at its default, which behaves as the run did (`rl.microbatch_size`, `seeds_at_once`
-  0), so that an older run's workdir still builds its experiment (`python -m marl_jax.archive`)."""
+  0), and each setting since refused where it did nothing rewritten as it behaved, so that an older
+  run's workdir still builds its experiment (`python -m marl_jax.archive`, `marl_jax.lm.export`) and
+  resumes."""
   def fill(into, defaults, top):
     for key, value in defaults.items():
       if key not in into:
@@ -151,6 +153,11 @@ def with_new_defaults(saved: ml_collections.ConfigDict) -> ml_collections.Config
         fill(into[key], value, False)
 
   fill(saved, base_config(), True)
+  # experiments/lm_word_problems.py wrote chat_roles "agent:assistant" for every workflow until the
+  # task refused pairs naming roles the workflow lacks; outside `single` it named none and did nothing.
+  if (saved.task.get("name") == "word_problems" and saved.protocol.get("name") != "single"
+      and saved.task.get("chat_roles") == "agent:assistant"):
+    saved.task.chat_roles = ""
   return saved
 
 

@@ -247,7 +247,7 @@ BAD_CHECKPOINTS = {  # name -> (make the bad directory in tmp_path, error, what 
     "quantised tensor": (lambda d: _edit_tensors(
         d, lambda t: t.update({"model.layers.0.self_attn.k_proj.weight": np.ones((32, 64), np.int8)})),
         ValueError, (r"'model.layers.0.self_attn.k_proj.weight' is stored as I8, not weights; allowed: "
-                     r"\['F32', 'BF16', 'F16'\]")),
+                     r"\['F64', 'F32', 'BF16', 'F16'\]")),
     "quantised config": (lambda d: _edit_config(d, quantization_config={"quant_method": "bitsandbytes"}),
                          ValueError, r"quantization_config \(quant_method='bitsandbytes'\) is not supported"),
     "truncated weights": (_truncated_weights, ValueError, UNREADABLE),
@@ -259,6 +259,14 @@ BAD_CHECKPOINTS = {  # name -> (make the bad directory in tmp_path, error, what 
     "llama3 rope without factor": (functools.partial(_llama3_rope_without, key="factor"), ValueError,
                                    r"rope_type='llama3' lacks \['factor'\]"),
 }
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float16])
+def test_unquantised_stored_dtypes_load(dtype, tmp_path):
+  _edit_tensors(tmp_path, lambda t: t.update({k: v.astype(dtype) for k, v in t.items()}))
+  _, params = checkpoint.load(str(tmp_path), max_len=40)
+  _, params32 = _load("qwen3")
+  chex.assert_trees_all_close(params, jax.tree.map(lambda p: np.asarray(p, dtype).astype(np.float32), params32))
 
 
 @pytest.mark.parametrize("case", BAD_CHECKPOINTS)

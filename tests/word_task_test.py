@@ -13,10 +13,12 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
 from marl_jax import archive, configs, datasets, experiment, rollout, sampling, state as state_lib, tasks, text
+from marl_jax import workdir as workdir_lib
 from marl_jax.lm import agent as lm_agent
 from marl_jax.lm import checkpoint as lm_checkpoint
 from marl_jax.lm import model as lm_model
@@ -273,6 +275,19 @@ def test_chat_roles_are_the_workflows(tmp_path):
   data = exp.task._data()  # pylint: disable=protected-access
   assert [data.tokenizer.decode(data.canvas_ids_W[list(h)]) for h in exp.task.turn_headers(("solver", "verifier"))
           ] == ["<|im_start|>solver\n", "\n<|im_start|>judge\n"]
+
+
+def test_a_run_saved_with_the_old_chat_roles_resumes_and_builds(tmp_path):
+  """experiments/lm_word_problems.py once saved chat_roles "agent:assistant" for every workflow (naming
+  no role outside `single`): such a run's workdir still resumes under today's file and rebuilds its
+  experiment (archive, export), its roles speaking under their own names as they did."""
+  config = _config("size=tiny,protocol=solver_verifier")
+  saved = config.to_dict()
+  saved["task"]["chat_roles"] = "agent:assistant"
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  workdir_lib.check(config, str(tmp_path))
+  exp = experiment.build(configs.with_new_defaults(ml_collections.ConfigDict(saved)))
+  assert exp.task.chat_roles == ""
 
 
 def test_roles_on_other_models_read_the_tasks_tokenizer():

@@ -24,7 +24,7 @@ CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 # Stored dtypes whose values are the weights; quantised ones (int8, float8, packed 4-bit) need scales.
-WEIGHT_DTYPES = ("F32", "BF16", "F16")
+WEIGHT_DTYPES = ("F64", "F32", "BF16", "F16")
 
 
 def read_hf_config(directory: str) -> dict:

@@ -17,7 +17,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from marl_jax import experiment, loop
+from marl_jax import configs, experiment, loop
 from marl_jax import model as model_lib
 from marl_jax.lm import agent as lm_agent
 from marl_jax.lm import checkpoint as lm_checkpoint
@@ -29,7 +29,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 def export(workdir: str, role: str, out: str, seed: int = 0, best: bool = False) -> None:
   with open(os.path.join(workdir, "config.json")) as f:
-    config = ml_collections.ConfigDict(json.load(f))
+    config = configs.with_new_defaults(ml_collections.ConfigDict(json.load(f)))
   exp = experiment.build(config)
   if role not in exp.protocol.roles:
     raise ValueError(f"--role={role!r} is not a role of this run; allowed: {list(exp.protocol.roles)}")
