@@ -116,7 +116,7 @@ def seed_values(row: dict, name: str) -> np.ndarray:
 # the solver-verifier's verdicts, role collapse among parallel agents, the judge, the debate's
 # revisions, delegation.  Rates print in %, the per-episode counts (`COUNTS`) as they are.
 DIAGNOSTICS = ("false_accept", "false_reject", "same_message_rate", "agreement", "oracle", "judge_precision",
-               "fix_rate", "break_rate", "workers_used", "serial_collapse", "spurious_parallelism",
+               "readable_pick", "fix_rate", "break_rate", "workers_used", "serial_collapse", "spurious_parallelism",
                "critical_steps")
 COUNTS = ("workers_used", "critical_steps")
 

@@ -112,9 +112,9 @@ def test_rewards_and_metrics_by_hand():
       "workers_used": 10 / 6,  # b used none
       "spurious_parallelism": 2 / 10,  # c's repeat, d's malformed slot, among the 10 used slots
       "serial_collapse": 2 / 6,  # b (no report) and d (final answer is not the report's 6)
-      # orchestrator tokens (assignments + final) + the longest report: a c e f 4+4+2+2, b 1+1+2+1,
-      # d 3+4+2+2
-      "critical_steps": (4 * 12 + 5 + 11) / 6,
+      # orchestrator tokens (assignments + final) + the longest report of a spawned worker: a c e f
+      # 4+4+2+2, b 1+1+2 (no worker spawned: no parallel stage), d 3+4+2+2
+      "critical_steps": (4 * 12 + 4 + 11) / 6,
       "coverage": (1 + 0 + .5 + .5 + .5 + 1) / 6,  # e's rewrite covers chain1 only
   }
   assert set(scored.metrics) == set(expected)

@@ -1,6 +1,7 @@
 """The published workflows vote, best_of_n and debate: schedules, visibility, final-answer rules and
 rewards on hand-built transcripts, debate's influence bonuses worked out by hand, the role-collapse
 rate, bad input, and each experiment's tiny variant through the command line."""
+import dataclasses
 import json
 import os
 import pathlib
@@ -273,6 +274,11 @@ def test_debate_rewards_by_hand():
   np.testing.assert_allclose(m["round1_accuracy"], 1.0)
   np.testing.assert_allclose(m["agreement"], (1 / 3 + 1 / 3) / 2, rtol=1e-6)
   np.testing.assert_allclose(m["same_message_rate"], (1 / 3 + 1) / 2, rtol=1e-6)
+  # Agreement is over answers as the majority counts them (the task's vote_key: here every message is
+  # one answer); same_message_rate stays over messages, token for token.
+  one_answer = dataclasses.replace(protocol, vote_key=lambda message_A: jnp.zeros(1, message_A.dtype))
+  m = one_answer.rewards(TASK, layout, problems, canvas_BxT).metrics
+  np.testing.assert_allclose([m["agreement"], m["same_message_rate"]], [1.0, (1 / 3 + 1) / 2], rtol=1e-6)
 
 
 def test_debate_final_answer_is_the_last_rounds_majority():
@@ -299,6 +305,7 @@ def test_debate_with_a_verifier_by_hand():
   # agent0's revision: alpha (c[1,0] - c[0,0]) = -alpha; agent1's: 0; the verifier's turn: 0.  Row 1:
   # an absent verifier judges every answer wrong, so nothing changes and no turn earns a bonus.
   np.testing.assert_allclose(out.turn_NxB.T, [[0, -0.25, -0.5, 0, 0], [0, 0, 0, 0, 0]])
+  np.testing.assert_allclose(out.metrics["turn_bonus"], -0.75 / 8)  # per debater turn, not the verifier's
   np.testing.assert_array_equal(out.team_B, [1, 1])  # the checker's score of the majority
   # The agents' last-round answers; the verifier's agreement with the checker: 2 of 4, then the
   # absent one "rejects" the one wrong answer of 4.

@@ -113,9 +113,10 @@ class Debate(engine.Protocol):
         "accuracy": team_B.mean(),
         "fix_rate": rate(delta_J1xKxB > 0, before_J1xKxB == 0),  # revisions of wrong answers now right
         "break_rate": rate(delta_J1xKxB < 0, before_J1xKxB > 0),  # revisions of right answers now wrong
-        "agreement": engine.same_message_rate(answers_JxKxBxA[-1]),  # in the last round
-        "same_message_rate": engine.same_message_rate(answers_JxKxBxA[0]),  # independent answers
-        "turn_bonus": turn_NxB.mean(),
+        # Last-round answers that are one vote (the task's vote_key), as the majority counts them.
+        "agreement": engine.same_message_rate(answers_JxKxBxA[-1], self.vote_key),
+        "same_message_rate": engine.same_message_rate(answers_JxKxBxA[0]),  # independent messages
+        "turn_bonus": turn_NxB[:J * K].mean(),  # per debater turn
         **{f"round{j}_accuracy": majority_right_JxB[j].mean() for j in range(J)},  # round j's majority
         **judged,
     }

@@ -136,7 +136,9 @@ class Delegate(engine.Protocol):
     serial_B = ~(right_WxB.any(0) & uses_reports_B)
 
     written = lambda msg_xL: (msg_xL != text.PAD).sum(-1)
-    critical_B = written(assign_WxBxL).sum(0) + written(final_BxA) + written(report_WxBxP).max(0)
+    # The parallel stage is the spawned workers' (an empty slot is a worker not spawned).
+    critical_B = (written(assign_WxBxL).sum(0) + written(final_BxA)
+                  + jnp.where(used_WxB, written(report_WxBxP), 0).max(0))
     parts_CxBxL = part_messages(task, problems["prompt"], assign_WxBxL.shape[-1])
     covered_CxB = jnp.any(jnp.all(parts_CxBxL[:, None] == assign_WxBxL[None], -1) & ok_WxB[None], 1)
     rate = lambda hits, among: jnp.sum(hits & among) / jnp.maximum(jnp.sum(among), 1)

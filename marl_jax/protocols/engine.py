@@ -265,8 +265,8 @@ def same_messages(messages_KxBxL, key=canonical):
   return jnp.all(key_KxBxN[:, None] == key_KxBxN[None], -1)
 
 
-def same_message_rate(messages_KxBxL):
+def same_message_rate(messages_KxBxL, key=canonical):
   """Role-collapse diagnostic of K parallel same-role agents: the fraction of (pair of agents, row)
-  where both wrote the same message on the same problem."""
+  where both wrote the same message on the same problem (or, with a task's `vote_key`, answer)."""
   K = messages_KxBxL.shape[0]
-  return same_messages(messages_KxBxL)[~np.eye(K, dtype=bool)].mean()
+  return same_messages(messages_KxBxL, key)[~np.eye(K, dtype=bool)].mean()
