@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -55,8 +56,11 @@ def load_params(exp: experiment.Experiment, init_from: str, step: int | None = N
 
 def summarize(metrics_SxN) -> dict:
   """Mean over the steps of a call, kept per seed: {name: values_S}.  Diagnostics measured on some
-  steps only (NaN on the others) average over the steps that have them."""
-  return {k: np.nanmean(np.asarray(v), -1) for k, v in metrics_SxN.items()}
+  steps only, or over a subset some steps lack (NaN on the others), average over the steps that have
+  them."""
+  with warnings.catch_warnings():  # a diagnostic that no step of the call defined stays NaN, silently
+    warnings.simplefilter("ignore", RuntimeWarning)
+    return {k: np.nanmean(np.asarray(v), -1) for k, v in metrics_SxN.items()}
 
 
 def _setup(config: ml_collections.ConfigDict, workdir: str):

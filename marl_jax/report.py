@@ -62,10 +62,11 @@ def t_quantile(p: float, dof: float) -> float:
 
 
 def mean_ci(values, level: float = LEVEL) -> tuple[float, float]:
-  """Mean and the half-width of its Student t interval (n − 1 dof); nan half-width with one value."""
+  """Mean and the half-width of its Student t interval (n − 1 dof); nan half-width with one value, nan
+  mean with none."""
   x = np.asarray(values, dtype=np.float64).ravel()
   if len(x) < 2:
-    return float(x.mean()), math.nan
+    return (float(x[0]) if len(x) else math.nan), math.nan
   return float(x.mean()), t_quantile((1 + level) / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))
 
 
@@ -193,6 +194,18 @@ def share_pct(share: float, lo: float, hi: float) -> str:
   return f"{100 * share:.0f}% " + (f"[{100 * lo:.0f}%, {100 * hi:.0f}%]" if math.isfinite(lo) else "[n/a]")
 
 
+def defined(values_S) -> np.ndarray:
+  """The seeds' values that are defined: a diagnostic over a subset (e.g. `judge_precision` among
+  episodes with a right candidate) is NaN for a seed whose subset was empty."""
+  return values_S[np.isfinite(values_S)]
+
+
+def of_seeds(values_S) -> str:
+  """The suffix ` (K of N seeds)` when only K of a diagnostic's N seed values are defined, else ``."""
+  k = len(defined(values_S))
+  return f" ({k} of {len(values_S)} seeds)" if k < len(values_S) else ""
+
+
 def row(*cells) -> str:
   return "| " + " | ".join(map(str, cells)) + " |\n"
 
@@ -203,10 +216,11 @@ def table(summaries: list[dict]) -> str:
   head = row("run", "seeds", "steps", *cols) + "|---" * (3 + len(cols)) + "|\n"
 
   def mean_cell(c, x):
-    return pm(*mean_ci(x), count=c in COUNTS)
+    return pm(*mean_ci(defined(x)), count=c in COUNTS) + of_seeds(x)
 
   def std_cell(c, x):
-    return num(np.std(x, ddof=1), count=c in COUNTS) if len(x) > 1 else "n/a"
+    x_defined = defined(x)
+    return (num(np.std(x_defined, ddof=1), count=c in COUNTS) if len(x_defined) > 1 else "n/a") + of_seeds(x)
 
   cells = lambda s, fmt: [fmt(c, s[c]) if c in s else "–" for c in cols]
   means = [row(s["workdir"], s["seeds"], s["steps"], *cells(s, mean_cell)) for s in summaries]
@@ -231,13 +245,15 @@ def compare(a: dict, b: dict, paired: bool = False) -> str:
            row("metric", "A", "B", "B − A", "interval", "dof", "verdict"), "|---" * 7 + "|\n"]
   # Accuracy, then the diagnostics both runs log (e.g. two delegate runs' serial-collapse rates).
   for c in ("final", "peak", "drop", *(c for c in DIAGNOSTICS if c in a and c in b)):
-    if paired:
-      diff, half = mean_ci(b[c] - a[c])
-      dof = len(a[c]) - 1 if math.isfinite(half) else math.nan
+    if paired:  # over the seeds that both define
+      diff_S = defined(b[c] - a[c])
+      diff, half = mean_ci(diff_S)
+      dof = len(diff_S) - 1 if math.isfinite(half) else math.nan
     else:
-      diff, half, dof = welch_diff(a[c], b[c])
+      diff, half, dof = welch_diff(defined(a[c]), defined(b[c]))
     count = c in COUNTS
-    lines.append(row(c, num(a[c].mean(), count=count), num(b[c].mean(), count=count),
+    label = c + "".join(f", {side}{of_seeds(x)}" for side, x in (("A", a[c]), ("B", b[c])) if of_seeds(x))
+    lines.append(row(label, num(mean_ci(defined(a[c]))[0], count=count), num(mean_ci(defined(b[c]))[0], count=count),
                      pm(diff, half, sign=True, count=count), interval(diff, half, count),
                      f"{dof:.1f}" if math.isfinite(dof) else "n/a", verdict(diff, half)))
   return "".join(lines)

@@ -145,6 +145,23 @@ def test_cli_table_prints_workflow_diagnostics(tmp_path, capsys):
   assert "| serial_collapse | 40.0 | 40.0 | +0.0 ± " in out
 
 
+def test_a_diagnostic_undefined_on_some_seeds_averages_the_others(tmp_path, capsys):
+  """judge_precision of a seed whose judge never had a right candidate is NaN (an empty subset): the
+  table and the comparison use the seeds that define it and say how many."""
+  a, b = str(tmp_path / "a"), str(tmp_path / "b")
+  write_run(a, {0: [0.3, 0.3, 0.3], 50: [0.4, 0.5, 0.6]}, extra={"eval_judge_precision": [0.5, float("nan"), 0.7]})
+  write_run(b, {0: [0.3, 0.3, 0.3], 50: [0.4, 0.5, 0.6]}, extra={"eval_judge_precision": [0.6, 0.8, 1.0]})
+  report.main([a, b])
+  out = capsys.readouterr().out
+  # a: mean of 50 and 70 = 60, s = 14.14, half = t_{0.975, 1} 12.706 * 14.14 / sqrt(2) = 127.1.
+  assert f"| {a} | 3 | 50 | 30.0 ± 0.0 | 50.0 ± 24.8 | 50.0 ± 24.8 | 0.0 ± 0.0 | 60.0 ± 127.1 (2 of 3 seeds) |" in out
+  assert f"| {a} | 3 | 50 | 0.0 | 10.0 | 10.0 | 0.0 | 14.1 (2 of 3 seeds) |" in out
+  report.main(["--compare", a, b, "--paired"])
+  out = capsys.readouterr().out
+  # Paired over seeds 0 and 2: differences 10 and 30, mean 20, s = 14.14, half 127.1.
+  assert "| judge_precision, A (2 of 3 seeds) | 60.0 | 80.0 | +20.0 ± 127.1 | [-107.1, +147.1] | 1.0 |" in out
+
+
 def test_cli_compare(runs, capsys):
   report.main(["--compare", runs[0], runs[1]])
   out = capsys.readouterr().out

@@ -211,6 +211,10 @@ def test_demonstrations_are_right_without_noise(task_name, protocol_name):
   assert protocol.rewards(noisy, layout, batch, demos_BxT).team_B.mean() < 0.9
 
 
+SUBSET_RATES = ("false_accept", "false_reject", "judge_precision", "fix_rate", "break_rate", "worker_accuracy",
+                "spurious_parallelism")
+
+
 @pytest.mark.parametrize("task_name,protocol_name", PAIRS)
 def test_rollout_with_a_tiny_model(task_name, protocol_name):
   task, protocol, layout = setup(task_name, protocol_name)
@@ -229,7 +233,9 @@ def test_rollout_with_a_tiny_model(task_name, protocol_name):
   tokens_BxT, logp_BxT, rewards = rollout_and_score(params_R, canvas_BxT)
   chex.assert_shape([tokens_BxT, logp_BxT], (B, layout.length))
   chex.assert_shape(rewards.role_RxB, (len(protocol.roles), B))
-  chex.assert_tree_all_finite(rewards)
+  # Rewards are finite; a diagnostic over a subset the batch lacks (no right answer to reject) is NaN.
+  chex.assert_tree_all_finite(rewards.replace(metrics={k: v for k, v in rewards.metrics.items()
+                                                        if k not in SUBSET_RATES}))
   assert np.all((rewards.team_B >= 0) & (rewards.team_B <= 1))
   assert 0 <= rewards.metrics["accuracy"] <= 1
   np.testing.assert_array_equal(tokens_BxT[:, :task.prompt_len], batch["prompt"])

@@ -84,6 +84,12 @@ def test_same_message_rate_by_hand():
   np.testing.assert_allclose(engine.same_message_rate(_answers((5, 5))), 1.0)
 
 
+def test_a_rate_over_an_empty_subset_is_undefined():
+  hits, among = jnp.array([True, False, True]), jnp.array([True, True, False])
+  np.testing.assert_allclose(engine.rate(hits, among), 1 / 2)  # the third hit is outside the subset
+  assert np.isnan(engine.rate(hits, jnp.zeros(3, bool)))  # not 0: no case to count
+
+
 # ---------------------------------------------------------------------------------------------
 # vote
 

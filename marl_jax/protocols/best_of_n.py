@@ -59,7 +59,7 @@ class BestOfN(engine.Protocol):
         "candidate_accuracy": right_KxB.mean(),
         "oracle": oracle_B.mean(),  # some candidate is right
         # Picked right | one right: an unreadable pick is no pick, though its fallback may be right.
-        "judge_precision": jnp.where(readable_B, team_B, 0.0).sum() / jnp.maximum(oracle_B.sum(), 1),
+        "judge_precision": engine.rate(readable_B & (team_B > 0), oracle_B > 0),
         "readable_pick": readable_B.mean(),
         "same_message_rate": engine.same_message_rate(answers_KxBxA),
     }

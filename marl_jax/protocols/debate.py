@@ -96,7 +96,6 @@ class Debate(engine.Protocol):
     majority_right_JxB = jnp.stack([score(problems, vote.majority(a, self.vote_key)) for a in answers_JxKxBxA])
     team_B = majority_right_JxB[-1]
     delta_J1xKxB, before_J1xKxB = right_JxKxB[1:] - right_JxKxB[:-1], right_JxKxB[:-1]
-    rate = lambda hits, among: jnp.sum(hits & among) / jnp.maximum(jnp.sum(among), 1)
     judged_JxKxB, role_RxB, judged = right_JxKxB, right_JxKxB[-1], {}
     if self.scorer == "verifier":
       accepted_JxKxB, wrong_JxKxB = self.verdicts(layout, tokens_BxT), right_JxKxB == 0
@@ -104,15 +103,15 @@ class Debate(engine.Protocol):
       agree_B = (accepted_JxKxB != wrong_JxKxB).mean((0, 1))
       role_RxB = jnp.concatenate([role_RxB, agree_B[None]])
       judged = {"verdict_accuracy": agree_B.mean(),
-                "false_accept": rate(accepted_JxKxB, wrong_JxKxB),  # accepted among wrong answers
-                "false_reject": rate(~accepted_JxKxB, ~wrong_JxKxB)}  # rejected among right ones
+                "false_accept": engine.rate(accepted_JxKxB, wrong_JxKxB),  # accepted among wrong answers
+                "false_reject": engine.rate(~accepted_JxKxB, ~wrong_JxKxB)}  # rejected among right ones
     turn_NxB = influence_bonus(judged_JxKxB, self.alpha, self.beta).reshape(J * K, B)
     # The verifier's own turn (when there is one) earns no bonus.
     turn_NxB = jnp.concatenate([turn_NxB, jnp.zeros((len(layout.turn_roles) - J * K, B))])
     metrics = {
         "accuracy": team_B.mean(),
-        "fix_rate": rate(delta_J1xKxB > 0, before_J1xKxB == 0),  # revisions of wrong answers now right
-        "break_rate": rate(delta_J1xKxB < 0, before_J1xKxB > 0),  # revisions of right answers now wrong
+        "fix_rate": engine.rate(delta_J1xKxB > 0, before_J1xKxB == 0),  # revisions of wrong answers now right
+        "break_rate": engine.rate(delta_J1xKxB < 0, before_J1xKxB > 0),  # revisions of right answers now wrong
         # Last-round answers that are one vote (the task's vote_key), as the majority counts them.
         "agreement": engine.same_message_rate(answers_JxKxBxA[-1], self.vote_key),
         "same_message_rate": engine.same_message_rate(answers_JxKxBxA[0]),  # independent messages

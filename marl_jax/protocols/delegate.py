@@ -141,14 +141,13 @@ class Delegate(engine.Protocol):
                   + jnp.where(used_WxB, written(report_WxBxP), 0).max(0))
     parts_CxBxL = part_messages(task, problems["prompt"], assign_WxBxL.shape[-1])
     covered_CxB = jnp.any(jnp.all(parts_CxBxL[:, None] == assign_WxBxL[None], -1) & ok_WxB[None], 1)
-    rate = lambda hits, among: jnp.sum(hits & among) / jnp.maximum(jnp.sum(among), 1)
     metrics = {
         "accuracy": team_B.mean(),
         "r_parallel": r_parallel_B.mean(),
         "r_finish": r_finish_B.mean(),
-        "worker_accuracy": rate(right_WxB, ok_WxB),  # right reports among well-formed assignments
+        "worker_accuracy": engine.rate(right_WxB, ok_WxB),  # right reports among well-formed assignments
         "workers_used": used_WxB.sum(0).mean(),
-        "spurious_parallelism": rate(~distinct_WxB, used_WxB),
+        "spurious_parallelism": engine.rate(~distinct_WxB, used_WxB),
         "serial_collapse": serial_B.mean(),
         "critical_steps": critical_B.mean(),
         "coverage": covered_CxB.mean(),

@@ -265,6 +265,12 @@ def same_messages(messages_KxBxL, key=canonical):
   return jnp.all(key_KxBxN[:, None] == key_KxBxN[None], -1)
 
 
+def rate(hits, among):
+  """The share of `among` that `hits`: a diagnostic over a subset, NaN when the subset is empty
+  (undefined, not 0: `report` averages the seeds that define it)."""
+  return jnp.sum(hits & among) / jnp.sum(among)
+
+
 def same_message_rate(messages_KxBxL, key=canonical):
   """Role-collapse diagnostic of K parallel same-role agents: the fraction of (pair of agents, row)
   where both wrote the same message on the same problem (or, with a task's `vote_key`, answer)."""

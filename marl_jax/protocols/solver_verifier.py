@@ -56,13 +56,12 @@ class SolverVerifier(engine.Protocol):
     right_KxB = jnp.stack([score(problems, a) for a in answers]) > 0
     verdict_ok_B = ((accept_KxB == right_KxB) & played_KxB).sum(0) / jnp.maximum(played_KxB.sum(0), 1)
     accept_B, wrong_B = accept_KxB[0], first_right_B == 0
-    rate = lambda hits, among: jnp.sum(hits & among) / jnp.maximum(jnp.sum(among), 1)
     metrics = {
         "accuracy": team_B.mean(),
         "solver_accuracy": first_right_B.mean(),
         "accept_rate": accept_B.mean(),
-        "false_accept": rate(accept_B, wrong_B),  # accepted among wrong first answers
-        "false_reject": rate(~accept_B, ~wrong_B),  # rejected among right first answers
+        "false_accept": engine.rate(accept_B, wrong_B),  # accepted among wrong first answers
+        "false_reject": engine.rate(~accept_B, ~wrong_B),  # rejected among right first answers
         "verdict_accuracy": verdict_ok_B.mean(),
     }
     return engine.Scored(team_B=team_B, role_RxB=jnp.stack([first_right_B, verdict_ok_B]),
