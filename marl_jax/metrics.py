@@ -1,5 +1,6 @@
 """Metric writers: DIR/metrics.jsonl (one object per logged step), TensorBoard events, progress bar."""
 import json
+import math
 import os
 
 import numpy as np
@@ -44,7 +45,8 @@ class Writer:
     self.jsonl.write(json.dumps(row) + "\n")
     self.jsonl.flush()
     for k, v in scalars.items():
-      self.tb.add_scalar(k, float(v), step)
+      if math.isfinite(v):  # NaN (a diagnostic undefined at this step, or a diverged seed) stays in the jsonl
+        self.tb.add_scalar(k, float(v), step)
     shown = {k: f"{row[k]:.3f}" for k in ("eval_accuracy", "accuracy", "reward") if k in row}
     self.bar.set_postfix(shown, refresh=False)
 

@@ -76,6 +76,8 @@ def welch_diff(a, b, level: float = LEVEL) -> tuple[float, float, float]:
   Half-width and dof are nan when either side has one value, or neither varies (no spread to scale).
   """
   a, b = (np.asarray(x, dtype=np.float64).ravel() for x in (a, b))
+  if not (len(a) and len(b)):
+    return math.nan, math.nan, math.nan
   diff = float(b.mean() - a.mean())
   if min(len(a), len(b)) < 2:
     return diff, math.nan, math.nan
@@ -245,15 +247,18 @@ def compare(a: dict, b: dict, paired: bool = False) -> str:
            row("metric", "A", "B", "B − A", "interval", "dof", "verdict"), "|---" * 7 + "|\n"]
   # Accuracy, then the diagnostics both runs log (e.g. two delegate runs' serial-collapse rates).
   for c in ("final", "peak", "drop", *(c for c in DIAGNOSTICS if c in a and c in b)):
-    if paired:  # over the seeds that both define
-      diff_S = defined(b[c] - a[c])
-      diff, half = mean_ci(diff_S)
-      dof = len(diff_S) - 1 if math.isfinite(half) else math.nan
+    if paired:  # A, B and B − A over the seeds that both define
+      both_S = np.isfinite(a[c]) & np.isfinite(b[c])
+      a_S, b_S = a[c][both_S], b[c][both_S]
+      diff, half = mean_ci(b_S - a_S)
+      dof = len(a_S) - 1 if math.isfinite(half) else math.nan
+      label = c + (f" ({len(a_S)} of {len(both_S)} seeds)" if not both_S.all() else "")
     else:
-      diff, half, dof = welch_diff(defined(a[c]), defined(b[c]))
+      a_S, b_S = defined(a[c]), defined(b[c])
+      diff, half, dof = welch_diff(a_S, b_S)
+      label = c + "".join(f", {side}{of_seeds(x)}" for side, x in (("A", a[c]), ("B", b[c])) if of_seeds(x))
     count = c in COUNTS
-    label = c + "".join(f", {side}{of_seeds(x)}" for side, x in (("A", a[c]), ("B", b[c])) if of_seeds(x))
-    lines.append(row(label, num(mean_ci(defined(a[c]))[0], count=count), num(mean_ci(defined(b[c]))[0], count=count),
+    lines.append(row(label, num(mean_ci(a_S)[0], count=count), num(mean_ci(b_S)[0], count=count),
                      pm(diff, half, sign=True, count=count), interval(diff, half, count),
                      f"{dof:.1f}" if math.isfinite(dof) else "n/a", verdict(diff, half)))
   return "".join(lines)

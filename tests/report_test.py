@@ -3,11 +3,12 @@ import json
 import math
 import os
 import sys
+import warnings
 
 import numpy as np
 import pytest
 
-from marl_jax import report
+from marl_jax import metrics, report
 
 
 def test_mean_ci_by_hand():
@@ -158,8 +159,27 @@ def test_a_diagnostic_undefined_on_some_seeds_averages_the_others(tmp_path, caps
   assert f"| {a} | 3 | 50 | 0.0 | 10.0 | 10.0 | 0.0 | 14.1 (2 of 3 seeds) |" in out
   report.main(["--compare", a, b, "--paired"])
   out = capsys.readouterr().out
-  # Paired over seeds 0 and 2: differences 10 and 30, mean 20, s = 14.14, half 127.1.
-  assert "| judge_precision, A (2 of 3 seeds) | 60.0 | 80.0 | +20.0 ± 127.1 | [-107.1, +147.1] | 1.0 |" in out
+  # Paired over seeds 0 and 2 (A 50, 70; B 60, 100): differences 10 and 30, mean 20, s = 14.14, half 127.1.
+  assert "| judge_precision (2 of 3 seeds) | 60.0 | 80.0 | +20.0 ± 127.1 | [-107.1, +147.1] | 1.0 |" in out
+  report.main(["--compare", a, b])  # Welch: each side's defined seeds (A 50, 70; B 60, 80, 100)
+  assert "| judge_precision, A (2 of 3 seeds) | 60.0 | 80.0 | +20.0 ± " in capsys.readouterr().out
+  # No seed defines it: n/a, without numpy's empty-mean warnings.
+  none = str(tmp_path / "none")
+  write_run(none, {0: [0.3, 0.3, 0.3], 50: [0.4, 0.5, 0.6]}, extra={"eval_judge_precision": [float("nan")] * 3})
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    report.main(["--compare", none, b])
+  assert "| judge_precision, A (0 of 3 seeds) | n/a | 80.0 | n/a ± n/a | n/a | n/a | n/a |" in capsys.readouterr().out
+
+
+def test_the_writer_keeps_nan_in_the_jsonl_and_out_of_tensorboard(tmp_path):
+  writer = metrics.Writer(str(tmp_path), total_steps=2, resume_step=None)
+  logged = []
+  writer.tb.add_scalar = lambda name, value, step: logged.append(name)
+  writer.write(1, {"eval_judge_precision": float("nan"), "eval_accuracy": 0.5})
+  writer.close()
+  assert logged == ["eval_accuracy"]  # tensorboardX would warn on every NaN
+  assert math.isnan(metrics.read(str(tmp_path))[0]["eval_judge_precision"])
 
 
 def test_cli_compare(runs, capsys):
