@@ -117,8 +117,9 @@ class WordProblems(Task):
 
     def encode(problems, key):
       """Canvas rows of the problems that fit (all of them unless drop_long)."""
-      for i, (question, solution) in enumerate(zip(problems.questions, problems.solutions)):
-        for field, ids in (("question", tok.encode(question)), ("answer", tok.encode(solution))):
+      solution_ids = [tok.encode(s) for s in problems.solutions]
+      for i, (question, solution) in enumerate(zip(problems.questions, solution_ids)):
+        for field, ids in (("question", tok.encode(question)), ("answer", solution)):
           unusable = [t for t in ids if not plain_id[t]]
           if unusable:
             raise ValueError(f"config.task.{key}: problem {i}'s {field} holds {tok.decode(unusable[:1])!r}, "
@@ -129,7 +130,7 @@ class WordProblems(Task):
                                                drop_long=True, next_role=None)
       except ValueError as e:  # not one question fits
         raise ValueError(f"config.task.{key}: {e}; raise config.task.max_prompt_len") from e
-      solutions = [tok.encode(s) + [tok.end_of_turn_id] for s in problems.solutions]
+      solutions = [ids + [tok.end_of_turn_id] for ids in solution_ids]
       # A wrong demonstration (Task.demonstrate, at demo_error_rate > 0) may be a token longer than the
       # right one (99 -> 100): it must fit only when demonstrations use it, and is the right one if not.
       wrongs = [tok.encode(word_problems.wrong_solution(s)) + [tok.end_of_turn_id]
