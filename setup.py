@@ -15,6 +15,8 @@ setup(
         "ml-collections",
         "absl-py",
         "numpy",
+        "scipy",
+        "etils",
         "tqdm",
         "tensorboardX",
         "tensorflow-datasets",
@@ -22,8 +24,9 @@ setup(
         "grain",
         "safetensors",
         "tokenizers",
+        "matplotlib",  # the credit benchmark's plots
     ],
     extras_require={
-        "dev": ["pytest", "pytest-xdist", "nbmake", "ipykernel", "matplotlib"],
+        "dev": ["pytest", "pytest-xdist", "nbmake", "ipykernel"],
     },
 )

@@ -1,7 +1,10 @@
 """The command line end to end: `python -m marl_jax.main --config=experiments/single_agent.py:size=tiny`
 writes metrics, config and checkpoints, resumes, and rejects bad input before compiling anything."""
+import ast
+import importlib.metadata
 import json
 import os
+import re
 import pathlib
 import subprocess
 import sys
@@ -39,6 +42,28 @@ def _check_rejected(result, expected):
     assert piece in result.stderr, (piece, result.stderr[-2000:])
   assert "Compiling" not in result.stderr  # failed while building the config, before any compile
   assert "warm start" not in result.stdout
+
+
+def test_every_module_the_package_imports_is_an_install_requirement():
+  # `pip install marl_jax` without the dev extras must run every command line: matplotlib, which the
+  # credit benchmark imports, once came only with the extras.
+  imported = set()
+  for path in (REPO / "marl_jax").rglob("*.py"):
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.Import):
+        imported |= {alias.name.split(".")[0] for alias in node.names}
+      elif isinstance(node, ast.ImportFrom) and node.level == 0:
+        imported.add(node.module.split(".")[0])
+  third_party = imported - set(sys.stdlib_module_names) - {"marl_jax"}
+  setup_call = next(node for node in ast.walk(ast.parse((REPO / "setup.py").read_text()))
+                    if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "setup")
+  requires = next(ast.literal_eval(k.value) for k in setup_call.keywords if k.arg == "install_requires")
+  canonical = lambda name: re.sub(r"[-_.]+", "-", name).lower()
+  required = {canonical(re.split(r"[<>=!~;\[ ]", r)[0]) for r in requires}
+  distributions = importlib.metadata.packages_distributions()
+  undeclared = {module: distributions.get(module) for module in third_party
+                if not {canonical(d) for d in distributions.get(module, [])} & required}
+  assert not undeclared, f"imported by marl_jax but not in setup.py's install_requires: {undeclared}"
 
 
 @pytest.mark.slow
