@@ -4,8 +4,8 @@ import ast
 import importlib.metadata
 import json
 import os
-import re
 import pathlib
+import re
 import subprocess
 import sys
 
