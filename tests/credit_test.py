@@ -129,24 +129,25 @@ def sharded(update_fn):
 
 
 def test_role_baseline_by_hand():
-  # decay 0.5, team signal.  Step 1: no history, baseline 0: A = team = [1,0,1,1] for both roles;
-  # then ema = 0.5 * 0 + 0.5 * mean(team) = 0.375, bias-corrected by 1 - 0.5 = 0.5: baseline 0.75.
-  # Step 2 (same outcome): A = team - 0.75 = [.25,-.75,.25,.25]; ema = 0.5 * .375 + 0.5 * .75 = .5625,
-  # corrected by 1 - 0.25: baseline 0.75 (a constant reward is its own average).
-  estimator = credit.make("role_baseline", decay=0.5)
+  # decay 0.9, team signal.  Step 1: no history, baseline 0: A = team = [1,0,1,1] for both roles;
+  # then ema = 0.9 * 0 + 0.1 * mean(team) = 0.075, bias-corrected by 1 - 0.9 = 0.1: baseline 0.75.
+  # Step 2, a team that always fails (mean 0): A = 0 - 0.75; ema = 0.9 * .075 + 0.1 * 0 = .0675,
+  # corrected by 1 - 0.81: baseline .0675 / .19 = 27/76 (the means 0.75 and 0 weighted 0.09 and 0.1).
+  estimator = credit.make("role_baseline", decay=0.9)
   update = sharded(estimator.update)
   state = init(estimator)
   adv_RxB, _ = estimator.advantages(state, OUTCOME, None)
   chex.assert_trees_all_close(adv_RxB, jnp.stack([TEAM_B, TEAM_B]))
   state, _ = update(state, OUTCOME)
   chex.assert_trees_all_close(estimator.baseline_R(state), jnp.array([.75, .75]))
-  adv_RxB, metrics = estimator.advantages(state, OUTCOME, None)
-  chex.assert_trees_all_close(adv_RxB, jnp.stack([TEAM_B - .75] * 2))
+  failed = OUTCOME.replace(team_B=jnp.zeros(4))
+  adv_RxB, metrics = estimator.advantages(state, failed, None)
+  chex.assert_trees_all_close(adv_RxB, jnp.full((2, 4), -.75))
   chex.assert_trees_all_close(metrics["baseline"], jnp.array([.75, .75]))
-  state, _ = update(state, OUTCOME)
-  chex.assert_trees_all_close(estimator.baseline_R(state), jnp.array([.75, .75]))
+  state, _ = update(state, failed)
+  chex.assert_trees_all_close(estimator.baseline_R(state), jnp.full(2, 27 / 76))
   # With each role's own signal, after one update: role 0's mean is 1/2, role 1's 3/4.
-  by_role = credit.make("role_baseline", decay=0.5, signal="role")
+  by_role = credit.make("role_baseline", decay=0.9, signal="role")
   state, _ = sharded(by_role.update)(init(by_role), OUTCOME)
   chex.assert_trees_all_close(by_role.baseline_R(state), jnp.array([.5, .75]))
 

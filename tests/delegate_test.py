@@ -157,10 +157,15 @@ def test_annealing_schedule(anneal, steps, expected):
 def test_training_rewards_add_the_weighted_terms_at_the_step():
   protocol, _ = _setup(parallel_weight=0.4, finish_weight=0.2, anneal_steps=100)
   # The terms do not depend on the weights: score with the default protocol (compiled once).
-  scored = _jit_rewards(_setup()[0])(*_transcripts(ROWS))  # a: r = (1, 1); b: r = (0, 0)
+  scored = _jit_rewards(_setup()[0])(*_transcripts(ROWS))
+  # At step 50 the weights are (0.2, 0.1): bonus = 0.2 r_parallel + 0.1 r_finish, with (r_parallel,
+  # r_finish) of rows a..f as in test_rewards_and_metrics_by_hand: (1, 1), (0, 0), (.5, 1), (.5, 1),
+  # (1, 1), (1, .5); added to the outcome and to every role's signal.
   team_B, role_RxB = engine.training_rewards(protocol, scored, jnp.asarray(50))
-  np.testing.assert_allclose(team_B[:2], [1 + .2 + .1, 1.])
-  np.testing.assert_allclose(role_RxB[1, :2], [1 + .3, 0.])
+  bonus_B = np.array([.3, 0., .2, .2, .3, .25])
+  np.testing.assert_allclose(team_B, np.array([1., 1., 0., 1., 1., 0.]) + bonus_B, atol=1e-6)
+  np.testing.assert_allclose(role_RxB, np.array([[1, 1, 0, 1, 1, 0], [1, 0, 1, 0, 1, 1], [1, 0, 1, 1, 1, 0]])
+                             + bonus_B, atol=1e-6)
   team_B, _ = engine.training_rewards(protocol, scored)  # outside training: the outcome alone
   np.testing.assert_allclose(team_B, scored.team_B)
 

@@ -76,6 +76,10 @@ def test_bootstrap_share():
   # No spread: every resample gives the same share.
   assert report.bootstrap_share([0.1, 0.1], [0.2, 0.2]) == pytest.approx((0.5, 0.5, 0.5))
   assert math.isnan(report.bootstrap_share([0.1], [0.2, 0.3])[1])
+  # Two seeds each: a resample is one seed twice with probability 1/4, so each extreme ratio takes
+  # 1/16 of the draws, more than the 2.5 % in each tail: the interval is min part / max total to
+  # max part / min total, both runs resampled.
+  assert report.bootstrap_share([0.1, 0.3], [0.2, 0.4]) == pytest.approx((2 / 3, 0.25, 1.5))
 
 
 def write_run(workdir, evals: dict, extra: dict | None = None):

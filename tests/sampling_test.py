@@ -187,11 +187,31 @@ def test_greedy_is_deterministic():
   # Control: sampling with those two keys gives different transcripts.
   assert not np.array_equal(_generate(layout, _params(2), seed=1)[0],
                             _generate(layout, _params(2), seed=2)[0])
-  # Each greedy token is the mode: its log-prob is the largest in its policy distribution.
-  tokens_BxT, logp_BxT, sampled_BxT = a
-  forced_logp_BxT, _ = _token_log_probs(layout, _params(2), tokens_BxT)
-  np.testing.assert_allclose(np.asarray(forced_logp_BxT)[np.asarray(sampled_BxT)],
-                             np.asarray(logp_BxT)[np.asarray(sampled_BxT)], atol=1e-4)
+
+
+def _policy_at(layout, params_R, tokens_BxT, t):
+  """logp_BxV: the whole distribution position t is sampled from, each token's log-prob read by
+  teacher forcing with that token written at t (the prediction of t reads only the tokens before it)."""
+  V = CFG.vocab_size
+  variants_VxBxT = jnp.broadcast_to(tokens_BxT, (V, *tokens_BxT.shape)).at[:, :, t].set(jnp.arange(V)[:, None])
+  logp_VBxT, _ = _token_log_probs(layout, params_R, variants_VxBxT.reshape(V * B, -1))
+  return np.asarray(logp_VBxT).reshape(V, B, -1)[:, :, t].T
+
+
+def test_greedy_tokens_are_the_mode_and_entropy_is_the_policys():
+  # Against each position's whole distribution: a greedy token is its most likely one, with that
+  # log-prob, and the entropy token_log_probs gives is -sum p log p of that distribution.
+  layout = _layout("solver_verifier", (0, 1), rounds=2)
+  tokens_BxT, logp_BxT, sampled_BxT = map(np.asarray, _generate(layout, _params(2), seed=1, greedy=True))
+  _, entropy_BxT = _token_log_probs(layout, _params(2), tokens_BxT)
+  positions = np.flatnonzero(sampled_BxT.any(0))
+  assert len(positions) >= 4
+  for t in positions:
+    logp_BxV, rows = _policy_at(layout, _params(2), tokens_BxT, t), sampled_BxT[:, t]
+    np.testing.assert_array_equal(tokens_BxT[rows, t], logp_BxV[rows].argmax(-1))
+    np.testing.assert_allclose(logp_BxT[rows, t], logp_BxV[rows].max(-1), atol=1e-4)
+    np.testing.assert_allclose(np.asarray(entropy_BxT)[rows, t], -(np.exp(logp_BxV) * logp_BxV).sum(-1)[rows],
+                               rtol=1e-4, atol=1e-5)
 
 
 def test_traced_greedy_flag_decodes_as_the_constant_one_in_one_program():

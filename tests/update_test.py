@@ -3,6 +3,7 @@ the base model and the entropy bonus, checked against the same quantities comput
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from jax.sharding import PartitionSpec as P
 
 from marl_jax import experiment, losses, parallel, rollout, sampling, state, update
@@ -34,15 +35,20 @@ def on_one_device(fn):
 
 
 def test_role_losses_add_kl_and_entropy_per_role():
+  # A temperature other than 1, so that the losses must read config.rl.temperature.
   config = tiny_config(**{"protocol.name": "solver_verifier", "task.num_ops": 1, "sft.steps": 0,
-                          "rl.kl_coef": 0.5, "rl.entropy_coef": 0.1})
+                          "rl.kl_coef": 0.5, "rl.entropy_coef": 0.1, "rl.temperature": 1.3})
   exp = experiment.build(config)
   params_R, batch = _solver_verifier_batch(exp, 8)
+  # Off-policy by a made-up amount, so that the PPO ratio and approx_kl are not trivially 1 and 0.
+  sampled_BxT = batch.role_mask_BxRxT.any(1)
+  shift_BxT = jnp.where(sampled_BxT, 0.2 * jnp.sin(jnp.arange(sampled_BxT.size)).reshape(sampled_BxT.shape), 0.0)
+  batch = batch.replace(old_logp_BxT=batch.old_logp_BxT + shift_BxT)
   ref_logp_BxT = batch.ref_logp_BxT
   loss_R, aux = on_one_device(lambda b: update.role_losses(exp, params_R, b, update.token_counts(b, 1)))(batch)
 
   # By hand: per role r, the mean over r's sampled tokens of ppo + 0.5 k3 - 0.1 entropy.
-  logp_BxT, entropy_BxT = jax.jit(lambda p, t: sampling.token_log_probs(exp.model, exp.layout, p, t, 1.0))(
+  logp_BxT, entropy_BxT = jax.jit(lambda p, t: sampling.token_log_probs(exp.model, exp.layout, p, t, 1.3))(
       params_R, batch.tokens_BxT)
   x = losses.LossInput(logp_BxT, batch.old_logp_BxT, ref_logp_BxT, batch.adv_BxT, None, None)
   per_token_BxT = (losses.ppo(x, config.rl) + 0.5 * losses.kl_to_reference(logp_BxT, ref_logp_BxT)
@@ -55,7 +61,9 @@ def test_role_losses_add_kl_and_entropy_per_role():
     np.testing.assert_allclose(aux["kl_to_base"][r], mean(losses.kl_to_reference(logp_BxT, ref_logp_BxT)),
                                rtol=1e-5)
     np.testing.assert_allclose(aux["entropy"][r], mean(entropy_BxT), rtol=1e-5)
+    np.testing.assert_allclose(aux["approx_kl"][r], mean(batch.old_logp_BxT - logp_BxT), rtol=1e-5, atol=1e-7)
   assert float(aux["kl_to_base"].min()) > 0  # two different models: the KL term is not vacuous
+  assert float(jnp.abs(aux["approx_kl"]).min()) > 1e-3  # off-policy: approx_kl is not vacuous
 
 
 def test_microbatches_sum_to_the_minibatch_gradient():
@@ -76,3 +84,17 @@ def test_microbatches_sum_to_the_minibatch_gradient():
   np.testing.assert_allclose(parts_loss_R, whole_loss_R, rtol=1e-5, atol=1e-7)
   for key in ("entropy", "kl_to_base", "approx_kl"):
     np.testing.assert_allclose(parts_aux[key], whole_aux[key], rtol=1e-5, atol=1e-6)  # approx_kl ~ 0
+
+
+def test_role_grad_norms_are_each_roles_gradient_alone():
+  # The norm of the gradient of each role's loss alone, on the first minibatch: grad_norm_share's input.
+  exp = experiment.build(tiny_config(**{"protocol.name": "solver_verifier", "task.num_ops": 1, "sft.steps": 0,
+                                        "rl.minibatches": 2}))
+  params_R, batch = _solver_verifier_batch(exp, 8)
+  norms_R = on_one_device(lambda p, b: update.role_grad_norms(exp, p, b, 1))(params_R, batch)
+  first = jax.tree.map(lambda x: x[update.minibatch_rows(exp, 8)[0]], batch)
+  role_loss = lambda p, r: update.role_losses(exp, p, first, update.token_counts(first, 1))[0][r]
+  alone_R = [on_one_device(lambda p, r=r: optax.tree_utils.tree_norm(jax.grad(role_loss)(p, r)))(params_R)
+             for r in range(2)]
+  np.testing.assert_allclose(norms_R, alone_R, rtol=1e-5)
+  assert abs(float(alone_R[0] - alone_R[1])) > 0.1 * float(max(alone_R))  # roles apart: a swap would show
