@@ -7,6 +7,7 @@ import jax
 import chex
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from marl_jax import credit, protocols
@@ -200,6 +201,12 @@ def test_critic_loss_decreases_on_a_fixed_batch():
   np.testing.assert_allclose(float(first["critic_loss"]), float(initial_loss), rtol=1e-5)
   assert float(last["critic_loss"]) < 0.2 * float(first["critic_loss"]), (first, last)
   assert float(last["critic_explained_variance"]) > 0.5 > float(first["critic_explained_variance"])
+  # loss_weight scales the critic's loss: 0 freezes it.
+  start = init(estimator, seed=1)
+  after = {w: sharded(dataclasses.replace(estimator, loss_weight=w).update)(start, outcome)[0]["params"]
+           for w in (0.0, 1.0)}
+  chex.assert_trees_all_equal(after[0.0], start["params"])
+  assert float(optax.tree_utils.tree_norm(jax.tree.map(jnp.subtract, after[1.0], start["params"]))) > 1e-2
 
 
 @pytest.mark.parametrize("target, prediction, expected", [

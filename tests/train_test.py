@@ -217,6 +217,26 @@ class _EvenFirstToken(Arithmetic):
 
 
 @pytest.mark.slow
+def test_step_metrics_name_each_roles_values_by_hand():
+  # Solver-verifier, roles (solver, verifier): an R-vector of the update or the estimator is logged as
+  # ROLE/NAME in role order, a scalar under its own name; each role's reward is its signal's mean.
+  exp = experiment.build(tiny_config(**{"protocol.name": "solver_verifier"}))
+  scored = engine.Scored(team_B=jnp.array([1., 0., 0., 1.]), role_RxB=jnp.array([[1., 1., 0., 1.], [0., 0., 0., 1.]]),
+                         metrics={"accuracy": jnp.asarray(0.5)})
+  sampled_BxT = jnp.zeros((4, 6), bool).at[:, :3].set(True)
+  episodes = rollout.Episodes(tokens_BxT=jnp.zeros((4, 6), jnp.int32), logp_BxT=jnp.zeros((4, 6)),
+                              sampled_BxT=sampled_BxT)
+  mesh = jax.make_mesh((1,), ("data",))
+  metrics_of = jax.shard_map(lambda: train.step_metrics(
+      exp, scored, episodes, 1, {"loss": jnp.array([1., 2.])},
+      {"influence": jnp.array([3., 4.]), "advantage_std": jnp.asarray(5.)}),
+      mesh=mesh, in_specs=(), out_specs=jax.sharding.PartitionSpec())
+  out = {name: float(value) for name, value in jax.jit(metrics_of)().items()}
+  assert out == {"accuracy": 0.5, "reward": 0.5, "tokens": 12.0, "advantage_std": 5.0,
+                 "solver/reward": 0.75, "verifier/reward": 0.25, "solver/loss": 1.0, "verifier/loss": 2.0,
+                 "solver/influence": 3.0, "verifier/influence": 4.0}
+
+
 def test_step_compiles_once_and_wires_the_group_baseline(monkeypatch):
   """Rows b*G..b*G+G-1 share a problem; each sampled agent token carries its row's RLOO advantage,
   recomputed here from the transcript alone; and three calls trace and compile the step once."""
