@@ -15,12 +15,14 @@ from marl_jax import checkpoint, datasets, experiment, state, tasks, text
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def tiny_experiment(task_name: str) -> experiment.Experiment:
+def tiny_experiment(task_name: str, eval_size: int = 5, warm_steps: int | None = None) -> experiment.Experiment:
   spec = importlib.util.spec_from_file_location("tasks_config", os.path.join(ROOT, "experiments/tasks.py"))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   config = module.get_config(f"task={task_name},size=tiny")
-  config.num_devices, config.eval.size = 1, 5
+  config.num_devices, config.eval.size = 1, eval_size
+  if warm_steps is not None:
+    config.sft.steps = warm_steps
   return experiment.build(config)
 
 
@@ -49,6 +51,7 @@ def test_transcripts_round_trip(tmp_path):
   problems_SN = jax.tree.map(lambda x: np.tile(x, (S,) + (1,) * (x.ndim - 1)), problems)
   rewards = exp.protocol.rewards(exp.task, exp.layout, problems_SN, arrays["tokens"])
   np.testing.assert_allclose(arrays["team_reward"], rewards.team_B)
+  np.testing.assert_allclose(arrays["role_reward"], np.asarray(rewards.role_RxB).T)
   meta = archive.metadata
   assert meta["roles"] == ["sender", "receiver"] and meta["note"] == "test"
   assert meta["eval_set"] == datasets.eval_set_name(exp.task, exp.config.eval.seed, N)
@@ -70,6 +73,23 @@ def test_transcripts_without_credit_read_from_a_stored_eval_set(tmp_path):
   assert os.path.isdir(tmp_path / "eval" / "marl_eval_set")
   # Greedy play: the same joint action on every (identical) problem of a seed.
   assert len({text.decode(t) for t in archive.arrays["tokens"][:5]}) == 1
+
+
+def test_archived_rewards_and_credit_are_the_protocols(tmp_path):
+  # A warm-started team plays actions (a random one writes no joint action: every value below 0),
+  # and the matrix game's payoffs vary between them.
+  exp = tiny_experiment("matrix_game", eval_size=32, warm_steps=150)
+  archive_lib.archive(exp, state.initial_state(exp).params, str(tmp_path), "sampled")
+  arrays = archive_lib.load_transcripts(str(tmp_path), "sampled").arrays
+  problems = {k[len("problem_"):]: v for k, v in arrays.items() if k.startswith("problem_")}
+  rewards = exp.protocol.rewards(exp.task, exp.layout, problems, arrays["tokens"])
+  np.testing.assert_allclose(arrays["team_reward"], rewards.team_B)
+  np.testing.assert_allclose(arrays["role_reward"], np.asarray(rewards.role_RxB).T)
+  assert np.abs(arrays["role_reward"]).sum() > 0
+  # Difference credit: the team outcome less the mean outcome of K re-draws (each in [0, 1]).
+  assert np.abs(arrays["credit"]).sum() > 0
+  baseline = arrays["team_reward"][:, None] - arrays["credit"]
+  assert np.all(baseline >= -1e-6) and np.all(baseline <= 1 + 1e-6)
 
 
 def write_run(workdir: str, exp: experiment.Experiment) -> None:

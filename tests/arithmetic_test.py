@@ -95,7 +95,8 @@ def _sample(task, n=64, seed=0):
 
 
 @pytest.mark.parametrize("task", [Arithmetic(num_ops=3),
-                                  Arithmetic(num_ops=2, max_operand=12, modulus=100)])
+                                  Arithmetic(num_ops=2, max_operand=12, modulus=100),
+                                  Arithmetic(num_ops=3, ops="+*")])
 def test_sample_matches_a_python_evaluation(task):
   problems = _sample(task)
   chex.assert_shape(problems["prompt"], (64, task.prompt_len))
@@ -111,9 +112,11 @@ def test_sample_matches_a_python_evaluation(task):
     value, before_last = _python_chain(s, task.modulus)
     np.testing.assert_array_equal(answer, base.number_tokens(jnp.int32(value), task.answer_len - 1))
     assert base.parse_number(answer) == (value, True) and base.parse_number(mistake) == (before_last, True)
-  # Every operation shows up: the op draw is not stuck.
-  ops = set(text.decode(np.asarray(problems["prompt"]).reshape(-1)))
-  assert {"+", "-", "*"} <= ops
+  # Every allowed operation and operand shows up, and nothing else: the draws are not stuck.
+  prompts = [text.decode(prompt)[5:-1] for prompt in np.asarray(problems["prompt"])]
+  assert set("".join(prompts)) - set("0123456789") == set(task.ops)
+  operands = {int(o) for s in prompts for o in s.replace("+", " ").replace("-", " ").replace("*", " ").split()}
+  assert operands == set(range(task.max_operand + 1))
 
 
 def test_render():

@@ -37,6 +37,9 @@ def test_grade_by_hand():
   # errors 0.5, 0, 0, 0.5: mean 0.25, population sd 0.25.
   assert graded["bias"] == pytest.approx([0.25])
   assert graded["error_sd"] == pytest.approx([0.25])
+  # Spearman: ranks (ties averaged) of credit [1, 0, .5, .5] are [3, 0, 1.5, 1.5], of exact [.5, 0, .5, 0]
+  # [2.5, .5, 2.5, .5]; deviations [1.5, -1.5, 0, 0] and [1, -1, 1, -1]: 3 / sqrt(4.5 * 4) = 1 / sqrt(2).
+  assert graded["spearman"] == pytest.approx([1 / math.sqrt(2)])
 
 
 def test_mean_over_games_by_hand():

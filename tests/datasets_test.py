@@ -29,9 +29,14 @@ def test_eval_set_is_named_by_its_knobs_and_read_when_it_exists(tmp_path, monkey
   first = datasets.load_eval_set(task, 1234, 4, str(tmp_path))
   source = tfds.data_source(name, split="test", data_dir=str(tmp_path))  # anyone can load it by name
   assert len(source) == 4 and source.dataset_info.metadata["knobs"]["num_numbers"] == 5
+  assert [source[i]["prompt"].tolist() for i in range(4)] == first["prompt"].tolist()
+  # Read back from disk: neither written nor generated again.
   monkeypatch.setattr(datasets, "write", lambda *a: pytest.fail("an existing eval set was rebuilt"))
+  monkeypatch.setattr(datasets.tasks, "eval_problems", lambda *a: pytest.fail("the eval set was generated"))
   again = datasets.load_eval_set(task, 1234, 4, str(tmp_path))
-  np.testing.assert_array_equal(first["prompt"], again["prompt"])
+  assert sorted(again) == sorted(first)
+  for k, v in first.items():
+    np.testing.assert_array_equal(again[k], v)
 
 
 def test_unregistered_task_is_refused_with_its_name():

@@ -64,22 +64,22 @@ def test_fresh_adapters_leave_logits_exactly_unchanged(family):
 
 
 def test_low_rank_delta_by_hand():
-  """x = [1, 2], W = I, a = [[1], [0]], b = [[3, -1]], alpha 2, rank 1:
-  W x + (2 / 1) * b(a x) = [1, 2] + 2 * 1 * [3, -1] = [7, 0]."""
+  """x = [1, 2], W = I, a = I, b = [[3, -1], [1, 1]], alpha 4, rank 2 (scale alpha / rank = 2):
+  W x + 2 * b(a x) = [1, 2] + 2 * (1 * [3, -1] + 2 * [1, 1]) = [11, 4]; merged W + 2 a b = [[7, -2], [2, 3]]."""
   class OneProjection(nn.Module):
     @nn.compact
     def __call__(self, x):
       return nn.DenseGeneral(2, use_bias=False, name="q_proj")(x)
 
-  lora_cfg = lora.LoRAConfig(rank=1, alpha=2.0, targets=("q_proj",))
+  lora_cfg = lora.LoRAConfig(rank=2, alpha=4.0, targets=("q_proj",))
   base = {"q_proj": {"kernel": jnp.eye(2)}}
-  adapter = {"q_proj": {"a": jnp.array([[1.0], [0.0]]), "b": jnp.array([[3.0, -1.0]])}}
+  adapter = {"q_proj": {"a": jnp.eye(2), "b": jnp.array([[3.0, -1.0], [1.0, 1.0]])}}
   with lora.adapted(lora_cfg, adapter):
     y = OneProjection().apply({"params": base}, jnp.array([1.0, 2.0]))
-  np.testing.assert_array_equal(y, [7.0, 0.0])
+  np.testing.assert_array_equal(y, [11.0, 4.0])
   merged = lora.merged_params(lora_cfg, base, adapter)
-  np.testing.assert_array_equal(merged["q_proj"]["kernel"], [[7.0, -2.0], [0.0, 1.0]])
-  np.testing.assert_array_equal(OneProjection().apply({"params": merged}, jnp.array([1.0, 2.0])), [7.0, 0.0])
+  np.testing.assert_array_equal(merged["q_proj"]["kernel"], [[7.0, -2.0], [2.0, 3.0]])
+  np.testing.assert_array_equal(OneProjection().apply({"params": merged}, jnp.array([1.0, 2.0])), [11.0, 4.0])
   with pytest.raises(ValueError, match="no pair for q_proj"), lora.adapted(lora_cfg, {}):
     OneProjection().apply({"params": base}, jnp.array([1.0, 2.0]))
 

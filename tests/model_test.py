@@ -121,6 +121,13 @@ def test_stacked_apply_vmap_equals_per_set_apply():
   assert not np.allclose(stacked_RxBxTxV[0], stacked_RxBxTxV[1])
 
 
+def test_flops_per_token_by_hand():
+  # d_model 16, 2 layers, d_ff 32, 96 symbols, 10 keys; multiply-adds per layer: q, k, v, out 4 * 16^2 =
+  # 1024, MLP 2 * 16 * 32 = 1024, attention q.k and att.v 2 * 10 * 16 = 320; unembedding 16 * 96 = 1536.
+  cfg = model_lib.ModelConfig(d_model=16, n_layers=2, n_heads=2, d_ff=32, max_len=24)
+  assert cfg.flops_per_token(10) == 2 * (2 * (1024 + 1024 + 320) + 1536)
+
+
 def test_count_params():
   params_R = _params()
   one = model_lib.count_params(_first(params_R))

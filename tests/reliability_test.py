@@ -247,12 +247,12 @@ def _workdir_of_a_run(workdir):
 
 def _read_only(command, workdir):
   """`command` with `workdir` read-only: by permissions, or for root (whom they do not stop) by a
-  read-only bind mount in a new user and mount namespace."""
+  read-only bind mount in a new user and mount namespace; None where neither can be done."""
   if os.geteuid() != 0:
     os.chmod(workdir, 0o555)
     return command
-  if subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0:
-    pytest.skip("root, and no user namespaces for a read-only mount")
+  if subprocess.run(["unshare", "-rm", "true"], capture_output=True, check=False).returncode != 0:
+    return None
   return ["unshare", "-rm", "sh", "-c", 'mount --bind -o ro "$0" "$0" && exec "$@"', str(workdir), *command]
 
 
@@ -276,6 +276,8 @@ def test_foreign_corrupt_or_read_only_workdirs_are_refused_untouched(tmp_path):
     command = _command(workdir, *flags)
     if name == "read_only":
       command = _read_only(command, workdir)
+      if command is None:  # the other cases still run
+        continue
     runs[name] = subprocess.Popen(command, cwd=REPO, env=_env(), text=True, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE)
   for name, run in runs.items():
@@ -287,6 +289,8 @@ def test_foreign_corrupt_or_read_only_workdirs_are_refused_untouched(tmp_path):
     assert name == "corrupt_step" or not before_it, (name, err[-3000:])
     os.chmod(tmp_path / name, 0o755)
     assert _snapshot(tmp_path / name) == before[name], name
+  if "read_only" not in runs:
+    pytest.skip("the other cases passed; read_only needs a non-root user or user namespaces (root here)")
 
 
 def _refused_untouched(workdir, config, expected):

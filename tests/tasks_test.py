@@ -84,6 +84,10 @@ def test_subset_sum_generation():
     assert any(mask) and sum(np.array(mask) * p["numbers"]) == p["target"]
   assert np.all(jax.vmap(task.score)(batch, batch["answer"]) == 1.0)
   assert np.all(jax.vmap(task.score)(batch, batch["mistake"]) == 0.0)  # one number short
+  # Numbers are drawn from 1..max_number.
+  wide = problems(SubsetSum(num_numbers=5, max_number=50))
+  numbers = [int(n) for i in range(20) for n in text.decode(row(wide, i)["prompt"])[5:].split("=")[0].split(",")]
+  assert min(numbers) >= 1 and max(numbers) <= 50 and len({n for n in numbers if n > 9}) >= 10
 
 
 def test_hidden_sum():
@@ -173,6 +177,8 @@ def test_matrix_game_payoffs_and_scores():
   score = lambda task, s: float(task.score(p, tokens(s)))
   assert score(climbing, "00<eos>") == 1.0 and score(climbing, "01<eos>") == 0.0
   assert score(climbing, "22<eos>") == pytest.approx((5 + 30) / 41)
+  # The first action is the row player's: climbing's one asymmetric pair of cells, (1, 2) = 6, (2, 1) = 0.
+  assert score(climbing, "12<eos>") == pytest.approx(36 / 41) and score(climbing, "21<eos>") == pytest.approx(30 / 41)
   assert score(penalty, "11<eos>") == pytest.approx(102 / 110) and score(penalty, "22<eos>") == 1.0
   assert score(climbing, "3<eos>") == 0.0 and score(climbing, "a1") == 0.0  # not actions
   # Answers are optima; mistakes are the best responses to a uniform partner.

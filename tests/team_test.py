@@ -42,8 +42,13 @@ def test_each_set_runs_at_its_groups_model():
   key_ok_NxBxT = jax.random.bernoulli(jax.random.PRNGKey(2), 0.7, (4, 2, 8)).at[:, :, 0].set(True)
   set_N = [1, 2, 0, 1]
   logits_NxBxTxV = team.apply_sets(params, set_N, tokens_BxT, 0, key_ok_NxBxT)
+  # Set s's parameters taken by hand: set 0 is the small group's first, set 2 its second, set 1 the large one.
+  own_params = {0: ("small", 0), 1: ("large", 0), 2: ("small", 1)}
   for n, s in enumerate(set_N):
-    own, _ = model_lib.apply(team.set_model(s), team.take_sets(params, s), tokens_BxT, 0, key_ok_NxBxT[n])
+    group, index = own_params[s]
+    params_s = jax.tree.map(lambda p, i=index: p[i], params[group])
+    chex.assert_trees_all_equal(team.take_sets(params, s), params_s)
+    own, _ = model_lib.apply(team.set_model(s), params_s, tokens_BxT, 0, key_ok_NxBxT[n])
     np.testing.assert_allclose(logits_NxBxTxV[n], own, atol=1e-5)
   assert team.set_model(1) is large and team.set_model(2) is small
   # Norms per set, in the global set order: set 2 is the small group's second set.

@@ -203,10 +203,13 @@ def test_from_task_poses_the_eval_set_in_words():
   # Each answer is what the question says, worked out from its words.
   for question, answer in zip(problems.questions, problems.answers):
     start, *steps = re.findall(r"(?:Start with|add|subtract|multiply by) \d+", question)
+    modulus, top = map(int, re.search(r"modulo (\d+) after each step \(so it stays between 0 and (\d+)\)",
+                                      question).groups())
+    assert (modulus, top) == (7, 6), question
     value = int(start.split()[-1])
     for step in steps:
       verb, b = step.rsplit(" ", 1)
-      value = {"add": value + int(b), "subtract": value - int(b), "multiply by": value * int(b)}[verb] % 7
+      value = {"add": value + int(b), "subtract": value - int(b), "multiply by": value * int(b)}[verb] % modulus
     assert answer == str(value), question
   with pytest.raises(ValueError, match=r"task 'subset_sum' has no word form; tasks with one: \['arithmetic'\]"):
     wp.from_task(tasks.make("subset_sum"), seed=3, size=2)
