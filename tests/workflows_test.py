@@ -443,6 +443,19 @@ def test_every_experiment_size_builds(name, size):
 # Each experiment's tiny variant through the command line.
 
 @pytest.mark.slow
+def test_quickstart_tiny_through_the_cli(tmp_path):
+  # The README's first command at the tiny size: a warm start, then joint RL with difference credit.
+  proc = subprocess.run([sys.executable, "-m", "marl_jax.main", "--config=experiments/quickstart.py:size=tiny",
+                         f"--workdir={tmp_path}"], cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+                        capture_output=True, text=True, timeout=600, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  with open(tmp_path / "metrics.jsonl") as f:
+    rows = [json.loads(line) for line in f]
+  assert rows[0]["step"] == 0 and rows[-1]["step"] == 4
+  assert {"eval_accuracy", "eval_false_accept", "solver/influence", "verifier/influence"} <= set(rows[-1])
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("arg", ["vote.py:size=tiny,aggregator=true,sharing=voters",
                                  "best_of_n.py:size=tiny,task=subset_sum",
                                  "debate.py:size=tiny,credit=difference",
