@@ -149,11 +149,13 @@ def test_each_parameter_is_placed_as_its_rule_says(family, data, model):
                   specs, is_leaf=lambda x: isinstance(x, sharding.PartitionSpec))}
   assert {path: spec for path, (spec, _) in placement.items()} == expected
   # Each device holds 1/model of every large matrix, a whole copy of each norm (fixture: V=384,
-  # D=64, F=128, 4 heads of 16).
+  # D=64, F=128, 4 query and 2 key/value heads of 16): the split axes written out by hand.
   V, D, F = 384, 64, 128
   shard = {path: tuple(shape) for path, (_, shape) in placement.items()}
   assert shard["embed_tokens/embedding"] == (V // model, D)
   assert shard["layer1/q_proj/kernel"] == (D // model, 4, 16)
+  assert shard["layer0/k_proj/kernel"] == shard["layer0/v_proj/kernel"] == (D // model, 2, 16)
+  assert shard["layer0/gate_proj/kernel"] == shard["layer0/up_proj/kernel"] == (D, F // model)
   assert shard["layer1/o_proj/kernel"] == (4, 16, D // model)
   assert shard["layer0/down_proj/kernel"] == (F // model, D)
   assert shard["norm/scale"] == (D,)

@@ -39,6 +39,15 @@ def test_step_flops_counts_the_rollout_reruns_and_update():
   # passes (2x each) over the minibatch: 7 more passes, here in a call of one step.
   update = 1 * layout.length * (3 * rl.epochs + 1 + 2 * 3) * per_token
   assert throughput.step_flops(exp) == rl.batch_size * (sampling.token_reads(layout) * per_token + update)
+  # Two epochs of a forward and backward (3 passes each), a forward under the base model for the KL
+  # term, and the 7 gradient-norm passes over one of 2 minibatches on one of a call's 2 steps.
+  config = throughput.relay_config(3, 1, "team", batch_size=8, steps_per_call=2)
+  config.protocol = ml_collections.ConfigDict(dict(name="vote", voters=3))
+  config.roles.sharing = "shared"
+  config.rl.update(epochs=2, kl_coef=0.1, minibatches=2)
+  exp = experiment.build(config)
+  update = layout.length * (3 * 2 + 1 + 7 / (2 * 2)) * per_token
+  assert throughput.step_flops(exp) == pytest.approx(8 * (sampling.token_reads(layout) * per_token + update))
 
 
 def test_a_wider_relay_job_keeps_its_shape_and_counts_its_own_flops():
@@ -116,10 +125,10 @@ def test_the_rollout_alone_is_split_over_devices_as_the_step_is():
 # traced themselves).
 HLO = """HloModule jit_f, entry_computation_layout={(f32[4,4]{1,0})->f32[4,4]{1,0}}
 
-%fused_dot (param_0: f32[4,4], param_1: f32[4,4]) -> f32[4,4] {
-  %param_0 = f32[4,4]{1,0} parameter(0)
-  %param_1 = f32[4,4]{1,0} parameter(1)
-  ROOT %dot.0 = f32[4,4]{1,0} dot(%param_0, %param_1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+%fused_dot (param_0: f32[3,5], param_1: f32[5,7]) -> f32[3,7] {
+  %param_0 = f32[3,5]{1,0} parameter(0)
+  %param_1 = f32[5,7]{1,0} parameter(1)
+  ROOT %dot.0 = f32[3,7]{1,0} dot(%param_0, %param_1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
 }
 
 %fused_transpose (param_0.1: f32[4,4]) -> f32[4,4] {
@@ -138,7 +147,7 @@ HLO = """HloModule jit_f, entry_computation_layout={(f32[4,4]{1,0})->f32[4,4]{1,
 ENTRY %main.9 (a.1: f32[4,4]) -> f32[4,4] {
   %a.1 = f32[4,4]{1,0} parameter(0)
   %ynn_fusion = f32[4,4]{1,0} fusion(%a.1, %a.1), kind=kCustom, calls=%fused_dot
-  %copy_fusion = f32[4,4]{1,0} fusion(%ynn_fusion), kind=kLoop, calls=%fused_transpose, backend_config={"outer_dimension_partitions":["1","2"]}
+  %copy_fusion = f32[4,4]{1,0} fusion(%ynn_fusion), kind=kLoop, calls=%fused_transpose, backend_config={"outer_dimension_partitions":["2","3"]}
   %tanh_reduce_fusion = f32[4]{0} fusion(%copy_fusion), kind=kLoop, calls=%fused_tanh
   %dot.1 = f32[4,4]{1,0} dot(%copy_fusion, %a.1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
   %tuple.1 = (f32[4,4]{1,0}, s32[]) tuple(%dot.1, %c)
@@ -157,14 +166,15 @@ def test_thunk_kinds_sort_the_instructions_that_run_as_thunks():
 
 
 def test_thunk_parts_read_the_split_of_each_loop():
-  assert throughput.thunk_parts(HLO) == {"copy_fusion": 2}
+  assert throughput.thunk_parts(HLO) == {"copy_fusion": 2 * 3}
 
 
 def test_dot_flops_count_each_dot_from_its_shapes():
-  # Both dots are [4, 4] x [4, 4]: 2 x 16 outputs x 4 contracted; the fusion's is counted for the
-  # fusion (its thunk), the bare one for itself.
+  # The fused dot is [3, 5] x [5, 7]: 2 x 21 outputs x 5 contracted, counted for the fusion (its
+  # thunk); the bare one [4, 4] x [4, 4] for itself.  (The fixture's shapes are chosen for the count:
+  # the fusion's declared output does not match its computation's.)
   flops = throughput.dot_flops(HLO)
-  assert flops["ynn_fusion"] == flops["dot.1"] == 2 * 16 * 4
+  assert flops["ynn_fusion"] == 2 * 21 * 5 and flops["dot.1"] == 2 * 16 * 4
   assert "copy_fusion" not in flops and "tanh_reduce_fusion" not in flops
 
 
