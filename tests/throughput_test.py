@@ -19,6 +19,13 @@ def test_workflow_table_has_every_workflow_and_the_minimum_is_a_floor(capsys):
   assert all(1.0 <= ratio < 2.0 for ratio in ratios)
 
 
+def _three_voters_of_one_set(steps_per_call: int):
+  config = throughput.relay_config(3, 1, "team", batch_size=8, steps_per_call=steps_per_call)
+  config.protocol = ml_collections.ConfigDict({"name": "vote", "voters": 3})
+  config.roles.sharing = "shared"
+  return config
+
+
 def test_step_flops_counts_the_rollout_reruns_and_update():
   # The relay job with difference credit: R x K = 2 x 2 re-runs of every episode.
   exp = experiment.build(throughput.relay_config(2, 1, "difference", batch_size=8, steps_per_call=1))
@@ -29,10 +36,7 @@ def test_step_flops_counts_the_rollout_reruns_and_update():
   assert throughput.step_flops(exp) == rl.batch_size * ((1 + 2 * 2) * rollout + update)
   assert throughput.rollout_flops(exp) == rl.batch_size * rollout
   # Three voters of one set read alike (the prompt and their own answer): three views, one update pass.
-  config = throughput.relay_config(3, 1, "team", batch_size=8, steps_per_call=1)
-  config.protocol = ml_collections.ConfigDict(dict(name="vote", voters=3))
-  config.roles.sharing = "shared"
-  exp = experiment.build(config)
+  exp = experiment.build(_three_voters_of_one_set(steps_per_call=1))
   layout, per_token = exp.layout, exp.model.flops_per_token(exp.layout.length)
   assert len(layout.view_set_V) == 3
   # Shared sets: the per-role gradient norms of the call's last step, a forward and three backward
@@ -41,9 +45,7 @@ def test_step_flops_counts_the_rollout_reruns_and_update():
   assert throughput.step_flops(exp) == rl.batch_size * (sampling.token_reads(layout) * per_token + update)
   # Two epochs of a forward and backward (3 passes each), a forward under the base model for the KL
   # term, and the 7 gradient-norm passes over one of 2 minibatches on one of a call's 2 steps.
-  config = throughput.relay_config(3, 1, "team", batch_size=8, steps_per_call=2)
-  config.protocol = ml_collections.ConfigDict(dict(name="vote", voters=3))
-  config.roles.sharing = "shared"
+  config = _three_voters_of_one_set(steps_per_call=2)
   config.rl.update(epochs=2, kl_coef=0.1, minibatches=2)
   exp = experiment.build(config)
   update = layout.length * (3 * 2 + 1 + 7 / (2 * 2)) * per_token
