@@ -9,9 +9,13 @@ import re
 import subprocess
 import sys
 
+import chex
+import jax
+import ml_collections
+import numpy as np
 import pytest
 
-from marl_jax import checkpoint
+from marl_jax import checkpoint, experiment, loop
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIG = f"--config={REPO / 'experiments' / 'single_agent.py'}:size=tiny"
@@ -93,6 +97,13 @@ def test_train_resume_and_refuse_bad_input(tmp_path):
   assert "warm start" not in warm.stdout
   with open(tmp_path / "from_run" / "metrics.jsonl") as f:
     assert json.loads(f.readline())["eval_accuracy"] == rows[-1]["eval_accuracy"]
+  # Its step-0 checkpoint holds the loaded run's step-4 parameters exactly (not its step 0's).
+  def params_at(run, step):
+    config = ml_collections.ConfigDict(json.loads((run / "config.json").read_text()))
+    return jax.tree.map(np.asarray, loop.load_params(experiment.build(config), str(run), step))
+  started = params_at(tmp_path / "from_run", 0)
+  chex.assert_trees_all_equal(started, params_at(workdir, 4))
+  assert not np.array_equal(started["embed"]["embedding"], params_at(workdir, 0)["embed"]["embedding"])
 
   # The same workdir with more steps resumes at step 4: no warm start, no second step-0 row.
   second = _main(workdir, "--config.total_steps=8")

@@ -104,6 +104,9 @@ def test_problems_decode_to_the_file(family):
     assert wp.extract_final_answer(data.decode(problems["wrong"][i])) == wp.canonical_number(
         str(float(PLAIN_ANSWERS[i]) + 1))
   np.testing.assert_array_equal(problems["index"], [4, 5, 6, 7])  # after the four training rows
+  # Training draws every training row and never an evaluation question.
+  drawn = jax.device_get(jax.vmap(exp.task.sample)(jax.random.split(jax.random.PRNGKey(0), 64))["index"])
+  assert set(drawn.tolist()) == set(range(data.num_train)) == {0, 1, 2, 3}
   for protocol, roles in (("single", ["assistant"]), ("solver_verifier", ["solver", "verifier"])):
     exp = experiment.build(_config(f"size=tiny,protocol={protocol}", **{"model.checkpoint": checkpoint,
                                                                           "task.demo_error_rate": 0.0}))
