@@ -1,14 +1,16 @@
 """The throughput script: the FLOP count of a step and of its rollout, the per-workflow table, the
 profile's thunk kinds, and one tiny timed and profiled row split into rollout and update."""
+import os
 import subprocess
 import sys
 import textwrap
 
 import jax
 import ml_collections
+import numpy as np
 import pytest
 
-from marl_jax import experiment, sampling, state as state_lib, throughput
+from marl_jax import configs, experiment, sampling, state as state_lib, throughput
 
 
 def test_workflow_table_has_every_workflow_and_the_minimum_is_a_floor(capsys):
@@ -198,3 +200,19 @@ def test_profile_call_times_a_compiled_matmul():
   summary = throughput.profile_summary(throughput.profile_call(compiled, (a,)), compiled.as_text())
   assert summary["thunk_s"]["matmul"] > 0
   assert sum(flops for _, flops in summary["matmul_thunks"]) == 2 * 2 * 256 ** 3
+
+
+def test_each_view_counts_the_flops_of_its_own_model():
+  # A mixed team (experiments/solver_verifier.py team=mixed): solver and verifier on models of two
+  # widths, each view's reads at its own model's FLOPs per token.
+  experiments = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "x.py")
+  config = configs.sibling(experiments, "solver_verifier").get_config("size=tiny,team=mixed,credit=team")
+  config.num_devices = 1
+  exp = experiment.build(config)
+  layout, rl = exp.layout, exp.config.rl
+  solver, verifier = (exp.model.set_model(s) for s in exp.role_set_R)
+  assert solver.d_model != verifier.d_model
+  per_token_V = [(solver if layout.view_set_V[v] == exp.role_set_R[0] else verifier).flops_per_token(layout.length)
+                 for v in range(len(layout.view_set_V))]
+  reads_V = sampling.token_reads_V(layout) + layout.length * 3 * rl.epochs  # each view its own update pass
+  assert throughput.step_flops(exp) == rl.batch_size * float(np.dot(reads_V, per_token_V))
