@@ -20,6 +20,7 @@ import math
 import os
 
 import numpy as np
+from scipy import stats
 
 from marl_jax import metrics
 
@@ -29,36 +30,12 @@ REFERENCE_SPLIT = "70 / 30 at 0.6B (Zeng et al. 2026)"  # single-agent / multi-a
 
 # Statistics: small pure functions of per-seed arrays.
 
-_GL_X, _GL_W = np.polynomial.legendre.leggauss(64)
-
-
-def _t_quantile_fallback(p: float, dof: float) -> float:
-  """Student t quantile without scipy, to ~1e-8 relative for dof >= 1.
-
-  With t = sqrt(dof) tan(θ) the t density becomes cos(θ)^(dof−1) / B(dof/2, 1/2), a smooth integrand
-  on [0, θ] for dof >= 1 (Gauss–Legendre integrates it to machine precision), so P(0 < T < t) is one
-  quadrature and bisection on θ inverts it.
-  """
-  if p < 0.5:
-    return -_t_quantile_fallback(1 - p, dof)
-  target = (p - 0.5) * math.exp(math.lgamma(dof / 2) + math.lgamma(0.5) - math.lgamma((dof + 1) / 2))
-  mass = lambda th: th / 2 * np.sum(_GL_W * np.cos(th * (_GL_X + 1) / 2) ** (dof - 1))
-  lo, hi = 0.0, math.pi / 2
-  for _ in range(60):  # the bracket shrinks to 2^-60 of π/2
-    mid = (lo + hi) / 2
-    lo, hi = (mid, hi) if mass(mid) < target else (lo, mid)
-  return math.sqrt(dof) * math.tan((lo + hi) / 2)
-
 
 def t_quantile(p: float, dof: float) -> float:
   """The p quantile of Student's t with `dof` (>= 1, possibly fractional) degrees of freedom."""
   if not dof >= 1:
     raise ValueError(f"t quantile needs dof >= 1, got {dof}")
-  try:
-    from scipy import stats  # optional: not a dependency of the package
-    return float(stats.t.ppf(p, dof))
-  except ImportError:
-    return _t_quantile_fallback(p, dof)
+  return float(stats.t.ppf(p, dof))
 
 
 def mean_ci(values, level: float = LEVEL) -> tuple[float, float]:

@@ -2,11 +2,11 @@
 import json
 import math
 import os
-import sys
 import warnings
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from marl_jax import metrics, report
 
@@ -34,10 +34,7 @@ def test_welch_by_hand():
   assert math.isnan(report.welch_diff([1.0, 1.0], [2.0, 2.0])[1])  # no spread on either side
 
 
-@pytest.mark.parametrize("fallback", [False, True])
-def test_t_quantile_tables(fallback, monkeypatch):
-  if fallback:
-    monkeypatch.setitem(sys.modules, "scipy", None)  # `from scipy import stats` raises ImportError
+def test_t_quantile_tables():
   # t_{0.975, dof} from printed tables, and the normal limit for large dof.
   for dof, t in [(1, 12.7062), (2, 4.3027), (3, 3.1824), (10, 2.2281), (30, 2.0423), (1e6, 1.9600)]:
     assert report.t_quantile(0.975, dof) == pytest.approx(t, abs=1e-4)
@@ -46,15 +43,7 @@ def test_t_quantile_tables(fallback, monkeypatch):
     report.t_quantile(0.975, 0.5)
 
 
-def test_t_quantile_fallback_matches_scipy():
-  stats = pytest.importorskip("scipy.stats")
-  for dof in [1, 1.3, 2, 2.5, 3, 4.0755, 7, 12.6, 30, 100, 1000, 1e5]:
-    for p in [0.6, 0.9, 0.95, 0.975, 0.99, 0.995]:
-      assert report._t_quantile_fallback(p, dof) == pytest.approx(stats.t.ppf(p, dof), rel=1e-7)
-
-
 def test_welch_matches_scipy():
-  stats = pytest.importorskip("scipy.stats")
   rng = np.random.default_rng(0)
   for n_a, n_b in [(2, 2), (3, 5), (4, 3), (8, 8)]:
     a, b = rng.normal(0.4, 0.05, n_a), rng.normal(0.5, 0.1, n_b)
