@@ -179,10 +179,14 @@ def defined(values_S) -> np.ndarray:
   return values_S[np.isfinite(values_S)]
 
 
+def seed_count(k: int, n: int) -> str:
+  """The suffix ` (K of N seeds)` when only K of N seeds count, else ``."""
+  return f" ({k} of {n} seeds)" if k < n else ""
+
+
 def of_seeds(values_S) -> str:
-  """The suffix ` (K of N seeds)` when only K of a diagnostic's N seed values are defined, else ``."""
-  k = len(defined(values_S))
-  return f" ({k} of {len(values_S)} seeds)" if k < len(values_S) else ""
+  """`seed_count` of a diagnostic's defined seed values."""
+  return seed_count(len(defined(values_S)), len(values_S))
 
 
 def row(*cells) -> str:
@@ -229,7 +233,7 @@ def compare(a: dict, b: dict, paired: bool = False) -> str:
       a_S, b_S = a[c][both_S], b[c][both_S]
       diff, half = mean_ci(b_S - a_S)
       dof = len(a_S) - 1 if math.isfinite(half) else math.nan
-      label = c + (f" ({len(a_S)} of {len(both_S)} seeds)" if not both_S.all() else "")
+      label = c + seed_count(len(a_S), len(both_S))
     else:
       a_S, b_S = defined(a[c]), defined(b[c])
       diff, half, dof = welch_diff(a_S, b_S)
