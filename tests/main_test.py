@@ -10,12 +10,11 @@ import subprocess
 import sys
 
 import chex
-import jax
-import ml_collections
 import numpy as np
 import pytest
+from parallel_test import params
 
-from marl_jax import checkpoint, experiment, loop
+from marl_jax import checkpoint
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIG = f"--config={REPO / 'experiments' / 'single_agent.py'}:size=tiny"
@@ -98,12 +97,9 @@ def test_train_resume_and_refuse_bad_input(tmp_path):
   with open(tmp_path / "from_run" / "metrics.jsonl") as f:
     assert json.loads(f.readline())["eval_accuracy"] == rows[-1]["eval_accuracy"]
   # Its step-0 checkpoint holds the loaded run's step-4 parameters exactly (not its step 0's).
-  def params_at(run, step):
-    config = ml_collections.ConfigDict(json.loads((run / "config.json").read_text()))
-    return jax.tree.map(np.asarray, loop.load_params(experiment.build(config), str(run), step))
-  started = params_at(tmp_path / "from_run", 0)
-  chex.assert_trees_all_equal(started, params_at(workdir, 4))
-  assert not np.array_equal(started["embed"]["embedding"], params_at(workdir, 0)["embed"]["embedding"])
+  started = params(str(tmp_path / "from_run"), 0)
+  chex.assert_trees_all_equal(started, params(str(workdir), 4))
+  assert not np.array_equal(started["embed"]["embedding"], params(str(workdir), 0)["embed"]["embedding"])
 
   # The same workdir with more steps resumes at step 4: no warm start, no second step-0 row.
   second = _main(workdir, "--config.total_steps=8")

@@ -442,15 +442,20 @@ def test_every_experiment_size_builds(name, size):
 # ---------------------------------------------------------------------------------------------
 # Each experiment's tiny variant through the command line.
 
+def _cli_rows(workdir, arg) -> list[dict]:
+  """The metrics rows of `python -m marl_jax.main --config=experiments/ARG` run in `workdir`."""
+  proc = subprocess.run([sys.executable, "-m", "marl_jax.main", f"--config=experiments/{arg}",
+                         f"--workdir={workdir}"], cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+                        capture_output=True, text=True, timeout=600, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  with open(workdir / "metrics.jsonl") as f:
+    return [json.loads(line) for line in f]
+
+
 @pytest.mark.slow
 def test_quickstart_tiny_through_the_cli(tmp_path):
   # The README's first command at the tiny size: a warm start, then joint RL with difference credit.
-  proc = subprocess.run([sys.executable, "-m", "marl_jax.main", "--config=experiments/quickstart.py:size=tiny",
-                         f"--workdir={tmp_path}"], cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"},
-                        capture_output=True, text=True, timeout=600, check=False)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  with open(tmp_path / "metrics.jsonl") as f:
-    rows = [json.loads(line) for line in f]
+  rows = _cli_rows(tmp_path, "quickstart.py:size=tiny")
   assert rows[0]["step"] == 0 and rows[-1]["step"] == 4
   assert {"eval_accuracy", "eval_false_accept", "solver/influence", "verifier/influence"} <= set(rows[-1])
 
@@ -461,12 +466,7 @@ def test_quickstart_tiny_through_the_cli(tmp_path):
                                  "debate.py:size=tiny,credit=difference",
                                  "debate.py:size=tiny,task=subset_sum,scorer=verifier"])
 def test_tiny_workflow_through_the_cli(tmp_path, arg):
-  proc = subprocess.run([sys.executable, "-m", "marl_jax.main", f"--config=experiments/{arg}",
-                         f"--workdir={tmp_path}"], cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"},
-                        capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  with open(tmp_path / "metrics.jsonl") as f:
-    rows = [json.loads(line) for line in f]
+  rows = _cli_rows(tmp_path, arg)
   assert rows[-1]["step"] == 4 and 0 <= rows[-1]["eval_accuracy"] <= 1
   assert "same_message_rate" in rows[-1]
   if "sharing=voters" in arg:  # the voters share a set, the aggregator has its own
