@@ -3,6 +3,7 @@
 Tests that need several CPU devices add the device count to XLA_FLAGS (see parallel_test.py).
 `pytest -m "not slow"` skips the end-to-end runs.
 """
+import importlib.metadata
 import os
 import pathlib
 
@@ -11,10 +12,14 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before any test module imports 
 # LLVM's optimisation passes it compiles about a third faster, and without the CPU backend's newer
 # fusion emitters another third (the tiny solver-verifier step: 11.3 -> 8.4 s); the results only
 # round differently.
+# The XLA of jaxlib 0.11 and later no longer knows the emitters' switch, and XLA aborts the process
+# on a flag it does not know: the switch goes only to older jaxlibs (version read without importing
+# jax, which reads XLA_FLAGS once).
+_FAST_COMPILE_FLAGS = ["--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true"]
+if tuple(int(part) for part in importlib.metadata.version("jaxlib").split(".")[:2]) < (0, 11):
+  _FAST_COMPILE_FLAGS.append("--xla_cpu_use_fusion_emitters=false")
 os.environ["XLA_FLAGS"] = " ".join(dict.fromkeys(
-    os.environ.get("XLA_FLAGS", "").split()
-    + ["--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true",
-       "--xla_cpu_use_fusion_emitters=false"]))
+    os.environ.get("XLA_FLAGS", "").split() + _FAST_COMPILE_FLAGS))
 # Every program goes to the persistent cache below, not only those that took a second to compile.
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # Many tests (and the CLI runs they start) compile the same tiny programs: a persistent compilation
