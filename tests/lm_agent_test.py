@@ -46,14 +46,30 @@ def test_symbol_table(family):
   for symbol in "0123456789+-*=az":
     assert ids_V[text.TOKEN_ID[symbol]] == tok.encode(symbol)[0]
   assert [tok.decode([ids_V[text.role_marker(k)]]) for k in range(3)] == ["A", "B", "C"]
+  # Neither fixture holds "yes" or "no" as one token: the verifier's verdicts are "Y" and "N".
+  assert [tok.decode([ids_V[text.TOKEN_ID[s]]]) for s in ("<accept>", "<reject>", "<sep>", "<absent>")
+          ] == ["Y", "N", "\n", "_"]
   readable = [i for s, i in zip(text.TOKENS, ids_V) if s != "<pad>" and not s.startswith("<unused")]
   assert len(set(readable)) == len(readable)  # the model tells every symbol apart
+
+
+def test_symbol_takes_its_first_single_token_text(monkeypatch):
+  tok = lm_tokenizer.load(str(FIXTURES / "qwen3"))
+  monkeypatch.setitem(lm_agent.SPECIAL_TEXT, "<accept>", ("<accept> as words", "Z", "Y"))
+  assert tok.decode([lm_agent.symbol_ids(tok)[text.TOKEN_ID["<accept>"]]]) == "Z"
 
 
 def test_symbol_without_a_single_token_is_refused(monkeypatch):
   monkeypatch.setitem(lm_agent.SPECIAL_TEXT, "<sep>", ("<sep> as words",))
   with pytest.raises(ValueError, match=r"symbol '<sep>'.*single token"):
     lm_agent.symbol_ids(lm_tokenizer.load(str(FIXTURES / "qwen3")))
+
+
+def test_two_symbols_on_one_token_are_refused(monkeypatch):
+  tok = lm_tokenizer.load(str(FIXTURES / "qwen3"))
+  monkeypatch.setitem(lm_agent.SPECIAL_TEXT, "<sep>", ("+",))  # the sum's "+" is its own symbol
+  with pytest.raises(ValueError, match=rf"symbols '<sep>' and '\+' are both token {tok.encode('+')[0]} "):
+    lm_agent.symbol_ids(tok)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -111,6 +127,11 @@ def test_bad_checkpoints_are_refused_before_compiling(tmp_path):
   with pytest.raises(ValueError, match=r"config.model.checkpoint=.*holds no weights"):
     lm_agent.from_config(_model_config("qwen3", checkpoint=str(no_weights)))
   assert lm_agent.from_config(_model_config("qwen3", checkpoint=str(no_weights), random_weights=True))
+  hf = json.loads((no_weights / "config.json").read_text())
+  (no_weights / "config.json").write_text(json.dumps(dict(hf, vocab_size=64)))  # the symbols' ids reach 201
+  with pytest.raises(ValueError, match=r"config.model.checkpoint=.*tokenizer gives token \d+, beyond the "
+                     r"model's vocab_size=64"):
+    lm_agent.from_config(_model_config("qwen3", checkpoint=str(no_weights), random_weights=True))
   other = tmp_path / "other_arch"
   shutil.copytree(FIXTURES / "qwen3", other)
   hf = json.loads((other / "config.json").read_text())
@@ -135,11 +156,14 @@ def test_lora_agent_is_the_adapted_decoder():
   plain = lm_agent.from_config(_model_config("llama"))
   lora_cfg = ml_collections.ConfigDict(dict(enabled=True, rank=2, alpha=4.0, targets="q_proj,down_proj"))
   agent = lm_agent.from_config(_model_config("llama", lora=lora_cfg))
+  assert agent.lora == lora_lib.LoRAConfig(rank=2, alpha=4.0, targets=("q_proj", "down_proj"))
   # Three sets share one base (not stacked) and stack their adapters.
   params_R = agent.pretrained_stack(3)
   assert jax.tree.map(np.shape, params_R["base"]) == jax.tree.map(np.shape, lm_checkpoint.load(
       str(FIXTURES / "llama"), max_len=24)[1])
   assert {p.shape[0] for p in jax.tree.leaves(params_R["adapter"])} == {3}
+  adapted = {path[-2].key for path, _ in jax.tree_util.tree_leaves_with_path(params_R["adapter"])}
+  assert adapted == {"q_proj", "down_proj"}, jax.tree_util.tree_leaves_with_path(params_R["adapter"])[:2]
   params = jax.tree.map(jnp.asarray, model_lib.take_sets(agent, params_R, 1))
   tokens_BxL = jnp.array([text.encode("<bos>3+4*2=<role0>8<eos>")])
   ok_BxL = jnp.ones(tokens_BxL.shape, bool)
@@ -147,7 +171,8 @@ def test_lora_agent_is_the_adapted_decoder():
   np.testing.assert_array_equal(model_lib.apply(agent, params, tokens_BxL, 0, ok_BxL)[0], base_logits)
   adapter = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(1), p.shape), params["adapter"])
   trained = {"base": params["base"], "adapter": adapter}
-  full, _ = lora_lib.apply(agent.lm, agent.lora, params["base"], adapter,
+  full, _ = lora_lib.apply(agent.lm, lora_lib.LoRAConfig(rank=2, alpha=4.0, targets=("q_proj", "down_proj")),
+                           params["base"], adapter,
                            jnp.asarray(agent.canvas_ids_V)[tokens_BxL], 0, ok_BxL)
   np.testing.assert_allclose(model_lib.apply(agent, trained, tokens_BxL, 0, ok_BxL)[0],
                              full[..., np.array(agent.canvas_ids_V)], atol=1e-5, rtol=1e-5)
@@ -160,8 +185,11 @@ def test_lora_agent_is_the_adapted_decoder():
   updates, _ = tx.update(jax.tree.map(jnp.ones_like, trained), state, trained)
   assert all(not u.any() for u in jax.tree.leaves(updates["base"]))
   assert all(u.any() for u in jax.tree.leaves(updates["adapter"]))
-  with pytest.raises(ValueError, match=r"config.model.lora.rank=0 must be an integer >= 1"):
+  with pytest.raises(ValueError, match=r"^config.model.lora.rank=0 must be an integer >= 1"):
     lm_agent.from_config(_model_config("llama", lora=dict(lora_cfg, rank=0)))
+  with pytest.raises(ValueError, match=r"^config.models.verifier.lora.targets=\('qkv_proj',\): unknown"):  # a mixed team's
+    lm_agent.from_config(_model_config("llama", lora=dict(lora_cfg, targets="qkv_proj")),
+                         key="config.models.verifier")
   with pytest.raises(ValueError, match=r"lora.enabled=True needs config.model.checkpoint"):
     experiment.make_model(ml_collections.ConfigDict(dict(_model_config("llama", lora=lora_cfg),
                                                          checkpoint="")))
@@ -201,6 +229,27 @@ def test_export_copies_the_tokenizer_files_a_server_reads(tmp_path):
   assert sorted(p.name for p in out.iterdir()) == ["additional_chat_templates", "chat_template.jinja",
                                                     "tokenizer.json"]
   assert (out / "additional_chat_templates" / "tool_use.jinja").read_text() == "{{ tools }}"
+
+
+def test_export_refuses_what_it_cannot_write_before_reading_checkpoints(tmp_path):
+  """A role the run lacks, a seed it lacks and a built-in-model role are refused from the run's
+  config.json alone, naming what is allowed (the workdirs hold no checkpoint to read)."""
+  lm_run, builtin_run = tmp_path / "lm", tmp_path / "builtin"
+  lm_config = _config("qwen3")
+  builtin = configs.sibling(str(REPO / "experiments" / "solver_verifier.py"), "solver_verifier").get_config(
+      "size=tiny")
+  for workdir, config in ((lm_run, lm_config), (builtin_run, builtin)):
+    workdir.mkdir()
+    (workdir / "config.json").write_text(config.to_json())
+  out = str(tmp_path / "out")
+  with pytest.raises(ValueError, match=r"--role='judge' is not a role of this run; allowed: \['solver', 'verifier'\]"):
+    lm_export.export(str(lm_run), "judge", out)
+  seeds = lm_config.num_seeds
+  with pytest.raises(ValueError, match=rf"--seed={seeds}: the run has seeds 0\.\.{seeds - 1}$"):
+    lm_export.export(str(lm_run), "verifier", out, seed=seeds)
+  with pytest.raises(ValueError, match=r"role 'verifier' is the built-in model"):
+    lm_export.export(str(builtin_run), "verifier", out)
+  assert not os.path.exists(out)
 
 
 @pytest.mark.slow

@@ -149,10 +149,10 @@ def test_optimiser_trains_only_adapters():
 
 
 @pytest.mark.parametrize("kwargs, key", [
-    ({"rank": 0}, "config.model.lora.rank"),
-    ({"rank": 2.5}, "config.model.lora.rank"),
-    ({"rank": 2, "targets": ("q_proj", "qkv_proj")}, "config.model.lora.targets"),
-    ({"rank": 2, "targets": ()}, "config.model.lora.targets"),
+    ({"rank": 0}, "lora.rank"),
+    ({"rank": 2.5}, "lora.rank"),
+    ({"rank": 2, "targets": ("q_proj", "qkv_proj")}, "lora.targets"),
+    ({"rank": 2, "targets": ()}, "lora.targets"),
 ])
 def test_bad_config_names_the_key(kwargs, key):
   with pytest.raises(ValueError, match=key) as e:

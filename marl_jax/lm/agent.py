@@ -226,13 +226,17 @@ def from_config(model_config, free_text: bool = False, key: str = "config.model"
   if max(ids_V) >= lm.vocab_size:
     raise ValueError(f"{key}.checkpoint={directory!r}: its tokenizer gives token {max(ids_V)}, "
                      f"beyond the model's vocab_size={lm.vocab_size}")
-  return LMAgent(lm, directory, model_config.random_weights, ids_V, lora_config(model_config.lora),
-                 num_writable)
+  return LMAgent(lm, directory, model_config.random_weights, ids_V,
+                 lora_config(model_config.lora, key), num_writable)
 
 
-def lora_config(lora) -> lora_lib.LoRAConfig | None:
-  """`config.model.lora` -> LoRAConfig, or None when not `enabled`; bad values name their key."""
+def lora_config(lora, key: str = "config.model") -> lora_lib.LoRAConfig | None:
+  """`key.lora` -> LoRAConfig, or None when not `enabled`; bad values name their key (a mixed team's
+  `config.models.NAME.lora.rank`, not `config.model`'s)."""
   if not lora.enabled:
     return None
-  return lora_lib.LoRAConfig(rank=lora.rank, alpha=float(lora.alpha),
-                             targets=tuple(t for t in lora.targets.split(",") if t))
+  targets = tuple(t for t in lora.targets.split(",") if t)
+  try:
+    return lora_lib.LoRAConfig(rank=lora.rank, alpha=float(lora.alpha), targets=targets)
+  except ValueError as e:  # LoRAConfig names `lora.rank` or `lora.targets`
+    raise ValueError(f"{key}.{e}") from e

@@ -39,11 +39,11 @@ class LoRAConfig:
 
   def __post_init__(self):
     if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
-      raise ValueError(f"config.model.lora.rank={self.rank!r} must be an integer >= 1")
+      raise ValueError(f"lora.rank={self.rank!r} must be an integer >= 1")
     targets = (self.targets,) if isinstance(self.targets, str) else tuple(self.targets)
     unknown = [t for t in targets if t not in TARGETS]
     if unknown or not targets:
-      raise ValueError(f"config.model.lora.targets={self.targets!r}: "
+      raise ValueError(f"lora.targets={self.targets!r}: "
                        f"{'unknown ' + repr(unknown) if unknown else 'none given'}; "
                        f"allowed: one or more of {list(TARGETS)}")
     object.__setattr__(self, "targets", targets)  # a tuple, so the config hashes (jit static arg)
