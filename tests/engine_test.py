@@ -119,6 +119,19 @@ def test_assemble_and_message_round_trip():
   np.testing.assert_array_equal(canvas_BxT[:, [7, 10]], [[text.role_marker(0), text.role_marker(1)]] * 2)
 
 
+def test_render_writes_one_line_per_reached_segment():
+  layout = protocols.make("solver_verifier", TASK, rounds=2).layout(TASK, (0, 1))
+  # The verifier accepts the first answer: the episode ends, round 1's slots stay blank.
+  prompt_1xP = jnp.array([text.encode("<bos>3+4*2=")])
+  messages = [jnp.array([text.encode(m)]) for m in ("7<eos>", "<accept><eos><pad>")]
+  canvas_T = engine.assemble(layout, prompt_1xP, [*messages, None, None])[0]
+  # Names right-aligned to 12 characters; role markers and padding dropped; solver1 and verifier1
+  # (padding but for their markers) left out.
+  assert layout.render(canvas_T) == ("     problem: <bos>3+4*2=\n"
+                                     "     solver0: 7<eos>\n"
+                                     "   verifier0: <accept><eos>")
+
+
 def test_error_visibility_hides_the_prompt_from_every_role():
   protocol = protocols.make("solver_verifier", TASK, hidden=(("problem", "solver"), ("problem", "verifier")))
   with pytest.raises(ValueError, match="hides prompt segment 'problem' from every role"):

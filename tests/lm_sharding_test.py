@@ -73,6 +73,7 @@ def _measure() -> dict:
   single_RxBxLxV = apply_R(params_R, tokens_BxL, 0, key_ok_BxL)[0]
   tokens_BxL, key_ok_BxL = sharding.shard_rows(mesh, (tokens_BxL, key_ok_BxL))
   sharded_RxBxLxV = apply_R(sharded_R, tokens_BxL, 0, key_ok_BxL)[0]
+  results["rows"] = [[list(x.sharding.spec), x.sharding.shard_shape(x.shape)] for x in (tokens_BxL, key_ok_BxL)]
   results["stacked"] = {"q_proj": list(sharded_R["layer0"]["q_proj"]["kernel"].sharding.spec),
                         "diff": float(np.abs(sharded_RxBxLxV - single_RxBxLxV).max()
                                       / np.abs(single_RxBxLxV).max())}
@@ -167,6 +168,14 @@ def test_stacked_sets_keep_the_role_axis_whole():
   stacked = _measured()["stacked"]
   assert stacked["q_proj"] == [None, sharding.MODEL, None, None]
   assert stacked["diff"] < 1e-5
+
+
+def test_shard_rows_splits_the_batch_over_data():
+  # 8 rows on a (data 2, model 4) mesh: each device holds 4 whole rows, the same 4 on every `model`
+  # device of its `data` slice.
+  tokens_BxL, _ = _batch_of_8("qwen3")
+  L = tokens_BxL.shape[1]
+  assert _measured()["rows"] == [[[sharding.DATA], [4, L]]] * 2
 
 
 def test_impossible_mesh_and_non_dividing_dimension_are_refused():

@@ -10,7 +10,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import tokenizers
 from safetensors.numpy import load_file, save_file
 
 from marl_jax.lm import checkpoint
@@ -130,8 +129,28 @@ def test_save_load_round_trips_exactly(family, tmp_path):
   cfg2, params2 = checkpoint.load(str(tmp_path / "out"), max_len=cfg.max_len)
   assert cfg2 == cfg
   chex.assert_trees_all_equal(params2, params)
+  # transformers picks the class and activation by these keys, which `load` does not read back: the
+  # written config.json has the fixture's (transformers-written) values, rope in the 4.x layout.
+  written = json.loads((tmp_path / "out" / "config.json").read_text())
+  fixture = json.loads((FIXTURES / family / "config.json").read_text())
+  keys = ["model_type", "architectures", "hidden_act", "tie_word_embeddings", "head_dim", "num_key_value_heads",
+          "num_attention_heads", "num_hidden_layers", "hidden_size", "intermediate_size", "vocab_size",
+          "rms_norm_eps"]
+  assert {k: written[k] for k in keys} == {k: fixture[k] for k in keys}
+  rope = fixture["rope_parameters"]
+  assert written["rope_theta"] == rope["rope_theta"]
+  assert written.get("rope_scaling", {"rope_type": "default"}) == {k: v for k, v in rope.items() if k != "rope_theta"}
   with pytest.raises(FileExistsError, match="already holds"):  # never over an existing checkpoint
     checkpoint.save(str(tmp_path / "out"), cfg, params)
+
+
+def test_save_refuses_stacked_parameter_sets(tmp_path):
+  cfg, params = _load("qwen3")
+  params_R = jax.tree.map(lambda p: np.stack([p, p]), params)
+  with pytest.raises(ValueError, match=r"params\[embed_tokens/embedding\] has shape \(2, 384, 64\), expected "
+                                       r"\(384, 64\) \(one parameter set: index a stack params_R\[r\] first\)"):
+    checkpoint.save(str(tmp_path / "out"), cfg, params_R)
+  assert not list((tmp_path / "out").iterdir())  # refused before anything is written
 
 
 def test_sharded_checkpoint_loads_like_one_file(tmp_path):
@@ -168,9 +187,13 @@ def test_hf_config_layouts_and_defaults():
   cfg = lm_model.LMConfig.from_hf_config(hf4, max_len=40)
   assert cfg == _load("llama")[0]
   assert cfg.rope_scaling == lm_model.Llama3RopeScaling(8.0, 1.0, 4.0, 64)
-  plain = {k: v for k, v in hf4.items() if k not in ("head_dim", "num_key_value_heads", "rope_scaling")}
+  # llama3 rescaling without its original length: transformers' fallback, max_position_embeddings.
+  del hf4["rope_scaling"]["original_max_position_embeddings"]
+  assert lm_model.LMConfig.from_hf_config(hf4).rope_scaling.original_max_position_embeddings == 128
+  plain = {k: v for k, v in hf4.items()
+           if k not in ("head_dim", "num_key_value_heads", "rope_scaling", "tie_word_embeddings")}
   cfg = lm_model.LMConfig.from_hf_config(plain)
-  assert (cfg.head_dim, cfg.num_key_value_heads, cfg.rope_scaling) == (16, 4, None)
+  assert (cfg.head_dim, cfg.num_key_value_heads, cfg.rope_scaling, cfg.tie_word_embeddings) == (16, 4, None, False)
   # llama3 rescaling: the highest frequency is kept, the lowest divided by `factor`.
   inv_freq = lm_model.rope_frequencies(_load("llama")[0])
   plain_freq = lm_model.rope_frequencies(cfg)
@@ -183,9 +206,15 @@ def _copy(tmp_path, family="qwen3", files=("config.json", "model.safetensors", "
   return tmp_path
 
 
-def _edit_config(tmp_path, **changes):
-  path = _copy(tmp_path) / "config.json"
-  path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+def _edit_config(tmp_path, family="qwen3", drop=(), **changes):
+  """The family's checkpoint, its config.json with `changes` and without the keys `drop` names (a key
+  of a nested dict as "outer/inner")."""
+  path = _copy(tmp_path, family) / "config.json"
+  hf = {**json.loads(path.read_text()), **changes}
+  for key in drop:
+    *outer, inner = key.split("/")
+    functools.reduce(dict.__getitem__, outer, hf).pop(inner)
+  path.write_text(json.dumps(hf))
   return tmp_path
 
 
@@ -216,14 +245,6 @@ def _truncated_weights(tmp_path):
 
 def _index_without_weight_map(tmp_path):
   (_copy(tmp_path, files=["config.json"]) / checkpoint.INDEX).write_text('{"metadata": {}}')
-  return tmp_path
-
-
-def _llama3_rope_without(tmp_path, key):
-  path = _copy(tmp_path, family="llama") / "config.json"
-  hf = json.loads(path.read_text())
-  del hf["rope_parameters"][key]
-  path.write_text(json.dumps(hf))
   return tmp_path
 
 
@@ -261,8 +282,24 @@ BAD_CHECKPOINTS = {  # name -> (make the bad directory in tmp_path, error, what 
                              r"config.json is not valid JSON \(Expecting property name"),
     "index without weight_map": (_index_without_weight_map, ValueError,
                                  r"model.safetensors.index.json has no weight_map"),
-    "llama3 rope without factor": (functools.partial(_llama3_rope_without, key="factor"), ValueError,
-                                   r"rope_type='llama3' lacks \['factor'\]"),
+    "llama3 rope without factor": (lambda d: _edit_config(d, "llama", drop=["rope_parameters/factor"]),
+                                   ValueError, r"rope_type='llama3' lacks \['factor'\]"),
+    # Neither the original length nor max_position_embeddings, transformers' fallback for it.
+    "llama3 rope without any length": (lambda d: _edit_config(
+        d, "llama", drop=["rope_parameters/original_max_position_embeddings", "max_position_embeddings"]),
+        ValueError, r"rope_type='llama3' lacks \['original_max_position_embeddings'\]"),
+    "missing vocab_size": (lambda d: _edit_config(d, drop=["vocab_size"]), ValueError,
+                           r"config.json lacks \['vocab_size'\], required for model_type='qwen3'"),
+    "attention bias": (lambda d: _edit_config(d, attention_bias=True), ValueError,
+                       r"attention_bias=True is not supported; allowed: False"),
+    "mlp bias": (lambda d: _edit_config(d, mlp_bias=True), ValueError,
+                 r"mlp_bias=True is not supported; allowed: False"),
+    "sliding window": (lambda d: _edit_config(d, use_sliding_window=True), ValueError,
+                       r"use_sliding_window=True is not supported; allowed: False"),
+    "partial rotary": (lambda d: _edit_config(d, partial_rotary_factor=0.5), ValueError,
+                       r"partial_rotary_factor=0.5 is not supported; allowed: 1.0"),
+    "kv heads not dividing": (lambda d: _edit_config(d, num_key_value_heads=3), ValueError,
+                              r"num_key_value_heads=3 must divide num_attention_heads=4"),
 }
 
 
@@ -311,10 +348,12 @@ def test_an_unreadable_tokenizer_is_refused_naming_it(tmp_path):
     lm_tokenizer.load(str(tmp_path))
 
 
-def test_tokenizer_without_end_of_turn_token_is_refused(tmp_path):
-  _copy(tmp_path, files=["config.json"])
-  tok = tokenizers.Tokenizer(tokenizers.models.BPE())
-  tok.add_special_tokens(["<|im_start|>"])
-  tok.save(str(tmp_path / "tokenizer.json"))
-  with pytest.raises(ValueError, match=r"tokenizer.json lacks the token '<\|im_end\|>' that the qwen3 chat"):
+@pytest.mark.parametrize("token,message", [
+    ("<|im_start|>", r"tokenizer.json lacks the token '<\|im_start\|>' that the qwen3 chat layout needs"),
+    ("<|im_end|>", r"tokenizer.json lacks the token '<\|im_end\|>' that the qwen3 chat layout needs")])
+def test_tokenizer_without_a_chat_token_is_refused(token, message, tmp_path):
+  # The fixture's tokenizer with one special token of the layout renamed, the others kept.
+  text = (FIXTURES / "qwen3" / "tokenizer.json").read_text()
+  _write(tmp_path, "tokenizer.json", text.replace(token, "<|renamed|>"))
+  with pytest.raises(ValueError, match=message):
     lm_tokenizer.load(str(tmp_path))
