@@ -8,6 +8,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -234,6 +235,12 @@ def test_bad_input_is_refused_before_compiling(tmp_path):
     experiment.build(_config(**{"task.max_prompt_len": 8}))
   with pytest.raises(ValueError, match=r"config.task.answer_style='gsm'; allowed: \['auto', 'gsm8k', 'plain'\]"):
     experiment.build(_config(**{"task.answer_style": "gsm"}))
+  no_vocab = tmp_path / "no_vocab_size"
+  shutil.copytree(_config().model.checkpoint, no_vocab)
+  hf = json.loads((no_vocab / "config.json").read_text())
+  (no_vocab / "config.json").write_text(json.dumps({k: v for k, v in hf.items() if k != "vocab_size"}))
+  with pytest.raises(ValueError, match=rf"config.model.checkpoint='{no_vocab}': config.json lacks \['vocab_size'\]"):
+    experiment.build(_config(**{"model.checkpoint": str(no_vocab)}))
 
 
 def test_special_tokens_in_problems_are_refused(tmp_path):

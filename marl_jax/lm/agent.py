@@ -89,9 +89,11 @@ def canvas_ids(tok: lm_tokenizer.Tokenizer, vocab_size: int) -> tuple[tuple[int,
 
 def free_text_canvas(directory: str) -> tuple[lm_tokenizer.Tokenizer, np.ndarray]:
   """A checkpoint directory's tokenizer and the tokenizer id of each of its free-text canvas values
-  (`canvas_ids`), from `tokenizer.json` and `config.json` alone (no weights are read)."""
+  (`canvas_ids`), from `tokenizer.json` and `config.json` alone (no weights are read); a config.json
+  the decoder would refuse is refused here too (a missing `vocab_size` named, not a KeyError)."""
   tok = _load_tokenizer(directory)
-  return tok, np.asarray(canvas_ids(tok, lm_checkpoint.read_hf_config(directory)["vocab_size"])[0])
+  vocab_size = lm_model.LMConfig.from_hf_config(lm_checkpoint.read_hf_config(directory)).vocab_size
+  return tok, np.asarray(canvas_ids(tok, vocab_size)[0])
 
 
 def decode(tok: lm_tokenizer.Tokenizer, canvas_ids_W, values) -> str:
