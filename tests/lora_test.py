@@ -153,9 +153,11 @@ def test_optimiser_trains_only_adapters():
     ({"rank": 2.5}, "lora.rank"),
     ({"rank": 2, "targets": ("q_proj", "qkv_proj")}, "lora.targets"),
     ({"rank": 2, "targets": ()}, "lora.targets"),
+    ({"rank": 2, "alpha": 0.0}, "lora.alpha"),
+    ({"rank": 2, "alpha": "16"}, "lora.alpha"),
 ])
 def test_bad_config_names_the_key(kwargs, key):
   with pytest.raises(ValueError, match=key) as e:
-    lora.LoRAConfig(alpha=1.0, **kwargs)
+    lora.LoRAConfig(**{"alpha": 1.0, **kwargs})
   if "targets" in key:
     assert "gate_proj" in str(e.value)  # lists the allowed names

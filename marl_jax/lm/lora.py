@@ -40,6 +40,9 @@ class LoRAConfig:
   def __post_init__(self):
     if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
       raise ValueError(f"lora.rank={self.rank!r} must be an integer >= 1")
+    # The adapters' output is scaled by alpha / rank: at 0 their gradients are 0 and they never train.
+    if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not self.alpha > 0:
+      raise ValueError(f"lora.alpha={self.alpha!r} must be a number > 0")
     targets = (self.targets,) if isinstance(self.targets, str) else tuple(self.targets)
     unknown = [t for t in targets if t not in TARGETS]
     if unknown or not targets:
