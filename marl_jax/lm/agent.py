@@ -240,5 +240,5 @@ def lora_config(lora, key: str = "config.model") -> lora_lib.LoRAConfig | None:
   targets = tuple(t for t in lora.targets.split(",") if t)
   try:
     return lora_lib.LoRAConfig(rank=lora.rank, alpha=float(lora.alpha), targets=targets)
-  except ValueError as e:  # LoRAConfig names `lora.rank` or `lora.targets`
+  except ValueError as e:  # LoRAConfig names `lora.rank`, `lora.alpha` or `lora.targets`
     raise ValueError(f"{key}.{e}") from e
