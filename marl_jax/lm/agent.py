@@ -89,10 +89,15 @@ def canvas_ids(tok: lm_tokenizer.Tokenizer, vocab_size: int) -> tuple[tuple[int,
 
 def free_text_canvas(directory: str) -> tuple[lm_tokenizer.Tokenizer, np.ndarray]:
   """A checkpoint directory's tokenizer and the tokenizer id of each of its free-text canvas values
-  (`canvas_ids`), from `tokenizer.json` and `config.json` alone (no weights are read); a config.json
-  the decoder would refuse is refused here too (a missing `vocab_size` named, not a KeyError)."""
-  tok = _load_tokenizer(directory)
-  vocab_size = lm_model.LMConfig.from_hf_config(lm_checkpoint.read_hf_config(directory)).vocab_size
+  (`canvas_ids`), from `tokenizer.json` and `config.json` alone (no weights are read).  The directory
+  is always the run's `config.model.checkpoint`, and a free-text task reads it before any agent is
+  built: its problems are errors naming that key, as in `from_config`, and a config.json the decoder
+  would refuse is refused here too (a missing `vocab_size` named, not a KeyError)."""
+  try:
+    tok = _load_tokenizer(directory)
+    vocab_size = lm_model.LMConfig.from_hf_config(lm_checkpoint.read_hf_config(directory)).vocab_size
+  except (OSError, ValueError) as e:
+    raise ValueError(f"config.model.checkpoint={directory!r}: {e}") from e
   return tok, np.asarray(canvas_ids(tok, vocab_size)[0])
 
 
