@@ -49,7 +49,6 @@ class Layout:
   env_T: np.ndarray  # the environment writes this position (prompt, role markers)
   marker_T: np.ndarray  # the header's tokens at header positions, PAD elsewhere
   turn_T: np.ndarray  # turn id of message/header positions, -1 in the prompt
-  header_T: np.ndarray  # position is in a turn's header (its message starts after the header)
   ends_episode_TxV: np.ndarray  # tokens that end the episode when written at this position
   turn_slices: tuple[tuple[int, int], ...]  # (start, stop) of each turn's message tokens
   header_starts: tuple[int, ...]  # where each turn's header starts (it ends at the message's start)
@@ -57,7 +56,6 @@ class Layout:
   visible_SxR: np.ndarray  # what each role reads
   visible_SxN: np.ndarray  # what each turn reads: its role's row less the turn's own `hidden`
   view_set_V: tuple[int, ...]  # parameter set of each view
-  view_role_V: tuple[int, ...]  # a role that reads through the view
   visible_SxV: np.ndarray  # what each view reads
   role_view_R: tuple[int, ...]  # the view of each role's first turn
   turn_view_N: tuple[int, ...]
@@ -178,10 +176,10 @@ def _layout(protocol: Protocol, task: Task, role_set_R: tuple[int, ...]) -> Layo
   headers_N = task.turn_headers(tuple(t.role for t in protocol.turns))
   if headers_N is None:  # the engine's own layout: each turn opens with its role's marker
     headers_N = tuple((text.role_marker(roles.index(t.role)),) for t in protocol.turns)
-  seg, author, env, marker, turn, header, ends, slices = [], [], [], [], [], [], [], []
+  seg, author, env, marker, turn, ends, slices = [], [], [], [], [], [], []
   for s, (_, n) in enumerate(task.prompt_segments):
     seg += [s] * n; author += [ENV] * n; env += [True] * n; marker += [text.PAD] * n
-    turn += [-1] * n; header += [False] * n; ends += [()] * n
+    turn += [-1] * n; ends += [()] * n
   for i, (t, h_tokens) in enumerate(zip(protocol.turns, headers_N)):
     if t.length < 1:
       raise ValueError(f"turn {i} ({t.role}) has length {t.length}; it must be >= 1")
@@ -189,7 +187,7 @@ def _layout(protocol: Protocol, task: Task, role_set_R: tuple[int, ...]) -> Layo
     slices.append((len(seg) + h, len(seg) + h + t.length))
     seg += [s] * (h + t.length); author += [ENV] * h + [r] * t.length
     env += [True] * h + [False] * t.length; marker += list(h_tokens) + [text.PAD] * t.length
-    turn += [i] * (h + t.length); header += [True] * h + [False] * t.length
+    turn += [i] * (h + t.length)
     ends += [()] * h + [t.ends_episode_on] + [()] * (t.length - 1)
   ends_TxV = np.zeros((len(seg), text.VOCAB_SIZE), bool)
   for p, toks in enumerate(ends):
@@ -228,11 +226,10 @@ def _layout(protocol: Protocol, task: Task, role_set_R: tuple[int, ...]) -> Layo
   return Layout(
       roles=roles, segment_names=names, segment_T=np.array(seg), author_T=np.array(author),
       env_T=np.array(env), marker_T=np.array(marker), turn_T=np.array(turn),
-      header_T=np.array(header), ends_episode_TxV=ends_TxV,
+      ends_episode_TxV=ends_TxV,
       turn_slices=tuple(slices), header_starts=tuple(a - len(h) for (a, _), h in zip(slices, headers_N)),
       turn_roles=turn_roles, visible_SxR=visible, visible_SxN=visible_SxN,
       view_set_V=tuple(k[0] for k in views),
-      view_role_V=tuple(r for r, _ in distinct.values()),
       visible_SxV=np.stack([v for _, v in distinct.values()], 1),
       role_view_R=tuple(turn_view_N[turn_roles.index(r)] if r in turn_roles
                         else views.index(key(r, visible[:, r])) for r in range(len(roles))),

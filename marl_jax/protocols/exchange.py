@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from marl_jax import text
 from marl_jax.protocols import engine
 
-SENDER, RECEIVER = 0, 1
+RECEIVER = 1  # role index (the sender is 0)
 
 
 @dataclasses.dataclass(frozen=True)
