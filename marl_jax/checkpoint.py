@@ -4,6 +4,7 @@ Orbax writes a step into a temporary directory and renames it when complete, so 
 mid-save leaves the previous steps intact and an unfinished temporary directory, which the next run's
 manager removes.  Besides the latest steps, the one with the best evaluation accuracy is kept (its
 `BEST` value is saved with it)."""
+import contextlib
 import json
 import math
 import os
@@ -120,21 +121,35 @@ def restore(workdir: str, abstract_state, step: int | None = None):
           f"({e})") from e
 
 
-def restore_as_saved(workdir: str, sharding, step: int | None = None) -> dict:
-  """The whole saved tree (as nested dicts) with every array placed by `sharding`, whatever state
-  layout wrote it: how `init_from` reads parameters from any run."""
+def saved_shapes(workdir: str, step: int | None = None) -> tuple[int, dict]:
+  """(step, the saved tree as nested dicts of `jax.ShapeDtypeStruct`) of `step` (the latest by
+  default), whatever state layout wrote it; reads no array."""
   with manager(workdir, read_only=True) as mngr:
     step = _step(mngr, workdir, step)
-    try:
-      # The saved tree's shapes and dtypes, placed by `sharding` rather than by the devices that wrote it.
-      saved = ocp.StandardCheckpointHandler().metadata(
-          epath.Path(os.path.abspath(workdir)) / "checkpoints" / str(step) / "default")
-      saved = getattr(saved, "tree", saved)
-      abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding), saved)
-      return mngr.restore(step, args=ocp.args.StandardRestore(abstract))
-    except Exception as e:
-      raise ValueError(f"checkpoint {step} in {workdir} cannot be read (corrupt or not a marl_jax "
-                       f"checkpoint): {e}") from e
+  with _reading(workdir, step):
+    saved = ocp.StandardCheckpointHandler().metadata(
+        epath.Path(os.path.abspath(workdir)) / "checkpoints" / str(step) / "default")
+    return step, jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), getattr(saved, "tree", saved))
+
+
+def restore_part(workdir: str, abstract_part: dict, step: int):
+  """The arrays of `abstract_part`, a part of the saved tree (e.g. `{"params": ...}`, shapes with the
+  shardings to place them by); the rest of the checkpoint is not read: how `init_from` takes
+  parameters from any run without holding its optimiser state, or a whole split model on every
+  device."""
+  with manager(workdir, read_only=True) as mngr, _reading(workdir, step):
+    return mngr.restore(step, args=ocp.args.PyTreeRestore(
+        abstract_part, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract_part),
+        partial_restore=True))
+
+
+@contextlib.contextmanager
+def _reading(workdir: str, step: int):
+  try:
+    yield
+  except Exception as e:  # orbax raises several types for missing/corrupt files
+    raise ValueError(f"checkpoint {step} in {workdir} cannot be read (corrupt or not a marl_jax "
+                     f"checkpoint): {e}") from e
 
 
 @jax.jit

@@ -93,6 +93,12 @@ class Experiment:
       return jax.tree.map(lambda _: NamedSharding(self.mesh, P()), tree)
     return lm_sharding.state_shardings(tree, self.mesh, lm_sharding.rules_from_config(self.config.model))
 
+  def abstract(self, shapes):
+    """`shapes` (a state-shaped tree of arrays or shapes) as `jax.ShapeDtypeStruct`s placed by
+    `shardings`: what a checkpoint restores into."""
+    return jax.tree.map(lambda a, sharding: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
+                        shapes, self.shardings(shapes))
+
 
 def role_map(roles, sharing) -> tuple[int, ...]:
   if sharing == "isolated":

@@ -15,7 +15,6 @@ import ml_collections
 import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from marl_jax import checkpoint, evaluate, experiment, metrics as metrics_lib, parallel, state, train
 from marl_jax import model as model_lib
@@ -40,7 +39,7 @@ def load_params(exp: experiment.Experiment, init_from: str, step: int | None = N
     if step is None:
       raise FileNotFoundError(f"config.init_from={init_from!r}: no checkpoint there was saved with its "
                               f"evaluation accuracy (it was written before best-checkpoint tracking)")
-  saved = checkpoint.restore_as_saved(workdir, NamedSharding(exp.mesh, P()), step)
+  step, saved = checkpoint.saved_shapes(workdir, step)
   params_S = saved.get("params") if isinstance(saved, dict) else None
   expected = jax.eval_shape(lambda: model_lib.init_stack(exp.model, jax.random.PRNGKey(0), exp.num_sets))
   shapes = lambda tree, drop: jax.tree.map(lambda p: tuple(p.shape[drop:]), tree)
@@ -51,6 +50,9 @@ def load_params(exp: experiment.Experiment, init_from: str, step: int | None = N
   if S not in (1, exp.config.num_seeds):
     raise ValueError(f"config.init_from={init_from!r} holds {S} seeds; config.num_seeds="
                      f"{exp.config.num_seeds} needs 1 or the same number")
+  # Only the parameters are read, each placed as this run places its own (split over `model` when
+  # config.model_shards > 1).
+  params_S = checkpoint.restore_part(workdir, exp.abstract({"params": params_S}), step)["params"]
   return jax.tree.map(lambda p: jnp.broadcast_to(p, (exp.config.num_seeds,) + p.shape[1:]), params_S)
 
 

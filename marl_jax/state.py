@@ -76,5 +76,4 @@ def abstract_state(exp: Experiment) -> TrainState:
   """Shapes, dtypes and shardings (`exp.shardings`) of the state of all seeds, for restoring."""
   shapes = jax.eval_shape(jax.vmap(functools.partial(init_state, exp)),
                           jax.random.split(jax.random.PRNGKey(0), exp.config.num_seeds))
-  return jax.tree.map(lambda a, sharding: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
-                      shapes, exp.shardings(shapes))
+  return exp.abstract(shapes)

@@ -10,13 +10,14 @@ import os
 import pathlib
 import subprocess
 import sys
+import tempfile
 
 import jax
 import numpy as np
 import optax
 import pytest
 
-from marl_jax import configs, experiment, state as state_lib, train
+from marl_jax import checkpoint as checkpoint_lib, configs, experiment, loop, state as state_lib, train
 from marl_jax.lm import checkpoint, sharding
 from marl_jax.lm import model as lm_model
 
@@ -111,6 +112,7 @@ def _train_split_and_whole() -> dict:
               leaf(state_S.params).shape)],
           "mu": list(mu.sharding.spec), "step": list(state_S.step.sharding.spec),
           "norm": list(state_S.params["norm"]["scale"].sharding.spec)}
+      out["init_from"] = _warm_start_placement(exp, state_S)
   distance = lambda a, b: float(optax.tree_utils.tree_norm(jax.tree.map(lambda x, y: x - y, a, b)))
   out["moved"], out["apart"] = distance(params["whole"], start), distance(params["split"], params["whole"])
   out["apart_model_only"] = distance(params["model_only"], params["whole"])
@@ -119,6 +121,20 @@ def _train_split_and_whole() -> dict:
   out["errors"] = {"divide": _error(lambda: experiment.build(_step_config(num_devices=8, model_shards=3))),
                    "builtin": _error(lambda: experiment.build(builtin))}
   return out
+
+
+def _warm_start_placement(exp, state_S) -> dict:
+  """`init_from` of a run with split parameter sets: where the read parameters lie, and whether they
+  are the saved ones."""
+  with tempfile.TemporaryDirectory() as workdir:
+    with checkpoint_lib.manager(workdir) as mngr:
+      checkpoint_lib.save(mngr, 2, state_S)
+    pathlib.Path(workdir, "config.json").write_text(exp.config.to_json())
+    params_S = loop.load_params(exp, workdir)
+  q_proj = params_S["layer0"]["q_proj"]["kernel"]
+  same = jax.tree.map(lambda a, b: bool((np.asarray(a) == np.asarray(b)).all()), params_S, state_S.params)
+  return {"spec": list(q_proj.sharding.spec), "shard": q_proj.sharding.shard_shape(q_proj.shape),
+          "same": all(jax.tree.leaves(same))}
 
 
 @functools.cache
@@ -214,6 +230,9 @@ def test_training_step_with_split_parameter_sets():
   assert step["placement"]["params"] == [[None, None, sharding.MODEL], [1, 2, 16, 4, 16]]
   assert step["placement"]["mu"] == [None, None, sharding.MODEL]
   assert step["placement"]["step"] == [] and step["placement"]["norm"] == []
+  # A warm start from such a run (config.init_from) reads its parameters split as the run splits its
+  # own, not whole on every device.
+  assert step["init_from"] == {"spec": [None, None, sharding.MODEL, None, None], "shard": [1, 2, 16, 4, 16], "same": True}
   assert step["moved"] > 1e-2, "nothing trained: the comparison is vacuous"
   assert step["apart"] < 1e-2 * step["moved"]
   # Every device on the `model` axis (a one-device `data` axis, whose collectives XLA refuses on
