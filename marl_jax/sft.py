@@ -51,15 +51,19 @@ def warm_start(exp, keys_S):
     return params, loss[-10:].mean()
 
   # A checkpoint's parameters enter as an argument (shared by the seeds), not as constants of the
-  # program; on a mesh with a `model` axis split as the run's parameters are, so that the warm start
-  # runs split too.
+  # program.  On a mesh with a `model` axis they and the result are split as the run's parameters
+  # are, so that the warm start runs split too (random initial weights included: they are made where
+  # they will live).
   pretrained_R = model_lib.pretrained_stack(exp.model, exp.num_sets)
-  if pretrained_R is not None and exp.splits_parameters:
-    pretrained_R = jax.device_put(pretrained_R, exp.shardings(pretrained_R))
   def every_seed(keys_S, pretrained_R):
     return parallel.over_seeds(lambda key: one_seed(key, pretrained_R), exp.config.seeds_at_once)(keys_S)
 
-  params_S, loss_S = jax.jit(every_seed)(keys_S, pretrained_R)
+  split = {}
+  if exp.splits_parameters:
+    if pretrained_R is not None:
+      pretrained_R = jax.device_put(pretrained_R, exp.shardings(pretrained_R))
+    split["out_shardings"] = exp.shardings(jax.eval_shape(every_seed, keys_S, pretrained_R))
+  params_S, loss_S = jax.jit(every_seed, **split)(keys_S, pretrained_R)
   print(f"warm start: {cfg.steps} steps, final demonstration loss per seed "
         f"{np.round(np.asarray(loss_S), 3).tolist()}")
   return params_S

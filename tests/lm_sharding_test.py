@@ -17,7 +17,7 @@ import numpy as np
 import optax
 import pytest
 
-from marl_jax import checkpoint as checkpoint_lib, configs, experiment, loop, state as state_lib, train
+from marl_jax import checkpoint as checkpoint_lib, configs, experiment, loop, sft, state as state_lib, train
 from marl_jax.lm import checkpoint, sharding
 from marl_jax.lm import model as lm_model
 
@@ -116,6 +116,10 @@ def _train_split_and_whole() -> dict:
   distance = lambda a, b: float(optax.tree_utils.tree_norm(jax.tree.map(lambda x, y: x - y, a, b)))
   out["moved"], out["apart"] = distance(params["whole"], start), distance(params["split"], params["whole"])
   out["apart_model_only"] = distance(params["model_only"], params["whole"])
+  random = _step_config(num_devices=8, model_shards=4)
+  random.model.random_weights = True
+  q_proj = sft.warm_start(experiment.build(random), jax.random.split(jax.random.PRNGKey(0), 1))["layer0"]["q_proj"]["kernel"]
+  out["random_warm_start"] = [len(q_proj.sharding.device_set), q_proj.sharding.shard_shape(q_proj.shape)]
   builtin = configs.sibling(str(REPO / "experiments" / "x.py"), "solver_verifier").get_config("size=tiny")
   builtin.update(num_devices=8, model_shards=2)
   out["errors"] = {"divide": _error(lambda: experiment.build(_step_config(num_devices=8, model_shards=3))),
@@ -232,6 +236,8 @@ def test_training_step_with_split_parameter_sets():
   assert step["placement"]["step"] == [] and step["placement"]["norm"] == []
   # A warm start from such a run (config.init_from) reads its parameters split as the run splits its
   # own, not whole on every device.
+  # So does the warm start of random weights (config.model.random_weights), made where they will live.
+  assert step["random_warm_start"] == [8, [1, 2, 16, 4, 16]]
   assert step["init_from"] == {"spec": [None, None, sharding.MODEL, None, None], "shard": [1, 2, 16, 4, 16], "same": True}
   assert step["moved"] > 1e-2, "nothing trained: the comparison is vacuous"
   assert step["apart"] < 1e-2 * step["moved"]
