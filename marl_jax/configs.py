@@ -72,10 +72,13 @@ def fit_canvas(c: ml_collections.ConfigDict) -> None:
   c.model.max_len = max(c.model.max_len, protocol.layout(task, (0,) * len(protocol.roles)).length)
 
 
-def credit_config(name: str) -> ml_collections.ConfigDict:
+def credit_config(name: str, like: ml_collections.ConfigDict | None = None) -> ml_collections.ConfigDict:
   """`config.credit` for an estimator: its name and every setting at its default, so each can be set
-  from the command line (`--config.credit.samples=4`)."""
-  return ml_collections.ConfigDict(dict(name=name, **credit.knobs(name)))
+  from the command line (`--config.credit.samples=4`); with `like` (another estimator's group), the
+  settings the two share keep their values there (an experiment's baseline, say)."""
+  knobs = credit.knobs(name)
+  knobs.update({key: like[key] for key in knobs if like is not None and key in like})
+  return ml_collections.ConfigDict(dict(name=name, **knobs))
 
 
 def base_config() -> ml_collections.ConfigDict:

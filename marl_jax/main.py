@@ -7,31 +7,46 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from marl_jax import experiment, loop
+from marl_jax import configs, credit, experiment, loop
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (with :ARG).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory; an existing checkpoint is resumed.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def _config_flag(argv) -> str | None:
-  """The config file flag as `--config=FILE[:ARG]`, whether given so or as `--config FILE[:ARG]`
-  (absl takes both; the last one counts); None without one."""
+def _flag_value(argv, name: str) -> str | None:
+  """The value of flag `--NAME`, whether given as `--NAME=VALUE` or `--NAME VALUE` (absl takes both;
+  the last one counts); None without one."""
   found = None
   for arg, after in zip(argv, [*argv[1:], None]):
-    if arg.startswith("--config="):
-      found = arg
-    elif arg == "--config" and after is not None:
-      found = f"--config={after}"
+    if arg.startswith(f"--{name}="):
+      found = arg.partition("=")[2]
+    elif arg == f"--{name}" and after is not None:
+      found = after
   return found
+
+
+def _selecting_credit(parse, name: str | None):
+  """The config file's parser, then `config.credit` made the group of the estimator that
+  `--config.credit.name=NAME` selects (`configs.credit_config`: its settings at their defaults, those
+  it shares with the file's estimator at the file's values), so that the other --config.credit.KEY
+  flags set that estimator's settings, not the file's estimator's.  An unknown NAME is left for
+  `experiment.build` to refuse."""
+  def parse_and_select(path):
+    config = parse(path)
+    if (name is not None and name in credit.REGISTRY and isinstance(config, ml_collections.ConfigDict)
+        and "credit" in config and config.credit.name != name):
+      with config.unlocked():
+        config.credit = configs.credit_config(name, like=config.credit)
+    return config
+  return parse_and_select
 
 
 def _unknown_key(argv) -> str | None:
   """The first --config.KEY=VALUE whose KEY the config lacks, with the keys allowed there."""
-  config_flag = _config_flag(argv)
-  if config_flag is None:
+  config_file = _flag_value(argv, "config")
+  if config_file is None:
     return None
-  config_file = config_flag.partition("=")[2]
   # The value is unset when an override failed: parse the file again.
   config = flags.FLAGS["config"].value or flags.FLAGS["config"].parser.parse(config_file)
   for arg in argv:
@@ -48,8 +63,11 @@ def _unknown_key(argv) -> str | None:
 
 
 def _parse_flags(argv):
-  """absl's flag parsing with each error on one line: a config file's own error without the
-  traceback ml_collections puts in the message, and an unknown --config.KEY with the allowed keys."""
+  """absl's flag parsing, `--config.credit.name` selecting an estimator's settings (`_selecting_credit`),
+  with each error on one line: a config file's own error without the traceback ml_collections puts in
+  the message, and an unknown --config.KEY with the allowed keys."""
+  parser = flags.FLAGS["config"].parser
+  parser.parse = _selecting_credit(parser.parse, _flag_value(argv, "config.credit.name"))
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
@@ -67,7 +85,7 @@ def _origin(message: str, argv) -> str:
   by the config file; '' when it names none (a workdir's problem, say)."""
   keys = set(re.findall(r"config\.([\w.]+\w)", message)) - {"json"}
   given = [a for a in argv if a.partition("=")[0].removeprefix("--config.") in keys]
-  config_file = [flag for flag in [_config_flag(argv)] if flag]
+  config_file = [f"--config={value}" for value in [_flag_value(argv, "config")] if value]
   return f" (from {', '.join(given or config_file)})" if keys else ""
 
 

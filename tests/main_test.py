@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from parallel_test import params
 
-from marl_jax import checkpoint
+from marl_jax import checkpoint, configs
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIG = f"--config={REPO / 'experiments' / 'single_agent.py'}:size=tiny"
@@ -115,3 +115,31 @@ def test_train_resume_and_refuse_bad_input(tmp_path):
   _check_rejected(_main(workdir, "--config.optim.name=nope", "--config.total_steps=10", timeout=300),
                   ["config.optim.name='nope'", "'adam'", "'sgd'"])
   assert _snapshot(workdir) == before
+
+
+def test_credit_name_flag_selects_the_estimator_and_its_settings(tmp_path):
+  """`--config.credit.name=NAME` makes config.credit that estimator's group, so its own settings can
+  be set by the flags beside it and the file's estimator's others do not follow it; each run is
+  refused by a later check, before compiling, which shows the selection built."""
+  solver_verifier = f"--config={REPO / 'experiments' / 'solver_verifier.py'}:size=tiny"  # difference credit
+
+  def run(*flags):
+    return subprocess.run([sys.executable, "-m", "marl_jax.main", solver_verifier, f"--workdir={tmp_path}",
+                           *flags], cwd=REPO, env=dict(os.environ, JAX_LOG_COMPILES="1", JAX_PLATFORMS="cpu"),
+                          capture_output=True, text=True, timeout=300, check=False)
+
+  # The critic's own settings, which difference lacks, are keys now (the critic's check reads them).
+  _check_rejected(run("--config.credit.name=critic", "--config.credit.d_model=16", "--config.credit.n_heads=3"),
+                  ["config.credit.d_model=16 must divide by config.credit.n_heads=3"])
+  # team takes none of difference's weights: the group is team's, and the step's checks go on past it.
+  _check_rejected(run("--config.credit.name", "team", "--config.rl.minibatches=3"),
+                  ["config.rl.minibatches=3 does not divide"])
+  _check_rejected(run("--config.credit.name=team", "--config.credit.outcome_weight=2"),
+                  ["config.credit.outcome_weight is not a key; allowed: ['baseline', 'name']"])
+  assert not tmp_path.exists() or not any(tmp_path.iterdir())
+  # The settings the two estimators share keep the file's values.
+  difference = configs.credit_config("difference")
+  difference.baseline, difference.samples = "grpo", 5
+  assert configs.credit_config("critic", like=difference).to_dict() == {
+      **configs.credit_config("critic").to_dict(), "baseline": "grpo", "samples": 5, "outcome_weight": 1.0,
+      "credit_weight": 1.0}
