@@ -15,7 +15,6 @@ Task knobs are under `config.task`, protocol knobs under `config.protocol` and t
 (`credit=NAME`, default team) under `config.credit` (every field, so each can be set from the command
 line, e.g. `--config.protocol.rounds=2`, `--config.credit.samples=4`).
 """
-import dataclasses
 
 import ml_collections
 
@@ -39,7 +38,7 @@ def get_config(arg=None):
   configs.check_choice("size", args.size, configs.SIZES)
   natural, gpu_knobs = TASKS[args.task]
   c = configs.base_config()
-  task_knobs = {f.name: f.default for f in dataclasses.fields(tasks.REGISTRY[args.task])}
+  task_knobs = tasks.knobs(args.task)
   if args.size == "gpu":
     task_knobs.update(gpu_knobs)
   c.task = ml_collections.ConfigDict(dict(name=args.task, **task_knobs))

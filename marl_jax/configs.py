@@ -72,13 +72,22 @@ def fit_canvas(c: ml_collections.ConfigDict) -> None:
   c.model.max_len = max(c.model.max_len, protocol.layout(task, (0,) * len(protocol.roles)).length)
 
 
-def credit_config(name: str, like: ml_collections.ConfigDict | None = None) -> ml_collections.ConfigDict:
-  """`config.credit` for an estimator: its name and every setting at its default, so each can be set
-  from the command line (`--config.credit.samples=4`); with `like` (another estimator's group), the
-  settings the two share keep their values there (an experiment's baseline, say)."""
-  knobs = credit.knobs(name)
-  knobs.update({key: like[key] for key in knobs if like is not None and key in like})
+# The config groups whose `name` picks a registered task, protocol or credit estimator, the other keys
+# being its settings: each one's settings and their defaults.
+NAMED_GROUPS = {"task": tasks.knobs, "protocol": protocols.knobs, "credit": credit.knobs}
+
+
+def named_group(key: str, name: str, like: ml_collections.ConfigDict | None = None) -> ml_collections.ConfigDict:
+  """`config.KEY` (a `NAMED_GROUPS` key) for `name`: its name and every setting at its default, so each
+  can be set from the command line (`--config.credit.samples=4`); with `like` (the group of another
+  name), the settings the two share keep their values there (an experiment's baseline, say)."""
+  knobs = NAMED_GROUPS[key](name)
+  knobs.update({k: like[k] for k in knobs if like is not None and k in like})
   return ml_collections.ConfigDict(dict(name=name, **knobs))
+
+
+def credit_config(name: str) -> ml_collections.ConfigDict:
+  return named_group("credit", name)
 
 
 def base_config() -> ml_collections.ConfigDict:

@@ -7,7 +7,7 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from marl_jax import configs, credit, experiment, loop
+from marl_jax import configs, experiment, loop
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (with :ARG).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory; an existing checkpoint is resumed.")
@@ -26,18 +26,25 @@ def _flag_value(argv, name: str) -> str | None:
   return found
 
 
-def _selecting_credit(parse, name: str | None):
-  """The config file's parser, then `config.credit` made the group of the estimator that
-  `--config.credit.name=NAME` selects (`configs.credit_config`: its settings at their defaults, those
-  it shares with the file's estimator at the file's values), so that the other --config.credit.KEY
-  flags set that estimator's settings, not the file's estimator's.  An unknown NAME is left for
-  `experiment.build` to refuse."""
+def _selecting(parse, argv):
+  """The config file's parser, then each of `config.task`, `config.protocol`, `config.credit` whose
+  `--config.KEY.name=NAME` flag names another registered one made NAME's group
+  (`configs.named_group`: its settings at their defaults, those it shares with the file's at the
+  file's values), so that the other --config.KEY.* flags set NAME's settings, not the file's one's.
+  An unknown NAME is left for `experiment.build` to refuse."""
   def parse_and_select(path):
     config = parse(path)
-    if (name is not None and name in credit.REGISTRY and isinstance(config, ml_collections.ConfigDict)
-        and "credit" in config and config.credit.name != name):
+    for key in configs.NAMED_GROUPS:
+      name = _flag_value(argv, f"config.{key}.name")
+      if (name is None or not isinstance(config, ml_collections.ConfigDict) or key not in config
+          or config[key].get("name") == name):
+        continue
+      try:
+        group = configs.named_group(key, name, like=config[key])
+      except ValueError:
+        continue
       with config.unlocked():
-        config.credit = configs.credit_config(name, like=config.credit)
+        config[key] = group
     return config
   return parse_and_select
 
@@ -63,11 +70,11 @@ def _unknown_key(argv) -> str | None:
 
 
 def _parse_flags(argv):
-  """absl's flag parsing, `--config.credit.name` selecting an estimator's settings (`_selecting_credit`),
+  """absl's flag parsing, `--config.credit.name` and the like selecting their settings (`_selecting`),
   with each error on one line: a config file's own error without the traceback ml_collections puts in
   the message, and an unknown --config.KEY with the allowed keys."""
   parser = flags.FLAGS["config"].parser
-  parser.parse = _selecting_credit(parser.parse, _flag_value(argv, "config.credit.name"))
+  parser.parse = _selecting(parser.parse, argv)
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:

@@ -117,10 +117,10 @@ def test_train_resume_and_refuse_bad_input(tmp_path):
   assert _snapshot(workdir) == before
 
 
-def test_credit_name_flag_selects_the_estimator_and_its_settings(tmp_path):
-  """`--config.credit.name=NAME` makes config.credit that estimator's group, so its own settings can
-  be set by the flags beside it and the file's estimator's others do not follow it; each run is
-  refused by a later check, before compiling, which shows the selection built."""
+def test_name_flags_select_their_settings(tmp_path):
+  """`--config.credit.name=NAME` (or task, protocol) makes config.credit that estimator's group, so its
+  own settings can be set by the flags beside it and the file's estimator's others do not follow it;
+  each run is refused by a later check, before compiling, which shows the selection built."""
   solver_verifier = f"--config={REPO / 'experiments' / 'solver_verifier.py'}:size=tiny"  # difference credit
 
   def run(*flags):
@@ -136,10 +136,16 @@ def test_credit_name_flag_selects_the_estimator_and_its_settings(tmp_path):
                   ["config.rl.minibatches=3 does not divide"])
   _check_rejected(run("--config.credit.name=team", "--config.credit.outcome_weight=2"),
                   ["config.credit.outcome_weight is not a key; allowed: ['baseline', 'name']"])
+  # The same for the task and the protocol (arithmetic and solver_verifier in the file).
+  _check_rejected(run("--config.task.name=subset_sum", "--config.task.num_numbers=4", "--config.protocol.name=vote",
+                      "--config.protocol.voters=2", "--config.rl.minibatches=3"),
+                  ["config.rl.minibatches=3 does not divide"])
+  _check_rejected(run("--config.task.name=subset_sum", "--config.task.num_ops=4"),
+                  ["config.task.num_ops is not a key; allowed: ['demo_error_rate', 'max_number', 'name', 'num_numbers']"])
   assert not tmp_path.exists() or not any(tmp_path.iterdir())
   # The settings the two estimators share keep the file's values.
   difference = configs.credit_config("difference")
   difference.baseline, difference.samples = "grpo", 5
-  assert configs.credit_config("critic", like=difference).to_dict() == {
+  assert configs.named_group("credit", "critic", like=difference).to_dict() == {
       **configs.credit_config("critic").to_dict(), "baseline": "grpo", "samples": 5, "outcome_weight": 1.0,
       "credit_weight": 1.0}

@@ -16,17 +16,21 @@ REGISTRY: dict[str, type[Task]] = {
                               SubsetSum, WordProblems)}
 
 
-def make(name: str, **kwargs) -> Task:
+def knobs(name: str) -> dict:
+  """A task's settings (its fields) and their defaults."""
   if name not in REGISTRY:
     raise ValueError(f"config.task.name={name!r} is unknown; known tasks: {sorted(REGISTRY)}")
-  cls = REGISTRY[name]
-  fields = {f.name for f in dataclasses.fields(cls)}
-  unknown = sorted(set(kwargs) - fields)
+  return {f.name: f.default for f in dataclasses.fields(REGISTRY[name])}
+
+
+def make(name: str, **kwargs) -> Task:
+  fields = knobs(name)
+  unknown = sorted(set(kwargs) - set(fields))
   if unknown:
     raise ValueError(f"config.task has keys {unknown} that task {name!r} does not take; "
                      f"allowed: {sorted(fields)}")
   check_rates("task", kwargs)
-  return cls(**kwargs)
+  return REGISTRY[name](**kwargs)
 
 
 def from_config(config) -> Task:
