@@ -54,13 +54,6 @@ def names(csv_list: str) -> list[str]:
   return [n.strip() for n in str(csv_list).split(",") if n.strip()]
 
 
-def credit_group(name: str, **settings) -> ml_collections.ConfigDict:
-  """`config.credit` for an estimator, with those of `settings` it takes."""
-  group = configs.credit_config(name)
-  group.update({k: v for k, v in settings.items() if k in group})
-  return group
-
-
 def check(config: ml_collections.ConfigDict) -> None:
   """Every name in the benchmark config exists and every benchmark setting is in range, before anything
   compiles (the run configs themselves are checked by `experiment.build`, in `run`)."""
@@ -100,7 +93,7 @@ def fidelity_config(config, num_roles: int, estimator: str) -> ml_collections.Co
   c.model.max_len = max(c.model.max_len, layout.length)
   c.rl.batch_size = fid.batch_size
   c.sft.steps = fid.sft_steps
-  c.credit = credit_group(estimator, outcome_weight=0.0)
+  c.credit = configs.named_group("credit", estimator, like={"outcome_weight": 0.0})  # where it takes one
   return c
 
 
@@ -302,7 +295,7 @@ def learning_config(config, scenario: str, estimator: str) -> ml_collections.Con
   # One step per call, logged: steps-to-target reads the per-step curve (evaluating that often would
   # cost more than training; one compiled call per step costs ~nothing next to a step on CPU).
   c.steps_per_call = c.log_every = 1
-  c.credit = credit_group(estimator)
+  c.credit = configs.credit_config(estimator)
   c.init_from = ""  # the scenario's base, for a learning cell (`run_learning_cell`)
   return c
 

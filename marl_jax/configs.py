@@ -77,10 +77,11 @@ def fit_canvas(c: ml_collections.ConfigDict) -> None:
 NAMED_GROUPS = {"task": tasks.knobs, "protocol": protocols.knobs, "credit": credit.knobs}
 
 
-def named_group(key: str, name: str, like: ml_collections.ConfigDict | None = None) -> ml_collections.ConfigDict:
+def named_group(key: str, name: str, like=None) -> ml_collections.ConfigDict:
   """`config.KEY` (a `NAMED_GROUPS` key) for `name`: its name and every setting at its default, so each
   can be set from the command line (`--config.credit.samples=4`); with `like` (the group of another
-  name), the settings the two share keep their values there (an experiment's baseline, say)."""
+  name, or a dict), the settings of `name` that `like` has take its values (an experiment's baseline,
+  say)."""
   knobs = NAMED_GROUPS[key](name)
   knobs.update({k: like[k] for k in knobs if like is not None and k in like})
   return ml_collections.ConfigDict(dict(name=name, **knobs))
