@@ -19,6 +19,7 @@ A finished cell is not re-run: rerunning the command resumes the grid.  `DIR/rep
 `fidelity.csv`, `learning.csv`, `report.md` and the plots (learning curves with 95% bands; fidelity
 against cost).
 """
+import contextlib
 import csv
 import dataclasses
 import functools
@@ -38,7 +39,7 @@ from absl import app, flags, logging
 from jax.sharding import PartitionSpec as P
 from ml_collections import config_flags
 
-from marl_jax import checkpoint, configs, credit, experiment, loop, metrics, parallel, report, rollout
+from marl_jax import checkpoint, cli, configs, credit, experiment, loop, metrics, parallel, report, rollout
 from marl_jax import protocols, sampling, sft, state as state_lib, tasks, train
 from marl_jax.credit import exact
 # Figures without pyplot: no GUI backend is chosen, so the benchmark runs headless and a notebook that
@@ -57,10 +58,13 @@ def names(csv_list: str) -> list[str]:
 def check(config: ml_collections.ConfigDict) -> None:
   """Every name in the benchmark config exists and every benchmark setting is in range, before anything
   compiles (the run configs themselves are checked by `experiment.build`, in `run`)."""
+  roles = range(2, tasks.contribution.MAX_ROLES + 1)  # the contribution task's
   for r in names(config.fidelity.roles):
-    if not (r.isdigit() and int(r) >= 1):
-      raise ValueError(f"config.fidelity.roles has {r!r}; allowed: integers >= 1, comma-separated")
+    if not (r.isdigit() and int(r) in roles):
+      raise ValueError(f"config.fidelity.roles has {r!r}; allowed: integers {roles[0]}..{roles[-1]}, "
+                       "comma-separated")
   fid, learn = config.fidelity, config.learning
+  tasks.base.check_rates("fidelity", {"demo_error_rate": fid.demo_error_rate})
   if not (isinstance(fid.adapt_steps, int) and fid.adapt_steps >= 0):
     raise ValueError(f"config.fidelity.adapt_steps={fid.adapt_steps!r}; allowed: an integer >= 0")
   if not (isinstance(learn.target, (int, float)) and 0 < learn.target <= 1):
@@ -535,13 +539,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> str:
     roles = [int(r) for r in names(config.fidelity.roles)]
     for name in estimators:
       for r in roles:
-        where = f"the fidelity cell of {r} roles, estimator {name!r} (config.fidelity)"
-        _build(fidelity_config(config, r, name), where)
+        with _naming(f"the fidelity cell of {r} roles, estimator {name!r} (config.fidelity)"):
+          experiment.build(fidelity_config(config, r, name))
         for game in games:
           fidelity_cell(config, folder, game, r)
     for scenario, name in learn_cells:
-      _build(learning_config(config, scenario, name),
-             f"the learning cell {scenario}/{name} (config.runs.{scenario} and config.learning)")
+      with _naming(f"the learning cell {scenario}/{name} (config.runs.{scenario} and config.learning)"):
+        experiment.build(learning_config(config, scenario, name))
   except ValueError as e:
     raise experiment.ConfigError(str(e)) from e
   os.makedirs(folder, exist_ok=True)
@@ -568,9 +572,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> str:
   return write_report(config, workdir)
 
 
-def _build(c: ml_collections.ConfigDict, where: str) -> None:
+@contextlib.contextmanager
+def _naming(where: str):
+  """A ValueError raised inside says which cell's run config it is about."""
   try:
-    experiment.build(c)
+    yield
   except ValueError as e:
     raise ValueError(f"{where}: {e}") from e
 
@@ -601,4 +607,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

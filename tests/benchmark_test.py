@@ -82,7 +82,11 @@ def test_fidelity_credit_is_the_credit_term_alone():
     ("estimators", "team,oracle", "'difference'"),
     ("fidelity.games", "synergy,chaos", "'saboteur'"),
     ("learning.scenarios", "free_rider,nope", "'penalty'"),
-    ("fidelity.roles", "2.5", "integers >= 1"),
+    ("fidelity.roles", "2.5", "integers 2..8"),
+    # The contribution task's range: 1 or 9 roles named config.task.num_roles, of no config given.
+    ("fidelity.roles", "2,9", "integers 2..8"),
+    ("fidelity.roles", "1", "integers 2..8"),
+    ("fidelity.demo_error_rate", 2.0, "a probability in [0, 1]"),
     ("fidelity.adapt_steps", -1, "an integer >= 0"),
     ("learning.target", 90.0, "a training accuracy in (0, 1]"),
     ("learning.target", math.nan, "a training accuracy in (0, 1]"),
@@ -262,3 +266,17 @@ def test_tiny_benchmark_end_to_end_and_resume(tmp_path):
   assert second.returncode == 0, second.stderr[-3000:]
   assert "warm start" not in second.stdout  # nothing trained again
   assert {p: p.stat().st_mtime_ns for p in cells} == stamps
+
+
+def test_an_unknown_benchmark_key_is_refused_on_one_line(tmp_path):
+  # It was an AttributeError traceback: the benchmark parses its flags as main does.
+  cmd = [sys.executable, "-m", "marl_jax.benchmark", f"--config={BENCH}:size=tiny",
+         f"--workdir={tmp_path / 'bench'}", "--config.fidelity.rolez=2"]
+  result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode == 1
+  assert result.stderr.strip().splitlines()[-1] == (
+      "FATAL Flags parsing error: flag --config.fidelity.rolez=2: config.fidelity.rolez is not a key; "
+      "allowed: ['adapt_steps', 'batch_size', 'demo_error_rate', 'games', 'num_seeds', 'roles', 'sft_steps']")
+  assert "Traceback" not in result.stderr
+  assert not (tmp_path / "bench").exists()
