@@ -15,7 +15,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from marl_jax import checkpoint, configs, credit, datasets, evaluate, experiment, loop, rollout, tasks, text
+from marl_jax import checkpoint, cli, configs, credit, datasets, evaluate, experiment, loop, rollout, tasks, text
 from marl_jax.lm import agent as lm_agent
 from marl_jax.datasets import VERSION, MarlTranscripts
 
@@ -155,7 +155,8 @@ def main(argv=None) -> None:
   parser.add_argument("--data_dir", default="", help="read (or build) the evaluation set here")
   args = parser.parse_args(argv)
   out = args.out or os.path.join(args.workdir, "transcripts")
-  name = archive_workdir(args.workdir, out, args.greedy, args.data_dir)
+  with cli.refusing_bad_input(parser):
+    name = archive_workdir(args.workdir, out, args.greedy, args.data_dir)
   transcripts = load_transcripts(out, name)
   print(f"wrote {MarlTranscripts.name}/{name}:{VERSION} ({len(transcripts)} transcripts) under {out}; "
         f"the first:\n{transcripts.text(0)}")

@@ -1,4 +1,7 @@
-"""Flag parsing shared by the config-file CLIs (`main`, `benchmark`): each error on one line."""
+"""What the command lines share: each error on one line.  Flag parsing for the config-file CLIs (`main`,
+`benchmark`); bad input to the argparse ones (`report`, `archive`, `lm.export`)."""
+import argparse
+import contextlib
 import sys
 
 import ml_collections
@@ -78,3 +81,13 @@ def parse_flags(argv):
     if message is None:
       raise
   sys.exit(f"FATAL Flags parsing error: {message}")
+
+
+@contextlib.contextmanager
+def refusing_bad_input(parser: argparse.ArgumentParser):
+  """What a user's input causes (a ValueError: a bad name or value; a file missing or in the way) ends
+  the command with `PROG: MESSAGE` and exit status 1, no traceback."""
+  try:
+    yield
+  except (ValueError, FileNotFoundError, FileExistsError) as e:
+    parser.exit(1, f"{parser.prog}: {e}\n")

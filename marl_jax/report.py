@@ -22,7 +22,7 @@ import os
 import numpy as np
 from scipy import stats
 
-from marl_jax import metrics
+from marl_jax import cli, metrics
 
 LEVEL = 0.95
 BOOTSTRAP_DRAWS, BOOTSTRAP_SEED = 10_000, 0
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None):
   if args.paired and not args.compare:
     parser.error("--paired goes with --compare A B")
   outputs = []
-  try:
+  with cli.refusing_bad_input(parser):
     if args.workdirs:
       summaries, waiting = [], []
       for w in args.workdirs:  # a run still warming up does not keep the others from the table
@@ -321,8 +321,6 @@ def main(argv: list[str] | None = None):
       outputs.append(split(*map(summarize, args.split)))
     if args.seeds:
       outputs.append(seeds_table(args.seeds))
-  except ValueError as e:
-    parser.exit(1, f"python -m marl_jax.report: {e}\n")
   print("\n".join(outputs), end="")
 
 

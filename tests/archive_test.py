@@ -122,3 +122,11 @@ def test_archive_cli(tmp_path):
   assert archive.metadata["step"] == 0 and archive.metadata["workdir"] == workdir
   assert archive.metadata["config"]["task"]["name"] == "subset_sum"
   assert json.loads(json.dumps(archive.metadata)) == archive.metadata
+  # Again: the archive is kept, and the refusal is one line (it was a FileExistsError traceback).
+  again = subprocess.run([sys.executable, "-m", "marl_jax.archive", f"--workdir={workdir}"],
+                         cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
+                         text=True, timeout=300)
+  assert again.returncode == 1 and "Traceback" not in again.stderr
+  assert again.stderr.strip().splitlines()[-1] == (
+      f"python -m marl_jax.archive: {workdir}/transcripts/marl_transcripts/step0-sampled/1.0.0 exists; "
+      "choose another output directory or name")

@@ -275,6 +275,14 @@ def test_tiny_solver_verifier_through_the_cli_and_export(family, lora, verifier,
                           text=True, timeout=300)
   assert export.returncode == 0, export.stderr[-3000:]
   assert (out / "tokenizer.json").exists()
+  if not lora:  # bad input is refused in one line (it was a traceback): once is enough
+    for args, refusal in [(["--role=judge", f"--out={tmp_path / 'judge'}"],
+                           "--role='judge' is not a role of this run; allowed: ['solver', 'verifier']"),
+                          (["--role=verifier", f"--out={out}"], f"{out} already holds ['config.json', ")]:
+      refused = subprocess.run([sys.executable, "-m", "marl_jax.lm.export", f"--workdir={workdir}", *args],
+                               cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+      assert refused.returncode == 1 and "Traceback" not in refused.stderr
+      assert refused.stderr.strip().splitlines()[-1].startswith(f"python -m marl_jax.lm.export: {refusal}")
   _, exported = lm_checkpoint.load(str(out))
   _, base = lm_checkpoint.load(str(FIXTURES / (verifier or family)))
   exported_config = json.loads((out / "config.json").read_text())

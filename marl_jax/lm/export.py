@@ -17,7 +17,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from marl_jax import configs, experiment, loop
+from marl_jax import cli, configs, experiment, loop
 from marl_jax import model as model_lib
 from marl_jax.lm import agent as lm_agent
 from marl_jax.lm import checkpoint as lm_checkpoint
@@ -28,6 +28,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 def export(workdir: str, role: str, out: str, seed: int = 0, best: bool = False) -> None:
+  lm_checkpoint.refuse_existing(out)  # before the checkpoint is read
   with open(os.path.join(workdir, "config.json")) as f:
     config = configs.with_new_defaults(ml_collections.ConfigDict(json.load(f)))
   exp = experiment.build(config)
@@ -64,7 +65,8 @@ def main(argv=None) -> None:
   parser.add_argument("--seed", type=int, default=0, help="which of the run's vmapped seeds")
   parser.add_argument("--best", action="store_true", help="the best-evaluated checkpoint, not the latest")
   args = parser.parse_args(argv)
-  export(args.workdir, args.role, args.out, args.seed, args.best)
+  with cli.refusing_bad_input(parser):
+    export(args.workdir, args.role, args.out, args.seed, args.best)
   print(f"wrote {args.out}")
 
 
