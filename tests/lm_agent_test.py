@@ -187,8 +187,8 @@ def test_lora_agent_is_the_adapted_decoder():
   assert all(u.any() for u in jax.tree.leaves(updates["adapter"]))
   with pytest.raises(ValueError, match=r"^config.model.lora.rank=0 must be an integer >= 1"):
     lm_agent.from_config(_model_config("llama", lora=dict(lora_cfg, rank=0)))
-  with pytest.raises(ValueError, match=r"^config.models.verifier.lora.targets=\('qkv_proj',\): unknown"):  # a mixed team's
-    lm_agent.from_config(_model_config("llama", lora=dict(lora_cfg, targets="qkv_proj")),
+  with pytest.raises(ValueError, match=r"^config.models.verifier.lora.targets='q_proj,qkv_proj': unknown"):  # a mixed team's
+    lm_agent.from_config(_model_config("llama", lora=dict(lora_cfg, targets="q_proj,qkv_proj")),
                          key="config.models.verifier")
   with pytest.raises(ValueError, match=r"lora.enabled=True needs config.model.checkpoint"):
     experiment.make_model(ml_collections.ConfigDict(dict(_model_config("llama", lora=lora_cfg),

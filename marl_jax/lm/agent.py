@@ -242,8 +242,7 @@ def lora_config(lora, key: str = "config.model") -> lora_lib.LoRAConfig | None:
   `config.models.NAME.lora.rank`, not `config.model`'s)."""
   if not lora.enabled:
     return None
-  targets = tuple(t for t in lora.targets.split(",") if t)
   try:
-    return lora_lib.LoRAConfig(rank=lora.rank, alpha=float(lora.alpha), targets=targets)
+    return lora_lib.LoRAConfig(rank=lora.rank, alpha=float(lora.alpha), targets=lora.targets)
   except ValueError as e:  # LoRAConfig names `lora.rank`, `lora.alpha` or `lora.targets`
     raise ValueError(f"{key}.{e}") from e

@@ -43,7 +43,9 @@ class LoRAConfig:
     # The adapters' output is scaled by alpha / rank: at 0 their gradients are 0 and they never train.
     if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not self.alpha > 0:
       raise ValueError(f"lora.alpha={self.alpha!r} must be a number > 0")
-    targets = (self.targets,) if isinstance(self.targets, str) else tuple(self.targets)
+    # A config gives them as one comma-separated string; its error shows that string as written.
+    targets = (tuple(t for t in self.targets.split(",") if t) if isinstance(self.targets, str)
+               else tuple(self.targets))
     unknown = [t for t in targets if t not in TARGETS]
     if unknown or not targets:
       raise ValueError(f"lora.targets={self.targets!r}: "
