@@ -39,8 +39,8 @@ from absl import app, flags, logging
 from jax.sharding import PartitionSpec as P
 from ml_collections import config_flags
 
-from marl_jax import checkpoint, cli, configs, credit, experiment, loop, metrics, parallel, report, rollout
-from marl_jax import protocols, sampling, sft, state as state_lib, tasks, train
+from marl_jax import checkpoint, checks, cli, configs, credit, experiment, loop, metrics, parallel, report
+from marl_jax import protocols, rollout, sampling, sft, state as state_lib, tasks, train
 from marl_jax.credit import exact
 # Figures without pyplot: no GUI backend is chosen, so the benchmark runs headless and a notebook that
 # imports it keeps its inline plots.
@@ -65,10 +65,8 @@ def check(config: ml_collections.ConfigDict) -> None:
                        "comma-separated")
   fid, learn = config.fidelity, config.learning
   tasks.base.check_rates("fidelity", {"demo_error_rate": fid.demo_error_rate})
-  if not (isinstance(fid.adapt_steps, int) and fid.adapt_steps >= 0):
-    raise ValueError(f"config.fidelity.adapt_steps={fid.adapt_steps!r}; allowed: an integer >= 0")
-  if not (isinstance(learn.target, (int, float)) and 0 < learn.target <= 1):
-    raise ValueError(f"config.learning.target={learn.target!r}; allowed: a training accuracy in (0, 1]")
+  checks.integer("fidelity.adapt_steps", fid.adapt_steps, 0)
+  checks.check("learning.target", learn.target, lambda v: 0 < v <= 1, "a training accuracy in (0, 1]")
   for name in names(config.estimators):
     if name not in credit.REGISTRY:
       raise ValueError(f"config.estimators has {name!r}; allowed: {sorted(credit.REGISTRY)}")

@@ -9,7 +9,7 @@ import ml_collections
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from marl_jax import credit, losses, parallel, protocols, tasks
+from marl_jax import checks, credit, losses, parallel, protocols, tasks
 from marl_jax import team as team_lib
 from marl_jax import model as model_lib
 from marl_jax.lm import agent as lm_agent
@@ -46,19 +46,17 @@ _DECAY_RATES = ("optim.b1", "optim.b2", "sft.b2")
 def check_ranges(config: ml_collections.ConfigDict) -> None:
   """The numeric settings are in range, before anything divides by them.  Each check says what is
   allowed, so a NaN (every comparison with it False) is refused too."""
-  def check(key, allowed: Callable, description: str):
-    value = functools.reduce(getattr, key.split("."), config)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not allowed(value):
-      raise ValueError(f"config.{key}={value!r}; allowed: {description}")
+  def value(key):
+    return functools.reduce(getattr, key.split("."), config)
 
   for key, low in _AT_LEAST.items():
-    check(key, lambda v, low=low: isinstance(v, int) and v >= low, f"an integer >= {low}")
+    checks.integer(key, value(key), low)
   for key, low in _ABOVE.items():
-    check(key, lambda v, low=low: v > low, f"a number > {low}")
+    checks.number(key, value(key), low, above=True)
   for key, low in _NOT_BELOW.items():
-    check(key, lambda v, low=low: v >= low, f"a number >= {low}")
+    checks.number(key, value(key), low)
   for key in _DECAY_RATES:
-    check(key, lambda v: 0 <= v < 1, "a number in [0, 1)")
+    checks.number(key, value(key), 0, below=1)
 
 
 @dataclasses.dataclass(frozen=True)

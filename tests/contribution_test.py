@@ -161,13 +161,13 @@ def test_sample_score_and_demonstrations():
 
 
 def test_bad_knobs_name_the_key():
-  with pytest.raises(ValueError, match=r"config.task.num_roles=9; allowed: 2..8"):
+  with pytest.raises(ValueError, match=r"config.task.num_roles=9; allowed: an integer in 2..8"):
     tasks.make("contribution", num_roles=9)
   with pytest.raises(ValueError, match=r"config.task.game='chicken' is unknown; allowed: \['additive'"):
     tasks.make("contribution", game="chicken")
-  with pytest.raises(ValueError, match=r"config.task.free_rider_index=3; allowed: 0..2"):
+  with pytest.raises(ValueError, match=r"config.task.free_rider_index=3; allowed: an integer in 0..2"):
     tasks.make("contribution", free_rider_index=3)
-  with pytest.raises(ValueError, match=r"config.task.saboteur_index=-1; allowed: 0..1"):
+  with pytest.raises(ValueError, match=r"config.task.saboteur_index=-1; allowed: an integer in 0..1"):
     tasks.make("contribution", num_roles=2, saboteur_index=-1)
 
 

@@ -158,5 +158,5 @@ def test_error_unknown_protocol_key_and_name():
     protocols.make("single", TASK, rounds=2)
   with pytest.raises(ValueError, match=r"config.protocol.name='nope' is unknown; known protocols: \[.*'single'"):
     protocols.make("nope", TASK)
-  with pytest.raises(ValueError, match=r"config.protocol.rounds=0; it must be >= 1"):
+  with pytest.raises(ValueError, match=r"config.protocol.rounds=0; allowed: an integer >= 1"):
     protocols.make("solver_verifier", TASK, rounds=0)

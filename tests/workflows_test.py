@@ -391,17 +391,17 @@ def test_turn_hidden_keeps_the_roles_own_messages():
 
 
 @pytest.mark.parametrize("name, knobs, match", [
-    ("vote", dict(voters=1), r"config.protocol.voters=1; allowed: 2..8"),
-    ("vote", dict(voters=8, aggregator=True), r"config.protocol.voters=8; allowed: 2..7 .*8 role markers"),
+    ("vote", dict(voters=1), r"config.protocol.voters=1; allowed: an integer in 2..8"),
+    ("vote", dict(voters=8, aggregator=True), r"config.protocol.voters=8; allowed: an integer in 2..7 .*8 role markers"),
     ("vote", dict(aggregator="yes"), r"config.protocol.aggregator='yes' is unknown; allowed: \[False, True\]"),
-    ("best_of_n", dict(candidates=8), r"config.protocol.candidates=8; allowed: 2..7"),
-    ("best_of_n", dict(candidates=1), r"config.protocol.candidates=1; allowed: 2..7"),
-    ("debate", dict(agents=9), r"config.protocol.agents=9; allowed: 2..8"),
-    ("debate", dict(rounds=0), r"config.protocol.rounds=0; it must be >= 1"),
-    ("debate", dict(beta=-1.0), r"config.protocol.beta=-1.0; it must be >= 0"),
+    ("best_of_n", dict(candidates=8), r"config.protocol.candidates=8; allowed: an integer in 2..7"),
+    ("best_of_n", dict(candidates=1), r"config.protocol.candidates=1; allowed: an integer in 2..7"),
+    ("debate", dict(agents=9), r"config.protocol.agents=9; allowed: an integer in 2..8"),
+    ("debate", dict(rounds=0), r"config.protocol.rounds=0; allowed: an integer >= 1 \(0 rounds is a vote\)"),
+    ("debate", dict(beta=-1.0), r"config.protocol.beta=-1.0; allowed: a number >= 0"),
     ("debate", dict(gamma=1.0), r"keys \['gamma'\] that protocol 'debate' does not take; allowed: .*'alpha'"),
     ("debate", dict(scorer="oracle"), r"config.protocol.scorer='oracle' is unknown; allowed: \['checker', 'verifier'\]"),
-    ("debate", dict(agents=8, scorer="verifier"), r"config.protocol.agents=8; allowed: 2..7"),
+    ("debate", dict(agents=8, scorer="verifier"), r"config.protocol.agents=8; allowed: an integer in 2..7"),
 ])
 def test_bad_protocol_knobs(name, knobs, match):
   with pytest.raises(ValueError, match=match):
@@ -410,11 +410,11 @@ def test_bad_protocol_knobs(name, knobs, match):
 
 @pytest.mark.parametrize("name, arg, match", [
     ("vote", "aggregator=maybe", r"aggregator='maybe' is unknown; allowed: \['false', 'true'\]"),
-    ("vote", "voters=1", r"config.protocol.voters=1; allowed: 2..8"),
+    ("vote", "voters=1", r"config.protocol.voters=1; allowed: an integer in 2..8"),
     ("vote", "voters=three", r"config argument voters='three' must be int"),
     ("best_of_n", "task=matrix_game", r"task='matrix_game' is unknown; allowed: \['arithmetic', "),
     ("best_of_n", "sharing=voters", r"sharing='voters' is unknown; allowed: \['solvers', 'shared', 'isolated'\]"),
-    ("debate", "alpha=-1", r"config.protocol.alpha=-1.0; it must be >= 0"),
+    ("debate", "alpha=-1", r"config.protocol.alpha=-1.0; allowed: a number >= 0"),
     ("debate", "credit=nope", r"credit='nope' is unknown"),
     ("debate", "scorer=judge", r"scorer='judge' is unknown; allowed: \['checker', 'verifier'\]"),
     ("delegate", "workflow=solo", r"workflow='solo' is unknown; allowed: \['delegate', 'single'\]"),

@@ -15,7 +15,6 @@ name with `@register("name")`.  In the step it:
 The step never names an estimator: a new one is one file in `credit/` and its test.
 """
 import dataclasses
-import math
 from typing import Any, ClassVar
 
 import flax
@@ -102,8 +101,3 @@ def check_baseline(baseline: str, group_size: int, whole_advantage: bool = True)
                      f"sample has advantage 0); allowed with group_size 1: 'none'")
 
 
-def check_number(key: str, value, low: float, above: bool = False) -> None:
-  """Refuses `config.credit.KEY` unless it is a finite number >= `low` (> `low` with `above`); the test
-  is written as what is allowed, so NaN fails it."""
-  if not (isinstance(value, (int, float)) and math.isfinite(value) and (value > low if above else value >= low)):
-    raise ValueError(f"config.credit.{key}={value!r}; allowed: a finite number {'>' if above else '>='} {low}")

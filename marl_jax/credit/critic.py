@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from marl_jax import checks, parallel
 from marl_jax import model as model_lib
-from marl_jax import parallel
 from marl_jax.credit import base, difference
 
 
@@ -46,13 +46,11 @@ class Critic(difference.OutcomeAndCredit):
 
   def check(self, num_roles, group_size):
     super().check(num_roles, group_size)
-    if self.samples < 1:
-      raise ValueError(f"config.credit.samples={self.samples}; K must be >= 1")
-    base.check_number("learning_rate", self.learning_rate, 0.0, above=True)
-    base.check_number("loss_weight", self.loss_weight, 0.0)
+    checks.integer("credit.samples", self.samples, 1)
+    checks.number("credit.learning_rate", self.learning_rate, 0.0, above=True)
+    checks.number("credit.loss_weight", self.loss_weight, 0.0)
     for key in ("d_model", "n_layers", "n_heads", "d_ff"):
-      if getattr(self, key) < 1:
-        raise ValueError(f"config.credit.{key}={getattr(self, key)}; it must be >= 1")
+      checks.integer(f"credit.{key}", getattr(self, key), 1)
     if self.d_model % self.n_heads:
       raise ValueError(f"config.credit.d_model={self.d_model} must divide by config.credit.n_heads="
                        f"{self.n_heads}")

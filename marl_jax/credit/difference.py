@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from marl_jax import checks
 from marl_jax.credit import base, baselines
 
 
@@ -39,8 +40,8 @@ class OutcomeAndCredit(base.Estimator):
 
   def check(self, num_roles, group_size):
     base.check_baseline(self.baseline, group_size, whole_advantage=self.credit_weight == 0)
-    base.check_number("outcome_weight", self.outcome_weight, 0.0)
-    base.check_number("credit_weight", self.credit_weight, 0.0)
+    checks.number("credit.outcome_weight", self.outcome_weight, 0.0)
+    checks.number("credit.credit_weight", self.credit_weight, 0.0)
 
   def mix(self, outcome: base.Outcome, credit_RxB):
     """Advantages adv_RxB, and the credit's mean size per role as `influence`."""
@@ -60,8 +61,7 @@ class Difference(OutcomeAndCredit):
     if self.counterfactual not in base.Reruns.MODES:
       raise ValueError(f"config.credit.counterfactual={self.counterfactual!r} is unknown; "
                        f"allowed: {list(base.Reruns.MODES)}")
-    if self.samples < 1:
-      raise ValueError(f"config.credit.samples={self.samples}; K must be >= 1")
+    checks.integer("credit.samples", self.samples, 1)
 
   def reruns(self, num_roles):
     return base.Reruns(tuple(map(tuple, np.eye(num_roles, dtype=bool))), self.counterfactual,

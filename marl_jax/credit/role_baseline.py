@@ -6,7 +6,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from marl_jax import parallel
+from marl_jax import checks, parallel
 from marl_jax.credit import base
 
 SIGNALS = ("team", "role")
@@ -31,8 +31,7 @@ class RoleBaseline(base.Estimator):
   signal: str = "team"  # team | role
 
   def check(self, num_roles, group_size):
-    if not 0.0 <= self.decay < 1.0:
-      raise ValueError(f"config.credit.decay={self.decay}; it must be in [0, 1)")
+    checks.number("credit.decay", self.decay, 0, below=1)
     check_signal(self.signal)
 
   def init(self, key, layout):

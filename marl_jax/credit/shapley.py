@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from marl_jax import checks
 from marl_jax.credit import base, difference
 
 
@@ -117,14 +118,10 @@ class Shapley(difference.OutcomeAndCredit):
 
   def check(self, num_roles, group_size):
     super().check(num_roles, group_size)
-    if self.max_exact_roles < 0:
-      raise ValueError(f"config.credit.max_exact_roles={self.max_exact_roles}; it must be >= 0")
-    if self.num_permutations < 0:
-      raise ValueError(f"config.credit.num_permutations={self.num_permutations}; allowed: 0 (exact "
-                       f"only) or >= 1 (Monte Carlo above config.credit.max_exact_roles)")
-    if not (isinstance(self.permutation_seed, int) and self.permutation_seed >= 0):
-      raise ValueError(f"config.credit.permutation_seed={self.permutation_seed!r}; allowed: an integer >= 0 "
-                       f"(numpy's generator seed)")
+    checks.integer("credit.max_exact_roles", self.max_exact_roles, 0)
+    checks.integer("credit.num_permutations", self.num_permutations, 0,
+                   note="0: exact only; Monte Carlo above config.credit.max_exact_roles")
+    checks.integer("credit.permutation_seed", self.permutation_seed, 0, note="numpy's generator seed")
     if num_roles > self.max_exact_roles and self.num_permutations == 0:
       raise ValueError(f"config.credit.num_permutations=0 asks for exact Shapley, but the protocol has "
                        f"{num_roles} roles > config.credit.max_exact_roles={self.max_exact_roles} "

@@ -33,7 +33,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from marl_jax import text
+from marl_jax import checks, text
 from marl_jax.protocols import engine, vote
 
 SCORERS = ("checker", "verifier")
@@ -57,11 +57,9 @@ class Debate(engine.Protocol):
       raise ValueError(f"config.protocol.scorer={scorer!r} is unknown; allowed: {list(SCORERS)}")
     verifier = scorer == "verifier"
     vote.check_agents("agents", agents, len(text.ROLE_MARKERS) - verifier)
-    if rounds < 1:
-      raise ValueError(f"config.protocol.rounds={rounds}; it must be >= 1 (0 rounds is a vote)")
-    for key, value in (("alpha", alpha), ("beta", beta)):
-      if value < 0:
-        raise ValueError(f"config.protocol.{key}={value}; it must be >= 0 (0: no influence reward)")
+    checks.integer("protocol.rounds", rounds, 1, note="0 rounds is a vote")
+    for key, value in (("alpha", alpha), ("beta", beta)):  # 0: no influence reward
+      checks.number(f"protocol.{key}", value, 0)
     names = tuple(f"agent{i}" for i in range(agents))
     segment = lambda i, j: f"agent{i}{j}"  # agent i's round-j answer (the engine's segment name)
     turns = tuple(

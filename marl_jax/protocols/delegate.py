@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from marl_jax import tasks, text
+from marl_jax import checks, tasks, text
 from marl_jax.protocols import engine
 from marl_jax.protocols.orchestrator import number_B
 from marl_jax.tasks import base
@@ -92,11 +92,9 @@ class Delegate(engine.Protocol):
           (name, w) for s, w in enumerate(slots) for name in names if name != f"orchestrator{s}"))
     if protocol.anneal not in ANNEALS:
       raise ValueError(f"config.protocol.anneal={protocol.anneal!r} is unknown; allowed: {list(ANNEALS)}")
-    if protocol.anneal_steps < 1:
-      raise ValueError(f"config.protocol.anneal_steps={protocol.anneal_steps}; it must be >= 1")
-    for key in ("parallel_weight", "finish_weight"):
-      if getattr(protocol, key) < 0:
-        raise ValueError(f"config.protocol.{key}={getattr(protocol, key)}; it must be >= 0 (0: off)")
+    checks.integer("protocol.anneal_steps", protocol.anneal_steps, 1)
+    for key in ("parallel_weight", "finish_weight"):  # 0 turns the term off
+      checks.number(f"protocol.{key}", getattr(protocol, key), 0)
     return protocol
 
   def aux_weights(self, step):

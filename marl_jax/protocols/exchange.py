@@ -9,7 +9,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from marl_jax import text
+from marl_jax import checks, text
 from marl_jax.protocols import engine
 
 RECEIVER = 1  # role index (the sender is 0)
@@ -25,8 +25,7 @@ class Exchange(engine.Protocol):
     if "part_a" not in segments or "part_b" not in segments:
       raise ValueError(f"protocol 'exchange' needs a task with prompt segments 'part_a' and 'part_b'; "
                        f"this task has {list(segments)}")
-    if message_len < 0:
-      raise ValueError(f"config.protocol.message_len={message_len}; it must be >= 1 (or 0: a full copy)")
+    checks.integer("protocol.message_len", message_len, 0, note="0: a full copy")
     message_len = message_len or segments["part_a"] + 1
     kwargs.setdefault("hidden", (("part_b", "sender"), ("part_a", "receiver")))
     turns = (engine.Turn("sender", message_len), engine.Turn("receiver", task.answer_len))

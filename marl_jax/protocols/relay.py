@@ -7,7 +7,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from marl_jax import text
+from marl_jax import checks, text
 from marl_jax.protocols import engine
 
 
@@ -19,11 +19,11 @@ class Relay(engine.Protocol):
 
   @classmethod
   def build(cls, task, agents: int = 2, message_len: int = 4, answer_len: int = 0, **kwargs):
+    checks.integer("protocol.agents", agents, 1)
+    checks.integer("protocol.message_len", message_len, 1)
+    checks.check("protocol.answer_len", answer_len, lambda v: v == 0 or v >= task.answer_len,
+                 f"0 (the task's answer length) or an integer >= {task.answer_len} (the task's)")
     answer_len = answer_len or task.answer_len
-    if agents < 1 or message_len < 1 or answer_len < task.answer_len:
-      raise ValueError(f"relay needs agents >= 1, message_len >= 1 and answer_len >= the task's "
-                       f"{task.answer_len}; got agents={agents}, message_len={message_len}, "
-                       f"answer_len={answer_len}")
     roles = tuple(f"agent{i}" for i in range(agents))
     turns = tuple(engine.Turn(r, message_len) for r in roles[:-1]) + (engine.Turn(roles[-1], answer_len),)
     return cls(roles=roles, turns=turns, agents=agents, message_len=message_len,

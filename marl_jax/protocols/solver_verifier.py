@@ -9,7 +9,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from marl_jax import text
+from marl_jax import checks, text
 from marl_jax.protocols import engine
 
 SOLVER, VERIFIER = 0, 1
@@ -23,8 +23,7 @@ class SolverVerifier(engine.Protocol):
 
   @classmethod
   def build(cls, task, rounds: int = 1, **kwargs):
-    if rounds < 1:
-      raise ValueError(f"config.protocol.rounds={rounds}; it must be >= 1")
+    checks.integer("protocol.rounds", rounds, 1)
     A = task.answer_len
     turns = []
     for _ in range(rounds):

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from marl_jax import text
+from marl_jax import checks, text
 from marl_jax.protocols import engine
 from marl_jax.tasks.base import canonical
 
@@ -31,9 +31,8 @@ def majority(answers_KxBxA, key=canonical):
 
 def check_agents(key: str, count: int, most: int) -> None:
   """K parallel agents: at least 2, and no more than the role markers (`most` after the other roles)."""
-  if not 2 <= count <= most:
-    raise ValueError(f"config.protocol.{key}={count}; allowed: 2..{most} (each role needs one of the "
-                     f"{len(text.ROLE_MARKERS)} role markers)")
+  checks.integer(f"protocol.{key}", count, 2, most,
+                 note=f"each role needs one of the {len(text.ROLE_MARKERS)} role markers")
 
 
 def parallel(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:

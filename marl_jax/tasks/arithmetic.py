@@ -5,7 +5,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from marl_jax import text
+from marl_jax import checks, text
 from marl_jax.tasks import base
 
 OPS = "+-*"
@@ -21,8 +21,9 @@ class Arithmetic(base.Task):
   demo_error_rate: float = 0.6
 
   def __post_init__(self):
-    if self.num_ops < 1 or self.max_operand < 1 or self.modulus < 2:
-      raise ValueError(f"arithmetic needs num_ops >= 1, max_operand >= 1, modulus >= 2; got {self}")
+    checks.integer("task.num_ops", self.num_ops, 1)
+    checks.integer("task.max_operand", self.max_operand, 1)
+    checks.integer("task.modulus", self.modulus, 2)
     if not self.ops or set(self.ops) - set(OPS):
       raise ValueError(f"config.task.ops={self.ops!r}; allowed: a non-empty subset of {OPS!r}")
 

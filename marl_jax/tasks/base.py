@@ -10,7 +10,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from marl_jax import text
+from marl_jax import checks, text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,5 +135,5 @@ def check_rates(group: str, settings: dict) -> None:
   """Refuses a knob named `*_rate` (every one a probability: a demonstration's error rate, how often
   a demonstration delegates) outside [0, 1]; written as what is allowed, so a NaN is refused too."""
   for key, value in settings.items():
-    if key.endswith("_rate") and not 0 <= value <= 1:
-      raise ValueError(f"config.{group}.{key}={value!r}; allowed: a probability in [0, 1]")
+    if key.endswith("_rate"):
+      checks.probability(f"{group}.{key}", value)

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from marl_jax import text
+from marl_jax import checks, text
 from marl_jax.tasks import base
 
 GAMES = ("additive", "synergy", "redundancy", "free_rider", "saboteur", "weighted")
@@ -39,14 +39,12 @@ class Contribution(base.Task):
   demo_error_rate: float = 0.4  # each role's digit is wrong independently at this rate
 
   def __post_init__(self):
-    if not 2 <= self.num_roles <= MAX_ROLES:
-      raise ValueError(f"config.task.num_roles={self.num_roles}; allowed: 2..{MAX_ROLES}")
+    checks.integer("task.num_roles", self.num_roles, 2, MAX_ROLES)
     if self.game not in GAMES:
       raise ValueError(f"config.task.game={self.game!r} is unknown; allowed: {list(GAMES)}")
     for key in ("free_rider_index", "saboteur_index"):
-      if not 0 <= getattr(self, key) < self.num_roles:
-        raise ValueError(f"config.task.{key}={getattr(self, key)}; allowed: 0..{self.num_roles - 1} "
-                         f"(a role index; config.task.num_roles={self.num_roles})")
+      checks.integer(f"task.{key}", getattr(self, key), 0, self.num_roles - 1,
+                     note=f"a role index; config.task.num_roles={self.num_roles}")
 
   @property
   def prompt_segments(self) -> tuple[tuple[str, int], ...]:

@@ -10,7 +10,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from marl_jax import text
+from marl_jax import checks, text
 from marl_jax.tasks import base
 
 
@@ -22,8 +22,8 @@ class HiddenSum(base.Task):
   demo_error_rate: float = 0.4
 
   def __post_init__(self):
-    if self.max_number < 1 or self.modulus < 2:
-      raise ValueError(f"hidden_sum needs max_number >= 1 and modulus >= 2; got {self}")
+    checks.integer("task.max_number", self.max_number, 1)
+    checks.integer("task.modulus", self.modulus, 2)
 
   @property
   def width(self) -> int:

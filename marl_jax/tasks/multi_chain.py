@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from marl_jax import text
+from marl_jax import checks, text
 from marl_jax.tasks import base
 from marl_jax.tasks.arithmetic import OPS, Arithmetic
 
@@ -28,8 +28,7 @@ class MultiChain(base.Task):
   demo_error_rate: float = 0.6
 
   def __post_init__(self):
-    if self.num_chains < 1:
-      raise ValueError(f"multi_chain needs num_chains >= 1; got {self}")
+    checks.integer("task.num_chains", self.num_chains, 1)
     _ = self.chain  # Arithmetic checks the chain knobs
 
   @property

@@ -14,7 +14,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from marl_jax import text
+from marl_jax import checks, text
 from marl_jax.tasks import base
 
 INPUT, DUP, SWAP = (text.TOKEN_ID[c] for c in "xds")
@@ -30,9 +30,10 @@ class StackProgram(base.Task):
   demo_error_rate: float = 0.4
 
   def __post_init__(self):
-    if self.num_ops < 1 or self.modulus < 2 or not 1 <= self.num_examples <= self.modulus:
-      raise ValueError(f"stack_program needs num_ops >= 1, modulus >= 2 and 1 <= num_examples <= "
-                       f"modulus; got {self}")
+    checks.integer("task.num_ops", self.num_ops, 1)
+    checks.integer("task.modulus", self.modulus, 2)
+    checks.integer("task.num_examples", self.num_examples, 1, self.modulus,
+                   note="distinct inputs below config.task.modulus")
 
   @property
   def width(self) -> int:

@@ -9,7 +9,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from marl_jax import text
+from marl_jax import checks, text
 from marl_jax.tasks import base
 
 ONE, ZERO = text.TOKEN_ID["1"], text.TOKEN_ID["0"]
@@ -23,8 +23,8 @@ class SubsetSum(base.Task):
   demo_error_rate: float = 0.3
 
   def __post_init__(self):
-    if self.num_numbers < 1 or self.max_number < 1:
-      raise ValueError(f"subset_sum needs num_numbers >= 1 and max_number >= 1; got {self}")
+    checks.integer("task.num_numbers", self.num_numbers, 1)
+    checks.integer("task.max_number", self.max_number, 1)
 
   @property
   def number_width(self) -> int:

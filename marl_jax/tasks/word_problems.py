@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from marl_jax import text
+from marl_jax import checks, text
 from marl_jax.lm import agent as lm_agent
 from marl_jax.tasks.base import Task
 
@@ -93,9 +93,8 @@ class WordProblems(Task):
     if not self.tokenizer:
       raise ValueError("config.task.name='word_problems' needs a language-model agent: set "
                        "config.model.checkpoint to a local Qwen3/Llama checkpoint directory")
-    if self.max_prompt_len < 1 or self.max_answer_len < 2:
-      raise ValueError(f"config.task.max_prompt_len={self.max_prompt_len}, max_answer_len="
-                       f"{self.max_answer_len}; allowed: >= 1 and >= 2")
+    checks.integer("task.max_prompt_len", self.max_prompt_len, 1)
+    checks.integer("task.max_answer_len", self.max_answer_len, 2)
     if self.answer_style not in word_problems.ANSWER_STYLES:
       raise ValueError(f"config.task.answer_style={self.answer_style!r}; allowed: "
                        f"{list(word_problems.ANSWER_STYLES)}")
