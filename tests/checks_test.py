@@ -50,6 +50,8 @@ ARITHMETIC = tasks.make("arithmetic")
      "config.credit.decay=1.0; allowed: a number in [0, 1)"),
     (lambda: credit.make("difference", credit_weight=math.inf).check(2, 2),
      "config.credit.credit_weight=inf; allowed: a number >= 0.0"),
+    # A NaN payoff was accepted, and every reward was NaN.
+    (lambda: tasks.make("matrix_game", game="penalty", k=math.nan), "config.task.k=nan; allowed: a finite number"),
 ])
 def test_settings_are_refused_by_their_key(make, message):
   with pytest.raises(ValueError) as error:

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from marl_jax import text
+from marl_jax import checks, text
 from marl_jax.tasks import base
 
 GAMES = ("climbing", "penalty", "nonmonotonic")
@@ -29,6 +29,7 @@ class MatrixGame(base.Task):
   def __post_init__(self):
     if self.game not in GAMES:
       raise ValueError(f"config.task.game={self.game!r} is unknown; allowed: {list(GAMES)}")
+    checks.check("task.k", self.k, lambda k: True, "a finite number")  # a NaN payoff: NaN rewards
 
   def payoffs(self) -> np.ndarray:
     """The team payoff of (row action, column action): float32[3, 3]."""
