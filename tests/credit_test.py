@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from marl_jax import credit, protocols
+from marl_jax import credit, protocols, train
 from marl_jax.tasks import Arithmetic
 
 # Two groups of G=4 samples of one problem each.
@@ -151,6 +151,18 @@ def test_role_baseline_by_hand():
   by_role = credit.make("role_baseline", decay=0.9, signal="role")
   state, _ = sharded(by_role.update)(init(by_role), OUTCOME)
   chex.assert_trees_all_close(by_role.baseline_R(state), jnp.array([.5, .75]))
+
+
+def test_the_step_credits_a_batch_before_the_estimator_learns_from_it():
+  # The baseline a batch is judged against must not include that batch (its own rows would pull each
+  # advantage toward 0): the step's advantages are the state's before the update, baseline 0 here,
+  # not 0.75 (test_role_baseline_by_hand).
+  estimator = credit.make("role_baseline", decay=0.9)
+  step_credit = sharded(lambda state, outcome: train.credit_from_reruns(
+      dataclasses.make_dataclass("Exp", ["credit"])(estimator), state, None, outcome, None))
+  adv_RxB, state, _ = step_credit(init(estimator), OUTCOME)
+  chex.assert_trees_all_close(adv_RxB, jnp.stack([TEAM_B, TEAM_B]))
+  chex.assert_trees_all_close(estimator.baseline_R(state), jnp.array([.75, .75]))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from marl_jax import checkpoint, configs, experiment, protocols, state, tasks, text
+from marl_jax import checkpoint, configs, experiment, parallel, protocols, rollout, state, tasks, text, train
 from marl_jax.protocols import engine
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -168,6 +168,31 @@ def test_training_rewards_add_the_weighted_terms_at_the_step():
                              + bonus_B, atol=1e-6)
   team_B, _ = engine.training_rewards(protocol, scored)  # outside training: the outcome alone
   np.testing.assert_allclose(team_B, scored.team_B)
+
+
+def test_the_step_and_its_reruns_score_with_the_weighted_terms():
+  # The same bonus as above, where training reads it: the sampled episodes' outcome (`train.score`) and
+  # their counterfactual re-runs' (`rollout.score_reruns`), or the difference credit would be biased by it.
+  config = configs.sibling(str(REPO / "experiments" / "x.py"), "delegate").get_config("size=tiny")
+  config.protocol.update(parallel_weight=0.4, finish_weight=0.2, anneal_steps=100)
+  config.num_devices = 1
+  exp = experiment.build(config)
+  problems, tokens_BxT = _transcripts(ROWS)
+  no_logp_BxT = jnp.zeros(tokens_BxT.shape)
+  episodes = rollout.Episodes(tokens_BxT, no_logp_BxT, no_logp_BxT > 0)
+
+  def team_outcomes(problems, episodes):
+    _, outcome = train.score(exp, problems, episodes, jnp.asarray(50))
+    rerun = rollout.score_reruns(exp, problems, episodes.tokens_BxT[None, None], jnp.asarray(50))
+    return outcome.team_B, rerun.team_CxKxB[0, 0]
+
+  mesh = jax.make_mesh((1,), (parallel.DATA,))
+  whole = jax.sharding.PartitionSpec()
+  team_B, rerun_team_B = jax.jit(jax.shard_map(team_outcomes, mesh=mesh, in_specs=whole, out_specs=whole,
+                                               check_vma=False))(problems, episodes)
+  expected_B = np.array([1., 1., 0., 1., 1., 0.]) + np.array([.3, 0., .2, .2, .3, .25])
+  np.testing.assert_allclose(team_B, expected_B, atol=1e-6)
+  np.testing.assert_allclose(rerun_team_B, expected_B, atol=1e-6)
 
 
 def test_bad_input():

@@ -142,6 +142,32 @@ def test_counterfactual_keeps_the_turns_that_cannot_react():
   np.testing.assert_array_equal(cf_RxKxBxT[..., :P], np.broadcast_to(tokens_BxT[:, :P], (3, 2, B, P)))
 
 
+@pytest.mark.parametrize("temperature", [1.0, 1e-4])
+def test_reruns_are_independent_draws_at_the_run_temperature(temperature):
+  # Role 1's K = 4 re-runs of each row: at temperature 1 (random parameters, so the policy is
+  # spread) the draws differ from one another; near 0 every draw is the greedy message, so all K
+  # agree. Shared keys, or a temperature other than config.rl.temperature, fail one of the two.
+  config = tiny_config(**{"protocol.name": "solver_verifier", "task.num_ops": 1,
+                          "rl.temperature": temperature})
+  config.credit = configs.credit_config("difference")
+  config.credit.samples = 4
+  exp = experiment.build(config)
+  B = 16
+  params_R = state.init_state(exp, jax.random.PRNGKey(0)).params
+  problems = jax.vmap(exp.task.sample)(jax.random.split(jax.random.PRNGKey(1), B))
+  tokens_BxT = rollout.sample(exp, params_R, problems, jax.random.split(jax.random.PRNGKey(2), B)).tokens_BxT
+  cf_KxBxT = rollout.rerun_tokens(exp, params_R, tokens_BxT, jax.random.split(jax.random.PRNGKey(3), B),
+                                  exp.credit.reruns(2))[1]
+  verifier = slice(*exp.layout.turn_slices[exp.layout.role_turns(1)[0]])
+  differ_KxK = np.array([[np.mean(np.any(cf_KxBxT[i, :, verifier] != cf_KxBxT[j, :, verifier], -1))
+                          for j in range(4)] for i in range(4)])
+  off_diagonal = differ_KxK[~np.eye(4, dtype=bool)]
+  if temperature == 1.0:
+    assert off_diagonal.min() > 0.5, differ_KxK
+  else:
+    assert off_diagonal.max() == 0, differ_KxK
+
+
 def test_replace_reruns_free_only_the_coalitions_own_turns():
   # Solver-verifier over two rounds: prompt 0..6 | S 7, answer 8..9 | V 10, verdict 11..13 |
   # S 14, answer 15..16 | V 17, verdict 18..20 (engine_test).
