@@ -69,6 +69,18 @@ def test_bootstrap_share():
   # 1/16 of the draws, more than the 2.5 % in each tail: the interval is min part / max total to
   # max part / min total, both runs resampled.
   assert report.bootstrap_share([0.1, 0.3], [0.2, 0.4]) == pytest.approx((2 / 3, 0.25, 1.5))
+  # 20 seeds at 0 and 20 at 1 over a constant total: a resampled share is Binomial(40, 1/2) / 40,
+  # whose 2.5 % and 97.5 % quantiles are 14/40 and 26/40 (P(X <= 13) = 0.019, P(X <= 14) = 0.040),
+  # and the 5 % and 95 % ones (a 90 % interval) 15/40 and 25/40.
+  half = [0.0] * 20 + [1.0] * 20
+  assert report.bootstrap_share(half, [1.0] * 40) == pytest.approx((0.5, 14 / 40, 26 / 40))
+  assert report.bootstrap_share(half, [1.0] * 40, level=0.9) == pytest.approx((0.5, 15 / 40, 25 / 40))
+
+
+def test_seed_values_in_seed_order():
+  row = {"x": 5.0, **{f"x/seed{i}": float(i) for i in (10, 2, 0, 11, 1, 3, 4, 5, 6, 7, 8, 9)}}
+  np.testing.assert_array_equal(report.seed_values(row, "x"), np.arange(12))  # seed10 after seed9
+  np.testing.assert_array_equal(report.seed_values({"x": 5.0}, "x"), [5.0])
 
 
 def write_run(workdir, evals: dict, extra: dict | None = None):
@@ -192,8 +204,10 @@ def test_cli_split(runs, capsys):
   report.main(["--split", runs[0], runs[1]])
   out = capsys.readouterr().out
   # Gains over the shared base of 30: single-agent run a +12, multi-agent run b +23; 12 / 23 = 52%.
-  assert "| single-agent RL (A final − A base) | +12.0 ± 5.0 | 52% [" in out
-  assert "| multi-agent RL (total − single-agent) | +11.0 ± 6.1 | 48% [" in out
+  # The share's bootstrap interval over gains [10, 12, 14] / [20, 23, 26] (test_bootstrap_share's
+  # runs): [0.427, 0.635]; the multi-agent share's is its complement, [1 - 0.635, 1 - 0.427].
+  assert "| single-agent RL (A final − A base) | +12.0 ± 5.0 | 52% [43%, 63%] |" in out
+  assert "| multi-agent RL (total − single-agent) | +11.0 ± 6.1 | 48% [37%, 57%] |" in out
   assert "| total (B final − B base) | +23.0 ± 7.5 | 100% |" in out
   assert "single / multi: 52 / 48 here; reference 70 / 30 at 0.6B (Zeng et al. 2026)" in out
   assert "bootstrap" in out and "rng seed 0" in out and "not established" not in out
@@ -206,10 +220,10 @@ def test_cli_needs_a_run():
 
 def test_cli_seeds(tmp_path, capsys):
   # Three seeds from config.seed = 1000: the second logs a NaN reward once and skips an update, the
-  # third ends below its base.
+  # third skips one without a NaN (a non-finite gradient, say) and ends below its base: both diverged.
   run = str(tmp_path / "sweep")
   write_run(run, {0: [0.30, 0.30, 0.30], 50: [0.45, 0.35, 0.25], 100: [0.40, 0.42, 0.20]},
-            extra={"skipped_updates": [0, 1, 0]})
+            extra={"skipped_updates": [0, 1, 1]})
   with open(os.path.join(run, "metrics.jsonl"), "a") as f:
     f.write(json.dumps({"step": 101, "reward": 0.1, "reward/seed0": 0.1, "reward/seed1": float("nan"),
                         "reward/seed2": 0.1}) + "\n")
@@ -219,9 +233,9 @@ def test_cli_seeds(tmp_path, capsys):
   out = capsys.readouterr().out
   assert "| 1000 | 30.0 | 40.0 | 45.0 | 5.0 | 0 | no |" in out
   assert "| 1001 | 30.0 | 42.0 | 42.0 | 0.0 | 1 | yes |" in out
-  assert "| 1002 | 30.0 | 20.0 | 25.0 | 5.0 | 0 | no |" in out
+  assert "| 1002 | 30.0 | 20.0 | 25.0 | 5.0 | 1 | no |" in out
   # Final [40, 42, 20]: median 40, sd 12.2; mean 34.0 ± 4.3027 * 12.166 / sqrt(3) = 30.2.
-  assert ("Diverged: 1 of 3 seeds (1 logged a non-finite accuracy, reward or loss; 1 skipped an update). "
+  assert ("Diverged: 2 of 3 seeds (1 logged a non-finite accuracy, reward or loss; 2 skipped an update). "
           "Ended below their base: 1. Final accuracy: min 20.0, median 40.0, max 42.0, sd 12.2, "
           "mean 34.0 ± 30.2 (95% CI).") in out
 

@@ -34,6 +34,23 @@ def _transcript(name, targets, messages, **knobs):
   return protocol, layout, problems, engine.assemble(layout, prompt_BxP, turns)
 
 
+def test_relay_rewards_by_hand():
+  # Three agents, the last one's 4-token slot answers; only the answer's first 2 tokens ('d<eos>')
+  # count, and only the last agent's message does.
+  PAD2 = [text.PAD] * 2
+  messages = [[D(7), D(7), D(7) + PAD2],  # right
+              [D(7), D(7), D(5) + PAD2],  # the earlier agents right, the answer wrong
+              [D(5), D(1), D(7) + PAD2],  # the earlier agents wrong, the answer right
+              [D(7), D(7), [text.DIGIT0 + 7] * 2 + [text.EOS, text.PAD]],  # '77': wrong
+              [D(7), D(7), [text.DIGIT0 + 7] + [text.PAD] * 3]]  # no EOS: wrong
+  protocol, layout, problems, canvas_BxT = _transcript("relay", [7] * 5, messages, agents=3, message_len=2,
+                                                       answer_len=4)
+  scored = protocol.rewards(TASK, layout, problems, canvas_BxT)
+  np.testing.assert_array_equal(scored.team_B, [1, 0, 1, 0, 0])
+  np.testing.assert_array_equal(scored.role_RxB, [[1, 0, 1, 0, 0]] * 3)
+  assert scored.metrics["accuracy"] == 0.4
+
+
 def _answers(*rows):
   """answers_KxBxA from rows of digits (None: `<absent>`)."""
   return jnp.array([[ABSENT if d is None else D(d) for d in row] for row in rows]).transpose(1, 0, 2)
@@ -162,7 +179,7 @@ def test_best_of_n_pick_and_rewards_by_hand():
   # Every target is 3; three candidates.  The judge's message     final   team  judge signal
   messages = [[D(5), D(3), D(7), PICK(1)],  # picks the right one       3       1     1
               [D(5), D(3), D(7), PICK(2)],  # picks a wrong one         7       0     0
-              [D(3), D(5), D(7), PICK(9)],  # no candidate 9: unreadable -> first   1     0
+              [D(3), D(5), D(7), PICK(3)],  # no candidate 3 (0..2): unreadable -> first  1  0
               [D(3), D(5), D(7), [text.DIGIT0 + 1, text.DIGIT0 + 1]],  # no EOS: first   1  0
               [D(5), D(3), D(7), ABSENT],  # absent judge: first       5       0     0
               [D(5), D(6), D(7), PICK(2)],  # none right, readable pick 7      0     1
