@@ -30,10 +30,10 @@ ON_NONFINITE = ("skip", "stop")
 
 # Integer settings that others divide by or loop over, with the least value each allows.
 _AT_LEAST = {"num_seeds": 1, "seeds_at_once": 0, "total_steps": 0, "steps_per_call": 1, "log_every": 1,
-             "eval_every": 1, "checkpoint_every": 1, "num_devices": 0, "model_shards": 1, "model.d_model": 1,
-             "model.n_layers": 1, "model.n_heads": 1, "model.d_ff": 1, "model.max_len": 1, "rl.batch_size": 1,
-             "rl.group_size": 1, "rl.epochs": 1, "rl.minibatches": 1, "rl.microbatch_size": 0, "optim.warmup_steps": 0,
-             "sft.steps": 0, "sft.batch_size": 1, "sft.warmup_steps": 0, "eval.size": 1}
+             "eval_every": 1, "checkpoint_every": 1, "num_devices": 0, "model_shards": 1, "model.max_len": 1,
+             "rl.batch_size": 1, "rl.group_size": 1, "rl.epochs": 1, "rl.minibatches": 1, "rl.microbatch_size": 0,
+             "optim.warmup_steps": 0, "sft.steps": 0, "sft.batch_size": 1, "sft.warmup_steps": 0, "eval.size": 1}
+# The built-in model's shapes are checked where it is made (`make_model`), for each model of a team.
 # Real settings that must be above a bound.
 _ABOVE = {"rl.temperature": 0.0, "rl.clip_eps": 0.0, "optim.learning_rate": 0.0, "optim.max_grad_norm": 0.0,
           "sft.learning_rate": 0.0}
@@ -277,6 +277,8 @@ def make_model(model_config, free_text: bool = False, key: str = "config.model")
   if model_config.lora.enabled:
     raise ValueError(f"{key}.lora.enabled=True needs {key}.checkpoint: adapters train on a "
                      "checkpoint's frozen weights, not on the built-in model")
+  for shape in ("d_model", "n_layers", "n_heads", "d_ff"):  # a checkpoint's are its config.json's
+    checks.integer(f"{key.removeprefix('config.')}.{shape}", model_config[shape], 1)
   if model_config.d_model % model_config.n_heads:
     raise ValueError(f"{key}.d_model={model_config.d_model} does not divide by "
                      f"{key}.n_heads={model_config.n_heads}; allowed: multiples of it")

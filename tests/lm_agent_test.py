@@ -278,7 +278,8 @@ def test_tiny_solver_verifier_through_the_cli_and_export(family, lora, verifier,
   if not lora:  # bad input is refused in one line (it was a traceback): once is enough
     for args, refusal in [(["--role=judge", f"--out={tmp_path / 'judge'}"],
                            "--role='judge' is not a role of this run; allowed: ['solver', 'verifier']"),
-                          (["--role=verifier", f"--out={out}"], f"{out} already holds ['config.json', ")]:
+                          (["--role=verifier", f"--out={out}"], f"--out={out} holds ['config.json', "),
+                          (["--role=verifier", f"--out={workdir}"], f"--out={workdir} holds ['checkpoints', ")]:
       refused = subprocess.run([sys.executable, "-m", "marl_jax.lm.export", f"--workdir={workdir}", *args],
                                cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
       assert refused.returncode == 1 and "Traceback" not in refused.stderr

@@ -129,6 +129,13 @@ def test_bad_teams_are_refused_before_compiling():
     experiment.build(config)
   with pytest.raises(ValueError, match="team=mixed .* needs sharing=isolated"):
     _sv_config("size=tiny,team=mixed,sharing=shared")
+  # A team model's shapes are checked as config.model's are (n_heads 0 divided by zero; n_layers 0
+  # trained a verifier of no layers).
+  for shape in ("n_heads", "n_layers"):
+    config = _sv_config("size=tiny,team=mixed")
+    config.models.verifier[shape] = 0
+    with pytest.raises(ValueError, match=rf"^config.models.verifier.{shape}=0; allowed: an integer >= 1$"):
+      experiment.build(config)
   config = _sv_config("size=tiny,team=mixed")
   config.model_shards = 2
   with pytest.raises(ValueError, match="config.model_shards=2 with a mixed team"):

@@ -146,18 +146,14 @@ def _to_hf(path: tuple[str, ...], p: np.ndarray, hf_shape: tuple[int, ...]) -> n
 SERVING_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "max_position_embeddings")
 
 
-def refuse_existing(directory: str) -> None:
-  existing = [f for f in (CONFIG, WEIGHTS, INDEX) if os.path.exists(os.path.join(directory, f))]
-  if existing:
-    raise FileExistsError(f"{directory} already holds {existing}; save into a new directory")
-
-
 def save(directory: str, cfg: lm_model.LMConfig, params, source: dict | None = None) -> None:
   """Writes `config.json` and a float32 `model.safetensors` that `load` (and transformers) read back,
   with the `SERVING_KEYS` of `source` (the config.json it was trained from).  Refuses a directory that
   already holds a checkpoint: a save never replaces one."""
-  refuse_existing(directory)
   os.makedirs(directory, exist_ok=True)
+  existing = [f for f in (CONFIG, WEIGHTS, INDEX) if os.path.exists(os.path.join(directory, f))]
+  if existing:
+    raise FileExistsError(f"{directory} already holds {existing}; save into a new directory")
   flat = traverse_util.flatten_dict(params)
   flax_shapes = _param_shapes(cfg)
   tensors = {}

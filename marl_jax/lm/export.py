@@ -28,7 +28,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 def export(workdir: str, role: str, out: str, seed: int = 0, best: bool = False) -> None:
-  lm_checkpoint.refuse_existing(out)  # before the checkpoint is read
+  # Before the checkpoint is read; a directory of other files (a run's checkpoints/, say) would be
+  # broken by the files written beside them.
+  if os.path.isdir(out) and os.listdir(out):
+    raise FileExistsError(f"--out={out} holds {sorted(os.listdir(out))[:4]}; allowed: a new or empty "
+                          "directory")
   with open(os.path.join(workdir, "config.json")) as f:
     config = configs.with_new_defaults(ml_collections.ConfigDict(json.load(f)))
   exp = experiment.build(config)
