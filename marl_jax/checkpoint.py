@@ -111,14 +111,16 @@ def restore(workdir: str, abstract_state, step: int | None = None):
       return mngr.restore(step, args=ocp.args.StandardRestore(abstract_state))
     except Exception as e:  # orbax raises several types for missing/corrupt/mismatched files
       earlier = [s for s in mngr.all_steps() if s < step]
-      fallback = (f" If it is corrupt, moving {os.path.join(workdir, 'checkpoints', str(step))} out "
-                  f"of the workdir resumes from step {earlier[-1]}." if earlier else "")
+      fallback = (f"moving {os.path.join(workdir, 'checkpoints', str(step))} out of the workdir resumes "
+                  f"from step {earlier[-1]}" if earlier else "the run starts again in a new workdir")
+      # orbax's message can end in whole TensorStore specs; what failed comes before them.
+      cause = (str(e).strip().splitlines() or [type(e).__name__])[0].split(" [tensorstore_spec")[0]
       raise ValueError(
-          f"checkpoint {step} in {workdir} cannot be restored into this config's state: it is corrupt, "
-          f"or was written by a different model / roles / credit config, or by a marl_jax older than "
-          f"the credit-estimator state (TrainState.credit, added after commit bbf80e3). Start a new "
-          f"workdir; --config.init_from={workdir} starts one from its parameters.{fallback} "
-          f"({e})") from e
+          f"checkpoint {step} in {workdir} cannot be restored into this config's state ({cause}). If it "
+          f"is corrupt, {fallback}. If it was written by a different model / roles / credit config, or "
+          f"by a marl_jax older than the credit-estimator state (TrainState.credit, added after commit "
+          f"bbf80e3), start a new workdir: --config.init_from={workdir} starts one from its "
+          f"parameters.") from e
 
 
 def saved_shapes(workdir: str, step: int | None = None) -> tuple[int, dict]:

@@ -30,6 +30,9 @@ def _selecting(parse, argv):
   An unknown NAME is left for `experiment.build` to refuse."""
   def parse_and_select(path):
     config = parse(path)
+    if type(config).__name__ == "_ErrorConfig":  # ml_collections defers a file it cannot load to first use
+      error = object.__getattribute__(config, "_error")
+      raise ValueError(f"cannot load {path.split(':', 1)[0]!r}: {str(error).strip().splitlines()[-1].strip()}")
     for key in configs.NAMED_GROUPS:
       name = flag_value(argv, f"config.{key}.name")
       if (name is None or not isinstance(config, ml_collections.ConfigDict) or key not in config

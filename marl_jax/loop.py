@@ -75,6 +75,12 @@ def _setup(config: ml_collections.ConfigDict, workdir: str):
     workdir_lib.check(config, workdir)
     checkpoint.check_entries(workdir)
     start = checkpoint.latest_step(workdir)
+    if start is not None and start > config.total_steps:  # it would rewrite config.json and stop
+      raise ValueError(f"config.total_steps={config.total_steps} is below step {start}, the latest checkpoint "
+                       f"in {workdir}; allowed: >= {start} (a run does not go back: a new workdir with "
+                       f"--config.init_from={workdir} starts from its parameters)")
+    if os.path.exists(os.path.join(workdir, "metrics.jsonl")):
+      metrics_lib.read(workdir)  # a corrupt row refuses the run before config.json is rewritten
     # The calls step from `start` by steps_per_call: off its multiples they would pass total_steps and
     # every log, evaluation and checkpoint step, and end without saving.
     if start is not None and start < config.total_steps and start % config.steps_per_call:
@@ -178,8 +184,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   _agree_on_start(workdir, start)
   lead = jax.process_index() == 0
   if lead:
-    os.makedirs(workdir, exist_ok=True)
-    workdir_lib.write_atomically(os.path.join(workdir, "config.json"), config.to_json(indent=2))
+    try:
+      os.makedirs(workdir, exist_ok=True)
+      workdir_lib.write_atomically(os.path.join(workdir, "config.json"), config.to_json(indent=2))
+    except OSError as e:  # what os.access did not foresee (a file system that refuses new entries)
+      raise experiment.ConfigError(f"--workdir={workdir} cannot be written: {e}; give a directory this "
+                                   "run can write") from e
   mngr = checkpoint.manager(workdir)  # removes the unfinished save of a killed run
   # Carried over from the checkpoint resumed: skipped updates so far, and the best evaluation.
   saved = {} if start is None else mngr.metrics(start) or {}

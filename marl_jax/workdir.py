@@ -78,9 +78,14 @@ def check(config: ml_collections.ConfigDict, workdir: str) -> None:
   """Refuses (ValueError) a workdir this run must not write: one it cannot write to, one that
   is a file, one that holds a run's files without their config.json (or with an unreadable one), and
   one whose run had other settings than this one outside MAY_CHANGE.  Reads only."""
+  if not workdir:
+    raise ValueError("--workdir is empty; give a directory (new or a run's)")
   existing = workdir
   while not os.path.exists(existing):
     existing = os.path.dirname(os.path.abspath(existing))
+  if existing != workdir and not os.path.isdir(existing):
+    raise ValueError(f"--workdir={workdir} cannot be made: {existing} is a file; give a directory (new or "
+                     f"a run's)")
   paths = [existing] + [p for p in (os.path.join(workdir, f) for f in FILES) if os.path.exists(p)]
   for path in paths:
     if not os.access(path, os.W_OK | (os.X_OK if os.path.isdir(path) else 0)):
@@ -106,7 +111,11 @@ def check(config: ml_collections.ConfigDict, workdir: str) -> None:
   if not isinstance(saved, dict) or any(_get(saved, key) is None for key in REQUIRED):
     raise ValueError(f"--workdir={workdir}: its config.json is unreadable or not a marl_jax config "
                       f"({error if saved is None else 'no ' + '/'.join(REQUIRED)}); give a new workdir")
-  differences = _differences(_with_defaults(saved), _with_defaults(json.loads(config.to_json())), "")
+  try:
+    differences = _differences(_with_defaults(saved), _with_defaults(json.loads(config.to_json())), "")
+  except (TypeError, AttributeError, KeyError) as e:  # a group that is not a group, say {"rl": 5}
+    raise ValueError(f"--workdir={workdir}: its config.json is not a marl_jax config ({type(e).__name__}: "
+                     f"{e}); give a new workdir") from e
   if differences:
     raise ValueError(f"--workdir={workdir} holds a run of a different config ({'; '.join(differences)}): "
                       f"resuming it needs the same settings but {'/'.join(MAY_CHANGE)}; give a new "

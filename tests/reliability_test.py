@@ -285,6 +285,7 @@ def test_foreign_corrupt_or_read_only_workdirs_are_refused_untouched(tmp_path):
     assert run.returncode == 1, (name, err[-3000:])
     *before_it, line = err.strip().splitlines()
     assert line.startswith("FATAL ConfigError: ") and cases[name][2] in line, (name, err[-3000:])
+    assert "tensorstore_spec" not in line, line  # what failed, without orbax's TensorStore specs
     # Only a failed restore may come with tracebacks of tensorstore reads still pending (orbax's).
     assert name == "corrupt_step" or not before_it, (name, err[-3000:])
     os.chmod(tmp_path / name, 0o755)
@@ -302,6 +303,31 @@ def _refused_untouched(workdir, config, expected):
   for piece in expected:
     assert piece in str(error.value), (piece, str(error.value))
   assert _snapshot(workdir) == before
+
+
+def test_resume_refuses_fewer_steps_than_its_checkpoint(tmp_path):
+  # It exited 0 with no message, its config.json rewritten to total_steps 0 beside checkpoint 2.
+  _workdir_of_a_run(tmp_path)
+  _refused_untouched(tmp_path, tiny_config(**{**OVERRIDES, "total_steps": 0}),
+                     [f"config.total_steps=0 is below step 2, the latest checkpoint in {tmp_path}",
+                      "allowed: >= 2"])
+
+
+def test_a_config_json_of_another_shape_is_refused(tmp_path):
+  _workdir_of_a_run(tmp_path)
+  saved = json.loads((tmp_path / "config.json").read_text())
+  (tmp_path / "config.json").write_text(json.dumps({**saved, "rl": 5}))  # a TypeError traceback
+  _refused_untouched(tmp_path, tiny_config(**OVERRIDES), ["its config.json is not a marl_jax config"])
+
+
+@pytest.mark.parametrize("where, message", [
+    ("", "--workdir is empty"),
+    ("file/run", "--workdir={tmp}/file/run cannot be made: {tmp}/file is a file")])
+def test_a_workdir_that_cannot_be_made_is_refused(tmp_path, where, message):
+  (tmp_path / "file").write_text("")
+  with pytest.raises(experiment.ConfigError) as error:
+    loop.train_and_evaluate(tiny_config(**OVERRIDES), str(tmp_path / where) if where else "")
+  assert str(error.value).startswith(message.format(tmp=tmp_path))
 
 
 def test_resume_refuses_a_steps_per_call_that_misses_the_steps_left(tmp_path):
@@ -458,6 +484,9 @@ def test_command_line_config_errors_are_one_line(tmp_path):
   cases = [  # (flags, the start of the one line, what it names)
       ([f"--config={REPO / 'experiments' / 'single_agent.py'}:size=huge"],
        "FATAL Flags parsing error: flag --config=", "size='huge' is unknown; allowed: ['tiny', 'cpu',"),
+      # A config file that is not there: two tracebacks before.
+      ([f"--config={REPO / 'experiments' / 'nope.py'}"], "FATAL Flags parsing error: flag --config=",
+       f"cannot load '{REPO / 'experiments' / 'nope.py'}': [Errno 2] No such file or directory"),
       (["--config.rl.nope=3"], "FATAL Flags parsing error: flag --config.rl.nope=3: ",
        "config.rl.nope is not a key; allowed: ['algorithm',"),
       (["--config.rl.minibatches=0"], "FATAL ConfigError: config.rl.minibatches=0; ",
