@@ -202,6 +202,11 @@ def test_nonfinite_value_skips_the_update_or_stops_the_run(tmp_path, quantity):
           == [max(0, step - first + 1) for step in (0, 2, 4)])
   before, at_4 = _restore(skip, first - 1), _restore(skip, 4)
   chex.assert_trees_all_equal(at_4.replace(step=before.step), before)
+  if quantity == "reward":  # resumed, the count goes on from the checkpoint's (not from 0)
+    resumed = _run(skip, "--config.checkpoint_every=2", "--config.total_steps=6", *flags, patch=patch)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert ([r["skipped_updates"] for r in map(json.loads, open(skip / "metrics.jsonl"))]
+            == [max(0, step - first + 1) for step in (0, 2, 4, 6)])
 
   # With on_nonfinite=stop the run ends with one line naming the step, seed, quantity and role;
   # nothing of the call holding step `first` is saved or logged.
