@@ -1,5 +1,6 @@
-"""What the command lines share: each error on one line.  Flag parsing for the config-file CLIs (`main`,
-`benchmark`); bad input to the argparse ones (`report`, `archive`, `lm.export`)."""
+"""What the command lines share: each error on one line.  Flag parsing for the absl CLIs (the config-file
+ones, `main` and `benchmark`, and `throughput`); bad input to the argparse ones (`report`, `archive`,
+`lm.export`)."""
 import argparse
 import contextlib
 import sys
@@ -70,10 +71,12 @@ def _unknown_key(argv) -> str | None:
 
 def parse_flags(argv):
   """absl's flag parsing, `--config.credit.name` and the like selecting their settings (`_selecting`),
-  with each error on one line: a config file's own error without the traceback ml_collections puts in
-  the message, and an unknown --config.KEY with the allowed keys."""
-  parser = flags.FLAGS["config"].parser
-  parser.parse = _selecting(parser.parse, argv)
+  with each error on one line (absl's own adds a line of help): a config file's own error without the
+  traceback ml_collections puts in the message, and an unknown --config.KEY with the allowed keys.  A
+  CLI without a --config flag gets the one line alone."""
+  if "config" in flags.FLAGS:
+    parser = flags.FLAGS["config"].parser
+    parser.parse = _selecting(parser.parse, argv)
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:

@@ -98,17 +98,19 @@ class Experiment:
                         shapes, self.shardings(shapes))
 
 
+# `config.roles.sharing` by name, a role map of R roles: each role its own parameter set, or one for all.
+NAMED_SHARING = {"isolated": lambda R: tuple(range(R)), "shared": lambda R: (0,) * R}
+
+
 def role_map(roles, sharing) -> tuple[int, ...]:
-  if sharing == "isolated":
-    return tuple(range(len(roles)))
-  if sharing == "shared":
-    return (0,) * len(roles)
+  if isinstance(sharing, str) and sharing in NAMED_SHARING:
+    return NAMED_SHARING[sharing](len(roles))
   try:
     role_set = tuple(int(s) for s in str(sharing).split(","))
   except ValueError:
     role_set = ()
   if len(role_set) != len(roles) or min(role_set) < 0:
-    raise ValueError(f"config.roles.sharing={sharing!r}; allowed: 'isolated', 'shared', or a "
+    raise ValueError(f"config.roles.sharing={sharing!r}; allowed: {', '.join(map(repr, NAMED_SHARING))}, or a "
                      f"parameter set for each role {list(roles)} such as '0,1'")
   return role_set
 

@@ -24,6 +24,10 @@ splits it (the rollout timed alone too).
 With `--profile`, one more call per row is traced: its thunk time by kind, its dots' FLOPs read from
 the compiled module (a check of `step_flops`), and its `ceiling`, the fraction of the matmul it would
 reach with no core left idle.
+
+Bad flags end the command before anything compiles or is timed, with one `FATAL` line naming the flag
+and the values allowed and exit status 1: each flag when parsed, then every row's config is built
+(a row's config error names the flags behind it) and `--json`'s file written (as `[]`).
 """
 import collections
 import glob
@@ -32,6 +36,7 @@ import json
 import math
 import os
 import re
+import sys
 import tempfile
 import time
 
@@ -43,19 +48,21 @@ import numpy as np
 
 from jax.sharding import PartitionSpec as P
 
-from marl_jax import (configs, experiment, model as model_lib, parallel, rollout, sampling, state as state_lib,
-                      train)
+from marl_jax import (cli, configs, credit, experiment, model as model_lib, parallel, rollout, sampling,
+                      state as state_lib, train)
 
-_JSON = flags.DEFINE_string("json", "", "Also write the rows here as a JSON list.")
-_BATCH = flags.DEFINE_integer("batch_size", 256, "Episodes per step (per seed).")
+_JSON = flags.DEFINE_string("json", "", "Also write the rows here as a JSON list (`[]` before the first).")
+_BATCH = flags.DEFINE_integer("batch_size", 256, "Episodes per step (per seed).", lower_bound=1)
 _MICRO = flags.DEFINE_integer("microbatch_size", 0, "config.rl.microbatch_size: rows per forward/backward "
-                              "pass of the update (0: the whole minibatch).")
-_CALLS = flags.DEFINE_integer("calls", 3, "Timed calls of steps_per_call steps each.")
-_STEPS = flags.DEFINE_integer("steps_per_call", 10, "Steps per compiled call.")
-_GRID = flags.DEFINE_string("grid", "1,2,4/1,4", "roles/seeds to run, e.g. '2/1' for the relay job only.")
-_CREDITS = flags.DEFINE_string("credits", "team,difference", "Credit estimators to run.")
-_SHARING = flags.DEFINE_string("sharing", "isolated", "Parameter sharing to run, comma-separated: isolated, "
-                               "shared or isolated,shared.")
+                              "pass of the update (0: the whole minibatch).", lower_bound=0)
+_CALLS = flags.DEFINE_integer("calls", 3, "Timed calls of steps_per_call steps each.", lower_bound=1)
+_STEPS = flags.DEFINE_integer("steps_per_call", 10, "Steps per compiled call.", lower_bound=1)
+_GRID = flags.DEFINE_string("grid", "1,2,4/1,4", "ROLES/SEEDS to run, each comma-separated, e.g. '2/1' for "
+                            "the relay job only.")
+_CREDITS = flags.DEFINE_string("credits", "team,difference", "Credit estimators to run, comma-separated: "
+                               f"{', '.join(sorted(credit.REGISTRY))}.")
+_SHARING = flags.DEFINE_string("sharing", "isolated", "Parameter sharing to run, comma-separated: "
+                               f"{', '.join(sorted(experiment.NAMED_SHARING))}.")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", "", "A local Qwen3/Llama checkpoint directory as the agents "
                                   "(config.model.checkpoint) instead of the built-in model.")
 _RANDOM = flags.DEFINE_bool("random_weights", False, "With --checkpoint: its shapes, randomly initialised.")
@@ -69,9 +76,61 @@ _D_MODEL = flags.DEFINE_integer("d_model", RELAY_D_MODEL, "Width of the built-in
                                "elementwise pass.", lower_bound=4)
 _CPU_DEVICES = flags.DEFINE_integer("cpu_devices", 0, "On a CPU: split it into this many JAX devices "
                                     "(jax_num_cpu_devices), each row's batch split over them as training "
-                                    "splits it over devices; 0: as XLA_FLAGS has it (one by default).")
+                                    "splits it over devices; 0: as XLA_FLAGS has it (one by default).",
+                                    lower_bound=0)
 _WORKFLOWS = flags.DEFINE_bool("workflows", False, "Instead of timing: each workflow's model FLOPs per "
-                               "episode of sampling against the minimum (analytic, nothing compiles).")
+                               "episode of sampling against the minimum (analytic, nothing compiles); "
+                               "alone, without the flags above.")
+# Every flag above but --workflows sets how the rows are timed, which --workflows does not do.
+_ROW_FLAGS = [holder.name for holder in list(globals().values())
+              if isinstance(holder, flags.FlagHolder) and holder is not _WORKFLOWS]
+# The config keys the flags set (`relay_config`): a row's config error names the flags behind it.
+_FLAG_OF_KEY = {"rl.batch_size": _BATCH, "rl.microbatch_size": _MICRO, "steps_per_call": _STEPS,
+                "protocol.agents": _GRID, "num_seeds": _GRID, "credit": _CREDITS, "roles.sharing": _SHARING,
+                "model.checkpoint": _CHECKPOINT, "model.d_model": _D_MODEL}
+
+
+def grid(value: str) -> tuple[list[int], list[int]]:
+  """`--grid`'s roles and seeds; raises `flags.ValidationError` for a value it cannot read."""
+  try:
+    roles, seeds = ([int(x) for x in part.split(",")] for part in value.split("/"))
+  except ValueError:
+    roles = seeds = [0]
+  if min(roles + seeds) < 1:
+    raise flags.ValidationError("allowed: ROLES/SEEDS, comma-separated integers >= 1 each, e.g. '1,2,4/1,4'")
+  return roles, seeds
+
+
+def names(value: str, allowed) -> list[str]:
+  """The names of a comma-separated flag, each one of `allowed`; raises `flags.ValidationError`."""
+  chosen = value.split(",")
+  if not set(chosen) <= set(allowed):
+    raise flags.ValidationError(f"allowed: one or more of {', '.join(sorted(allowed))}, comma-separated")
+  return chosen
+
+
+def _refuse_width_of_checkpoint(values) -> bool:
+  if values["checkpoint"] and values["d_model"] != RELAY_D_MODEL:
+    raise flags.ValidationError(f"--d_model={values['d_model']} sets the built-in agents' width; with "
+                                "--checkpoint the checkpoint's config.json does: leave --d_model at its "
+                                f"default ({RELAY_D_MODEL})")
+  return True
+
+
+def _refuse_row_flags(workflows: bool) -> bool:
+  given = [f"--{name}" for name in _ROW_FLAGS if flags.FLAGS[name].present]
+  if workflows and given:
+    raise flags.ValidationError(f"it times no rows, so it would ignore {', '.join(given)}; allowed: "
+                                "--workflows alone")
+  return True
+
+
+# Checked when the flags are parsed: absl's FATAL line names the flag and its value.
+flags.register_validator("grid", lambda value: bool(grid(value)))
+flags.register_validator("credits", lambda value: bool(names(value, credit.REGISTRY)))
+flags.register_validator("sharing", lambda value: bool(names(value, experiment.NAMED_SHARING)))
+flags.register_multi_flags_validator(["checkpoint", "d_model"], _refuse_width_of_checkpoint)
+flags.register_validator("workflows", _refuse_row_flags)
 
 # The workflows of the FLOPs-per-episode table: (name, experiment file, its argument).
 WORKFLOWS = (
@@ -387,28 +446,51 @@ def workflow_flops_table():
           f"{flops['computed'] / flops['minimum']:>12.2f}")
 
 
+def row_configs() -> list:
+  """Each row of the grid, (roles, seeds, sharing, credit), with its config, every one built
+  (`experiment.build`: nothing compiles) so that a bad one stops the command before the first row is
+  timed: one line naming the row, the config key and the flags that set it, exit status 1."""
+  roles_grid, seeds_grid = grid(_GRID.value)
+  rows = []
+  for row in [(r, s, sharing, name) for r in roles_grid for s in seeds_grid
+              for sharing in names(_SHARING.value, experiment.NAMED_SHARING)
+              for name in names(_CREDITS.value, credit.REGISTRY)]:
+    roles, seeds, sharing, name = row
+    config = relay_config(roles, seeds, name, _BATCH.value, _STEPS.value, sharing, _CHECKPOINT.value,
+                          _RANDOM.value, _MICRO.value, _D_MODEL.value)
+    try:
+      experiment.build(config)
+    except (ValueError, OSError) as e:
+      given = dict.fromkeys(f"--{holder.name}={holder.value}" for key, holder in _FLAG_OF_KEY.items()
+                            if f"config.{key}" in str(e))
+      sys.exit(f"FATAL ConfigError: the row roles={roles}, seeds={seeds}, sharing={sharing}, credit={name}: "
+               f"{e}" + (f" (from {', '.join(given)})" if given else ""))
+    rows.append((row, config))
+  return rows
+
+
 def main(argv):
   del argv
   if _WORKFLOWS.value:
     workflow_flops_table()
     return
-  if _CHECKPOINT.value and _D_MODEL.value != RELAY_D_MODEL:
-    raise app.UsageError(f"--d_model={_D_MODEL.value} sets the built-in agents' width; with --checkpoint "
-                         "the checkpoint's config.json does: leave --d_model at its default")
   if _CPU_DEVICES.value:  # before anything starts the backend
     jax.config.update("jax_num_cpu_devices", _CPU_DEVICES.value)
-  roles_grid, seeds_grid = ([int(x) for x in part.split(",")] for part in _GRID.value.split("/"))
+  grid_configs = row_configs()
+  if _JSON.value:  # a path it cannot write refused now, not after the first row
+    try:
+      with open(_JSON.value, "w") as f:
+        json.dump([], f)
+    except OSError as e:
+      sys.exit(f"FATAL Flags error: --json={_JSON.value}: {e.strerror}; allowed: a file that can be written, "
+               "in a directory that exists")
   rows = []
   print(f"backend={jax.default_backend()} devices={jax.device_count()} batch_size={_BATCH.value} "
         f"microbatch_size={_MICRO.value} model={_CHECKPOINT.value or f'built-in, d_model {_D_MODEL.value}'}")
   print(f"{'roles':>5} {'seeds':>5} {'sharing':>8} {'credit':>10} {'completions/s':>14} "
         f"{'tokens/s':>10} {'GFLOP/s':>8} {'of_matmul':>9} {'rollout_tok/s':>13} {'of_matmul':>9} "
         f"{'update_tok/s':>12} {'of_matmul':>9} {'compile_s':>9} {'matmul GFLOP/s':>15}")
-  grid = [(r, s, sharing, credit) for r in roles_grid for s in seeds_grid
-          for sharing in _SHARING.value.split(",") for credit in _CREDITS.value.split(",")]
-  for roles, seeds, sharing, credit in grid:
-    config = relay_config(roles, seeds, credit, _BATCH.value, _STEPS.value, sharing, _CHECKPOINT.value,
-                          _RANDOM.value, _MICRO.value, _D_MODEL.value)
+  for (roles, seeds, sharing, credit_name), config in grid_configs:
     bound_before = matmul_flops_per_s()
     row = measure(config, _CALLS.value, _PROFILE.value)
     row["matmul_flops_per_s"] = (bound_before, matmul_flops_per_s())
@@ -416,7 +498,7 @@ def main(argv):
     for part in ("", "rollout_", "update_"):
       row[f"{part}fraction_of_matmul"] = row[f"{part}flops_per_s"] / bound
     rows.append(row)
-    print(f"{roles:>5} {seeds:>5} {sharing:>8} {credit:>10} {row['completions_per_s']:>14.0f} "
+    print(f"{roles:>5} {seeds:>5} {sharing:>8} {credit_name:>10} {row['completions_per_s']:>14.0f} "
           f"{row['tokens_per_s']:>10.0f} {row['flops_per_s'] / 1e9:>8.1f} "
           f"{row['fraction_of_matmul']:>9.2f} {row['rollout_tokens_per_s']:>13.0f} "
           f"{row['rollout_fraction_of_matmul']:>9.2f} {row['update_tokens_per_s']:>12.0f} "
@@ -430,4 +512,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -4,13 +4,14 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import jax
 import ml_collections
 import numpy as np
 import pytest
 
-from marl_jax import configs, experiment, sampling, state as state_lib, throughput
+from marl_jax import configs, credit, experiment, sampling, state as state_lib, throughput
 
 
 def test_workflow_table_has_every_workflow_and_the_minimum_is_a_floor(capsys):
@@ -66,12 +67,46 @@ def test_a_wider_relay_job_keeps_its_shape_and_counts_its_own_flops():
   assert 3.5 < ratio < 4
 
 
+def _refusal(*flags: str) -> str:
+  """The last stderr line of the throughput CLI given `flags`, which it must refuse: exit status 1, no
+  traceback, nothing printed to stdout (no row began), within a minute (a timed row takes minutes)."""
+  start = time.perf_counter()
+  done = subprocess.run([sys.executable, "-m", "marl_jax.throughput", *flags], capture_output=True, text=True,
+                        check=False, timeout=60, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert done.returncode == 1, done.stderr[-2000:]
+  assert "Traceback" not in done.stderr and done.stdout == ""
+  assert time.perf_counter() - start < 60
+  return done.stderr.strip().splitlines()[-1]
+
+
 def test_the_cli_refuses_a_width_for_checkpoint_agents():
   # A checkpoint's shapes are its own: --d_model beside --checkpoint would be silently ignored.
-  done = subprocess.run([sys.executable, "-m", "marl_jax.throughput", "--checkpoint=tests/fixtures/lm/qwen3",
-                         "--d_model=256"], capture_output=True, text=True, check=False)
-  assert done.returncode != 0
-  assert "--d_model=256" in done.stderr and "--checkpoint" in done.stderr
+  assert _refusal("--checkpoint=tests/fixtures/lm/qwen3", "--d_model=256") == (
+      "FATAL Flags parsing error: flags checkpoint=tests/fixtures/lm/qwen3, d_model=256: --d_model=256 sets the "
+      "built-in agents' width; with --checkpoint the checkpoint's config.json does: leave --d_model at its "
+      "default (128)")
+
+
+@pytest.mark.parametrize("flags, line", [
+    # Each flag when parsed (absl's validators and bounds: the flag, its value and what is allowed) ...
+    (["--grid=2"], ("FATAL Flags parsing error: flag --grid=2: allowed: ROLES/SEEDS, comma-separated "
+                    "integers >= 1 each, e.g. '1,2,4/1,4'")),
+    (["--credits=team,nope"], ("FATAL Flags parsing error: flag --credits=team,nope: allowed: one or more of "
+                               f"{', '.join(sorted(credit.REGISTRY))}, comma-separated")),
+    (["--workflows", "--grid=2/1", "--calls=1"], ("FATAL Flags parsing error: flag --workflows=True: it "
+                                                  "times no rows, so it would ignore --calls, --grid; "
+                                                  "allowed: --workflows alone")),
+    # ... then every row's config built before the first is timed, its error naming the flag ...
+    (["--grid=1/1", "--d_model=6"], ("FATAL ConfigError: the row roles=1, seeds=1, sharing=isolated, "
+                                     "credit=team: config.model.d_model=6 does not divide by "
+                                     "config.model.n_heads=4; allowed: multiples of it (from --d_model=6)")),
+    # ... and the JSON file written (the old script wrote it after the first row, minutes in).
+    (["--json={tmp}/missing/rows.json"], ("FATAL Flags error: --json={tmp}/missing/rows.json: No such file "
+                                          "or directory; allowed: a file that can be written, in a "
+                                          "directory that exists")),
+], ids=["grid", "credits", "workflows", "d_model", "json"])
+def test_the_cli_refuses_a_bad_flag_in_one_line_before_timing(flags, line, tmp_path):
+  assert _refusal(*(f.format(tmp=tmp_path) for f in flags)) == line.format(tmp=tmp_path)
 
 
 @pytest.mark.slow
