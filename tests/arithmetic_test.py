@@ -153,7 +153,7 @@ def test_eval_set_is_reproducible_from_its_seed():
 
 
 def test_invalid_settings():
-  with pytest.raises(ValueError, match="num_ops >= 1"):
+  with pytest.raises(ValueError, match=r"config.task.num_ops=0; allowed: an integer >= 1"):
     Arithmetic(num_ops=0)
-  with pytest.raises(ValueError, match="modulus >= 2"):
+  with pytest.raises(ValueError, match=r"config.task.modulus=1; allowed: an integer >= 2"):
     Arithmetic(modulus=1)
