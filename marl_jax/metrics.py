@@ -64,11 +64,23 @@ class Writer:
 def read(workdir: str) -> list[dict]:
   """Rows of metrics.jsonl by step.  A line cut short by a killed process is skipped, and where a
   file written before resumed runs dropped their repeated rows (see `Writer`) holds a step twice,
-  the later row wins."""
+  the later row wins, and a blank line is skipped; any other line that is not a row (a JSON object
+  with an integer "step") is refused with a ValueError naming the file and the line."""
   rows = {}
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    for line in f:
-      if line.endswith("\n"):
+  path = os.path.join(workdir, "metrics.jsonl")
+  with open(path, "rb") as f:  # bytes: a line that is not UTF-8 is refused by its number as well
+    for number, line in enumerate(f, 1):
+      if not line.endswith(b"\n") or not line.strip():  # cut short, or blank
+        continue
+      try:
         row = json.loads(line)
-        rows[row["step"]] = {**rows.get(row["step"], {}), **row}
+      except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        detail = f"{e.msg} at column {e.pos + 1}" if isinstance(e, json.JSONDecodeError) else str(e)
+        raise ValueError(f"{path} line {number} is not JSON ({detail}); allowed: one JSON object per "
+                         f"line, a logged step's metrics") from None
+      if not (isinstance(row, dict) and type(row.get("step")) is int):
+        shown = line.decode(errors="replace").strip()[:60]
+        raise ValueError(f"{path} line {number} is not a metrics row ({shown}); allowed: a JSON object "
+                         f"with an integer \"step\"")
+      rows[row["step"]] = {**rows.get(row["step"], {}), **row}
   return [rows[s] for s in sorted(rows)]

@@ -11,7 +11,8 @@ config.seed + I: seed I's key is split(PRNGKey(config.seed), num_seeds)[I], so a
 whole set, not with --config.seed=config.seed + I.  Intervals of a mean are Student t with n − 1 dof; of
 a difference of two runs' means, Welch (unequal variances, Welch–Satterthwaite dof), or with --paired
 Student t over the per-seed differences (runs from one warm start per seed, say); of the split's
-shares, a percentile bootstrap over seeds.  With one seed an
+shares, a percentile bootstrap over seeds (of a single-agent run, one role, and a multi-agent run on the
+same task and evaluation set: others are refused).  With one seed an
 interval is undefined and prints as n/a.  Accuracies print in %, drops and gains in points.
 """
 import argparse
@@ -22,7 +23,7 @@ import os
 import numpy as np
 from scipy import stats
 
-from marl_jax import cli, metrics
+from marl_jax import cli, metrics, protocols, tasks
 
 LEVEL = 0.95
 BOOTSTRAP_DRAWS, BOOTSTRAP_SEED = 10_000, 0
@@ -101,6 +102,24 @@ DIAGNOSTICS = ("false_accept", "false_reject", "same_message_rate", "agreement",
 COUNTS = ("workers_used", "critical_steps")
 
 
+def read_config(workdir: str) -> dict | None:
+  """A run's config.json as a dict; None for a run without one.  ValueError naming the file when it is
+  not a JSON object."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path, "rb") as f:
+      config = json.load(f)
+  except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+    detail = f"{e.msg} at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else str(e)
+    raise ValueError(f"{path} is not JSON ({detail}); allowed: the config a run wrote there") from None
+  if isinstance(config, dict):
+    return config
+  raise ValueError(f"{path} holds a JSON {type(config).__name__}, not a config; allowed: the JSON "
+                   f"object a run wrote there")
+
+
 def summarize(workdir: str) -> dict:
   """Per-seed arrays (fractions) of a run's evals: base (step 0), final, peak (after step 0), drop;
   with the run's first seed (`config.seed`).  ValueError for a run with no evaluation yet."""
@@ -110,11 +129,7 @@ def summarize(workdir: str) -> dict:
                      f"still in its warm start, or one that stopped before step 0)")
   acc_NxS = np.stack([seed_values(r, "eval_accuracy") for r in rows])
   after_base = acc_NxS[1:] if len(acc_NxS) > 1 else acc_NxS  # a run with only its step-0 eval
-  config_path = os.path.join(workdir, "config.json")
-  first_seed = 0
-  if os.path.exists(config_path):
-    with open(config_path) as f:
-      first_seed = json.load(f).get("seed", 0)
+  first_seed = (read_config(workdir) or {}).get("seed", 0)
   out = {"workdir": workdir, "seeds": acc_NxS.shape[1], "first_seed": first_seed, "steps": rows[-1]["step"],
          "base": acc_NxS[0], "final": acc_NxS[-1], "peak": after_base.max(0)}
   out["drop"] = out["peak"] - out["final"]
@@ -245,6 +260,66 @@ def compare(a: dict, b: dict, paired: bool = False) -> str:
   return "".join(lines)
 
 
+def roles(config: dict) -> tuple[str, ...]:
+  """The roles of a run's workflow, from its config.json: the protocol built on its task (no model, no
+  compile).  ValueError when config.json lacks them or they do not build."""
+  protocol, task = config.get("protocol"), config.get("task")
+  if not (isinstance(protocol, dict) and isinstance(task, dict) and "name" in protocol and "name" in task):
+    raise ValueError("no config.protocol.name or config.task.name")
+  if protocol["name"] == "single":
+    return ("agent",)
+  knobs = lambda group: {k: v for k, v in group.items() if k != "name"}
+  if task["name"] not in tasks.REGISTRY:
+    raise ValueError(f"config.task.name={task['name']!r} is unknown; known tasks: {sorted(tasks.REGISTRY)}")
+  return protocols.make(protocol["name"], tasks.make(task["name"], **knobs(task)), **knobs(protocol)).roles
+
+
+def task_and_eval(config: dict) -> dict:
+  """The settings that make a run's problems: `task.KEY` (each of its task's settings, at its default
+  where config.json omits it, as experiment files set different subsets) and `eval.KEY` (but
+  `eval.data_dir`, where the set is stored)."""
+  task = dict(config["task"])  # a dict, as `roles` checked
+  if task.get("name") in tasks.REGISTRY:  # defaults through JSON, as config.json holds them
+    task = {**json.loads(json.dumps(tasks.knobs(task["name"]), default=repr)), **task}
+  evaluation = config.get("eval") if isinstance(config.get("eval"), dict) else {}
+  evaluation = {k: v for k, v in evaluation.items() if k != "data_dir"}
+  return {**{f"task.{k}": v for k, v in task.items()}, **{f"eval.{k}": v for k, v in evaluation.items()}}
+
+
+def check_split(single_dir: str, multi_dir: str) -> None:
+  """Refuses (ValueError) runs that `split` cannot compare: SINGLE not a single-agent run (one role),
+  MULTI not a multi-agent one, or the two on different tasks or evaluation sets."""
+  settings = {}
+  for flag, workdir in (("SINGLE", single_dir), ("MULTI", multi_dir)):
+    config = read_config(workdir)
+    if config is None:
+      raise ValueError(f"--split {flag}={workdir} has no config.json, so its workflow and task are unknown; "
+                       f"allowed: a run's workdir, which holds the config.json its run wrote")
+    try:
+      names = roles(config)
+    except (ValueError, TypeError) as e:
+      raise ValueError(f"--split {flag}={workdir}: the roles of its workflow do not follow from its "
+                       f"config.json ({e})") from None
+    protocol = config["protocol"]["name"]
+    if flag == "SINGLE" and len(names) != 1:
+      raise ValueError(f"--split SINGLE={workdir} is a multi-agent run (config.protocol.name={protocol!r}, "
+                       f"roles {', '.join(names)}); allowed: a single-agent run, one role (e.g. "
+                       f"config.protocol.name='single')")
+    if flag == "MULTI" and len(names) < 2:
+      raise ValueError(f"--split MULTI={workdir} is a single-agent run (config.protocol.name={protocol!r}, "
+                       f"role {names[0]}); allowed: a multi-agent run, two roles or more")
+    settings[flag] = task_and_eval(config)
+  a, b = settings["SINGLE"], settings["MULTI"]
+  differing = sorted(k for k in a.keys() | b.keys() if k not in a or k not in b or a[k] != b[k])
+  if "task.name" in differing:  # two tasks: their settings are not each other's
+    differing = [k for k in differing if not k.startswith("task.") or k == "task.name"]
+  if differing:
+    value = lambda run, k: repr(run[k]) if k in run else "unset"
+    shown = "; ".join(f"config.{k}: {value(a, k)} in SINGLE, {value(b, k)} in MULTI" for k in differing)
+    raise ValueError(f"--split needs runs on the same task and evaluation set; {single_dir} and {multi_dir} "
+                     f"differ in {shown}")
+
+
 def split(single: dict, multi: dict) -> str:
   """base → single-agent RL (run `single`) → multi-agent RL (run `multi`), as in the published study."""
   gain_a, gain_b = single["final"] - single["base"], multi["final"] - multi["base"]  # per seed
@@ -318,6 +393,7 @@ def main(argv: list[str] | None = None):
     if args.compare:
       outputs.append(compare(*map(summarize, args.compare), paired=args.paired))
     if args.split:
+      check_split(*args.split)
       outputs.append(split(*map(summarize, args.split)))
     if args.seeds:
       outputs.append(seeds_table(args.seeds))

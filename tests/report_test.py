@@ -200,7 +200,16 @@ def test_cli_compare(runs, capsys):
   assert "| final | 35.0 | 53.0 | +18.0 ± n/a | n/a | n/a | n/a |" in capsys.readouterr().out
 
 
+def write_config(workdir, protocol: str, eval_size: int = 512, **task):
+  """config.json of a fake run: its workflow, task (arithmetic, these settings) and evaluation set."""
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    json.dump({"seed": 0, "protocol": {"name": protocol}, "task": {"name": "arithmetic", **task},
+               "eval": {"size": eval_size, "seed": 1234, "data_dir": ""}}, f)
+
+
 def test_cli_split(runs, capsys):
+  write_config(runs[0], "single")
+  write_config(runs[1], "solver_verifier")
   report.main(["--split", runs[0], runs[1]])
   out = capsys.readouterr().out
   # Gains over the shared base of 30: single-agent run a +12, multi-agent run b +23; 12 / 23 = 52%.
@@ -271,3 +280,102 @@ def test_cli_leaves_out_a_run_without_evaluations(runs, tmp_path, capsys):
   with pytest.raises(SystemExit):
     report.main(["--seeds", str(warming)])
   assert f"{warming} has no evaluation yet" in capsys.readouterr().err
+
+
+def test_a_corrupt_metrics_line_or_config_is_named(runs, tmp_path, capsys):
+  """A garbage line in metrics.jsonl, or a config.json that is not JSON, is named by its file (and
+  line): the table leaves the run out saying so, --compare refuses it in one line."""
+  bad_metrics, bad_config = str(tmp_path / "bad_metrics"), str(tmp_path / "bad_config")
+  write_run(bad_metrics, {0: [0.3], 50: [0.4]})
+  with open(os.path.join(bad_metrics, "metrics.jsonl"), "r+") as f:
+    lines = f.readlines()
+    f.seek(0)
+    f.writelines([lines[0], "garbage\n", *lines[1:]])
+  write_run(bad_config, {0: [0.3], 50: [0.4]})
+  with open(os.path.join(bad_config, "config.json"), "w") as f:
+    f.write("{seed: 1}")
+  report.main([runs[0], bad_metrics, bad_config])
+  out = capsys.readouterr().out
+  assert f"| {runs[0]} | 3 | 100 | 30.0 ± 0.0 | 42.0 ± 5.0 |" in out
+  assert (f"left out: {bad_metrics}/metrics.jsonl line 2 is not JSON (Expecting value at column 1); "
+          f"allowed: one JSON object per line, a logged step's metrics\n") in out
+  assert (f"left out: {bad_config}/config.json is not JSON (Expecting property name enclosed in double "
+          f"quotes at line 1 column 2); allowed: the config a run wrote there\n") in out
+  for corrupt, message in ((bad_metrics, f"{bad_metrics}/metrics.jsonl line 2 is not JSON"),
+                           (bad_config, f"{bad_config}/config.json is not JSON")):
+    with pytest.raises(SystemExit) as exit_info:
+      report.main(["--compare", runs[0], corrupt])
+    assert exit_info.value.code == 1
+    assert capsys.readouterr().err.startswith(f"python -m marl_jax.report: {message} (")
+
+
+def test_metrics_read_names_the_file_and_line(tmp_path):
+  """The reader the report and a resumed run share: rows that are not JSON objects with an integer
+  step, or not UTF-8, are refused by line; a blank line, or a last line cut short by a kill, is not."""
+  path = tmp_path / "metrics.jsonl"
+  good = json.dumps({"step": 1, "accuracy": 0.5}) + "\n"
+  path.write_text(good + "\n" + json.dumps({"step": 2, "accuracy": 0.6}) + "\n" + '{"step": 3, "acc')
+  assert [r["step"] for r in metrics.read(str(tmp_path))] == [1, 2]
+  for line, message in (
+      (b'{"step": 2, "accuracy": 0.6\n', "line 2 is not JSON (Expecting ',' delimiter at column 29)"),
+      (b'[2, 0.6]\n', 'line 2 is not a metrics row ([2, 0.6]); allowed: a JSON object with an integer "step"'),
+      (b'{"step": "2"}\n', 'line 2 is not a metrics row ({"step": "2"}); allowed'),
+      (b'{"accuracy": 0.6}\n', "line 2 is not a metrics row"),
+      (b'{"step": 2, "accuracy": "\xff"}\n', "line 2 is not JSON ('utf-8' codec can't decode byte 0xff")):
+    path.write_bytes(good.encode() + line)
+    with pytest.raises(ValueError) as error:
+      metrics.read(str(tmp_path))
+    assert str(error.value).startswith(f"{path} {message}")
+
+
+def test_cli_split_refuses_runs_it_cannot_split(runs, tmp_path, capsys):
+  """SINGLE must be a single-agent run (one role) and MULTI a multi-agent one, on the same task and
+  evaluation set; settings an experiment file leaves at their defaults, and where the evaluation set is
+  stored, do not count."""
+  single, multi = runs[0], runs[1]
+
+  def refusal(*args):
+    with pytest.raises(SystemExit) as exit_info:
+      report.main(["--split", *args])
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    return err.removeprefix("python -m marl_jax.report: ").removesuffix("\n")
+
+  assert refusal(single, multi) == (f"--split SINGLE={single} has no config.json, so its workflow and task "
+                                    f"are unknown; allowed: a run's workdir, which holds the config.json its "
+                                    f"run wrote")
+  write_config(single, "solver_verifier")
+  write_config(multi, "solver_verifier")
+  assert refusal(single, multi) == (f"--split SINGLE={single} is a multi-agent run (config.protocol.name="
+                                    f"'solver_verifier', roles solver, verifier); allowed: a single-agent run, "
+                                    f"one role (e.g. config.protocol.name='single')")
+  write_config(single, "single")
+  write_config(multi, "single")
+  assert refusal(single, multi) == (f"--split MULTI={multi} is a single-agent run (config.protocol.name="
+                                    f"'single', role agent); allowed: a multi-agent run, two roles or more")
+  write_config(multi, "solver_verifier", eval_size=256, num_ops=3)
+  assert refusal(single, multi) == (f"--split needs runs on the same task and evaluation set; {single} and "
+                                    f"{multi} differ in config.eval.size: 512 in SINGLE, 256 in MULTI; "
+                                    f"config.task.num_ops: 2 in SINGLE, 3 in MULTI")
+  with open(os.path.join(multi, "config.json"), "w") as f:
+    json.dump({"seed": 0, "protocol": {"name": "orchestrator"}, "task": {"name": "multi_chain"},
+               "eval": {"size": 512, "seed": 1234}}, f)
+  assert refusal(single, multi) == (f"--split needs runs on the same task and evaluation set; {single} and "
+                                    f"{multi} differ in config.task.name: 'arithmetic' in SINGLE, "
+                                    f"'multi_chain' in MULTI")
+  # A one-agent relay is a single-agent run; a workflow that does not build is named.
+  with open(os.path.join(single, "config.json"), "w") as f:
+    json.dump({"seed": 0, "protocol": {"name": "relay", "agents": 1}, "task": {"name": "multi_chain"},
+               "eval": {"size": 512, "seed": 1234, "data_dir": "/elsewhere"}}, f)
+  report.main(["--split", single, multi])
+  assert "| total (B final − B base) | +23.0 ± 7.5 | 100% |" in capsys.readouterr().out
+  write_config(multi, "no_such_workflow")
+  assert refusal(single, multi).startswith(
+      f"--split MULTI={multi}: the roles of its workflow do not follow from its config.json "
+      f"(config.protocol.name='no_such_workflow' is unknown; known protocols: [")
+  # The same task with a setting left at its default (`ops`) on one side only, stored elsewhere.
+  write_config(single, "single", ops="+-*")
+  write_config(multi, "vote")
+  report.main(["--split", single, multi])
+  assert "single / multi: 52 / 48 here" in capsys.readouterr().out
