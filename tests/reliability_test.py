@@ -318,6 +318,13 @@ def test_resume_refuses_fewer_steps_than_its_checkpoint(tmp_path):
                       "allowed: >= 2"])
 
 
+def test_a_corrupt_metrics_row_is_refused_before_config_json_is_rewritten(tmp_path):
+  _workdir_of_a_run(tmp_path)
+  (tmp_path / "metrics.jsonl").write_text('{"step": 0, "accuracy": 0.5}\ngarbage{{\n')
+  _refused_untouched(tmp_path, tiny_config(**{**OVERRIDES, "total_steps": 4}),
+                     [f"{tmp_path / 'metrics.jsonl'} line 2"])
+
+
 def test_a_config_json_of_another_shape_is_refused(tmp_path):
   _workdir_of_a_run(tmp_path)
   saved = json.loads((tmp_path / "config.json").read_text())
