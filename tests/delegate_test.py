@@ -3,6 +3,7 @@ metrics on hand-built transcripts, demonstrations, the annealing schedule, bad i
 through the CLI whose frozen workers stay bit-identical."""
 import functools
 import json
+import operator
 import os
 import pathlib
 import subprocess
@@ -15,7 +16,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from marl_jax import checkpoint, configs, experiment, parallel, protocols, rollout, state, tasks, text, train
+from marl_jax import (checkpoint, configs, experiment, parallel, protocols, rollout, sampling, state, tasks, text,
+                      train)
 from marl_jax.protocols import engine
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -193,6 +195,49 @@ def test_the_step_and_its_reruns_score_with_the_weighted_terms():
   expected_B = np.array([1., 1., 0., 1., 1., 0.]) + np.array([.3, 0., .2, .2, .3, .25])
   np.testing.assert_allclose(team_B, expected_B, atol=1e-6)
   np.testing.assert_allclose(rerun_team_B, expected_B, atol=1e-6)
+
+
+def test_the_training_step_weights_the_terms_at_its_own_step(monkeypatch):
+  # `local_step` must hand its state's step to the scoring of its episodes and of difference credit's
+  # re-runs.  Under a linear anneal over 2 steps r_parallel counts in full at step 0 and not at all at
+  # step 2, where the update is that of a run without it.  With credit D_r alone (outcome_weight 0) it
+  # moves only the orchestrator, whose plan it scores: a worker's re-runs keep the plan and its term,
+  # which cancels.  The episodes are demonstrations, half of them delegating (random policies never
+  # delegate, so they score no term), with their log-probs; the workers train.
+  def demonstrations(exp, params_R, problems, key_B):
+    tokens_BxT = exp.protocol.demonstrate(exp.task, exp.layout, problems, key_B)
+    sampled_BxT = (exp.layout.author_T[None] >= 0) & (tokens_BxT != text.PAD)
+    logp_BxT, _ = sampling.token_log_probs(exp.model, exp.layout, params_R, tokens_BxT,
+                                           exp.config.rl.temperature)
+    return rollout.Episodes(tokens_BxT, jnp.where(sampled_BxT, logp_BxT, 0.), sampled_BxT)
+
+  monkeypatch.setattr(rollout, "sample", demonstrations)
+
+  def updated_sets(weight, steps):
+    """(orchestrator's, workers') parameters after one step from the same state at each of `steps`."""
+    config = configs.sibling(str(REPO / "experiments" / "x.py"), "delegate").get_config(
+        "size=tiny,trainable_workers=1")
+    config.num_devices = 1
+    config.credit = configs.credit_config("difference")
+    config.credit.outcome_weight = 0.
+    config.protocol.update(parallel_weight=weight, finish_weight=0., anneal="linear", anneal_steps=2)
+    exp = experiment.build(config)
+    assert exp.role_set_R == (0, 1, 1)
+    start = state.init_state(exp, jax.random.PRNGKey(0))
+    keys_3xB = jax.random.split(jax.random.PRNGKey(1), 3 * config.rl.batch_size).reshape(
+        3, config.rl.batch_size, -1)
+    step = jax.jit(parallel.shard_map(lambda s: train.local_step(exp, s, *keys_3xB, False)[0].params,
+                                      exp.mesh, in_specs=(jax.sharding.PartitionSpec(),),
+                                      out_specs=jax.sharding.PartitionSpec()))
+    params = [jax.tree.map(np.asarray, step(start.replace(step=jnp.asarray(t, jnp.int32)))) for t in steps]
+    return [[jax.tree.map(operator.itemgetter(s), p) for s in (0, 1)] for p in params]
+
+  (orchestrator_at_0, workers_at_0), at_2 = updated_sets(0.5, (0, 2))
+  (orchestrator_without_at_0, workers_without_at_0), without_at_2 = updated_sets(0., (0, 2))
+  moved = jax.tree.map(lambda a, b: np.abs(a - b).max(), orchestrator_at_0, orchestrator_without_at_0)
+  assert max(jax.tree.leaves(moved)) > 1e-4
+  chex.assert_trees_all_close(workers_at_0, workers_without_at_0, atol=1e-7)
+  chex.assert_trees_all_close(at_2, without_at_2, atol=1e-7)
 
 
 def test_bad_input():
