@@ -41,6 +41,7 @@ from ml_collections import config_flags
 
 from marl_jax import checkpoint, checks, cli, configs, credit, experiment, loop, metrics, parallel, report
 from marl_jax import protocols, rollout, sampling, sft, state as state_lib, tasks, train
+from marl_jax import workdir as workdir_lib
 from marl_jax.credit import exact
 # Figures without pyplot: no GUI backend is chosen, so the benchmark runs headless and a notebook that
 # imports it keeps its inline plots.
@@ -232,7 +233,7 @@ def run_fidelity_cell(config, num_roles: int, games: list[str], folder: str, est
           **{f"shapley_{k}": v.tolist() for k, v in grade(credit_SxBxR, shapley_SxBxR).items()},
           **{f"difference_{k}": v.tolist() for k, v in grade(credit_SxBxR, difference_SxBxR).items()},
       }
-    _write_json(fidelity_path(folder, game, num_roles), cell)
+    workdir_lib.write_atomically(fidelity_path(folder, game, num_roles), json.dumps(cell))
 
 
 def fidelity_settings(config) -> dict:
@@ -274,7 +275,8 @@ def run_learning_cell(config, scenario: str, estimator: str, workdir: str, base:
   c.init_from = base
   clock = time.perf_counter()
   loop.train_and_evaluate(c, workdir)
-  _write_json(wall_path(workdir), {"seconds": wall_seconds(workdir, 0.0) + time.perf_counter() - clock})
+  seconds = wall_seconds(workdir, 0.0) + time.perf_counter() - clock
+  workdir_lib.write_atomically(wall_path(workdir), json.dumps({"seconds": seconds}))
 
 
 def wall_path(workdir: str) -> str:
@@ -515,13 +517,6 @@ def write_report(config, workdir: str) -> str:
   plot_learning(config, workdir, folder)
   plot_fidelity(fid_rows, folder)
   return text
-
-
-def _write_json(path: str, obj) -> None:
-  """Written to a temporary file first, so an interrupted write never leaves a half cell."""
-  with open(path + ".tmp", "w") as f:
-    json.dump(obj, f)
-  os.replace(path + ".tmp", path)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> str:

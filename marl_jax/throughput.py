@@ -27,7 +27,8 @@ reach with no core left idle.
 
 Bad flags end the command before anything compiles or is timed, with one `FATAL` line naming the flag
 and the values allowed and exit status 1: each flag when parsed, then every row's config is built
-(a row's config error names the flags behind it) and `--json`'s file written (as `[]`).
+(a row's config error names the flags behind it) and `--json`'s directory checked.  An earlier `--json`
+file stays as it was until the first row's measurement replaces it.
 """
 import collections
 import glob
@@ -49,9 +50,9 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from marl_jax import (cli, configs, credit, experiment, model as model_lib, parallel, rollout, sampling,
-                      state as state_lib, train)
+                      state as state_lib, train, workdir)
 
-_JSON = flags.DEFINE_string("json", "", "Also write the rows here as a JSON list (`[]` before the first).")
+_JSON = flags.DEFINE_string("json", "", "Also write the rows here as a JSON list, replaced after each row.")
 _BATCH = flags.DEFINE_integer("batch_size", 256, "Episodes per step (per seed).", lower_bound=1)
 _MICRO = flags.DEFINE_integer("microbatch_size", 0, "config.rl.microbatch_size: rows per forward/backward "
                               "pass of the update (0: the whole minibatch).", lower_bound=0)
@@ -117,6 +118,13 @@ def _refuse_width_of_checkpoint(values) -> bool:
   return True
 
 
+def _refuse_random_weights_alone(values) -> bool:
+  if values["random_weights"] and not values["checkpoint"]:
+    raise flags.ValidationError("--random_weights initialises a checkpoint's shapes at random; allowed: "
+                                "with --checkpoint=DIR")
+  return True
+
+
 def _refuse_row_flags(workflows: bool) -> bool:
   given = [f"--{name}" for name in _ROW_FLAGS if flags.FLAGS[name].present]
   if workflows and given:
@@ -130,6 +138,7 @@ flags.register_validator("grid", lambda value: bool(grid(value)))
 flags.register_validator("credits", lambda value: bool(names(value, credit.REGISTRY)))
 flags.register_validator("sharing", lambda value: bool(names(value, experiment.NAMED_SHARING)))
 flags.register_multi_flags_validator(["checkpoint", "d_model"], _refuse_width_of_checkpoint)
+flags.register_multi_flags_validator(["random_weights", "checkpoint"], _refuse_random_weights_alone)
 flags.register_validator("workflows", _refuse_row_flags)
 
 # The workflows of the FLOPs-per-episode table: (name, experiment file, its argument).
@@ -477,12 +486,16 @@ def main(argv):
   if _CPU_DEVICES.value:  # before anything starts the backend
     jax.config.update("jax_num_cpu_devices", _CPU_DEVICES.value)
   grid_configs = row_configs()
-  if _JSON.value:  # a path it cannot write refused now, not after the first row
+  if _JSON.value:  # a path it cannot write refused now, not after the first row; an earlier file stays
+    problem = "Is a directory" if os.path.isdir(_JSON.value) else None
     try:
-      with open(_JSON.value, "w") as f:
-        json.dump([], f)
+      with open(f"{_JSON.value}.tmp", "w"):  # where each row's file is written before it replaces the last
+        pass
+      os.remove(f"{_JSON.value}.tmp")
     except OSError as e:
-      sys.exit(f"FATAL Flags error: --json={_JSON.value}: {e.strerror}; allowed: a file that can be written, "
+      problem = e.strerror
+    if problem:
+      sys.exit(f"FATAL Flags error: --json={_JSON.value}: {problem}; allowed: a file that can be written, "
                "in a directory that exists")
   rows = []
   print(f"backend={jax.default_backend()} devices={jax.device_count()} batch_size={_BATCH.value} "
@@ -506,9 +519,8 @@ def main(argv):
           f"{'{:.0f}, {:.0f}'.format(*np.divide(row['matmul_flops_per_s'], 1e9)):>15}", flush=True)
     if "thunk_s" in row:
       print_profile(row, bound)
-    if _JSON.value:  # rewritten after every row, so an interrupted run keeps what it measured
-      with open(_JSON.value, "w") as f:
-        json.dump(rows, f, indent=1)
+    if _JSON.value:  # replaced after every row, so an interrupted run keeps what it measured
+      workdir.write_atomically(_JSON.value, json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

@@ -100,13 +100,36 @@ def test_the_cli_refuses_a_width_for_checkpoint_agents():
     (["--grid=1/1", "--d_model=6"], ("FATAL ConfigError: the row roles=1, seeds=1, sharing=isolated, "
                                      "credit=team: config.model.d_model=6 does not divide by "
                                      "config.model.n_heads=4; allowed: multiples of it (from --d_model=6)")),
-    # ... and the JSON file written (the old script wrote it after the first row, minutes in).
+    (["--random_weights"], ("FATAL Flags parsing error: flags random_weights=True, checkpoint=: "
+                            "--random_weights initialises a checkpoint's shapes at random; allowed: with "
+                            "--checkpoint=DIR")),  # it timed the built-in agents, ignoring the flag
+    # ... and the JSON file's directory checked (the old script wrote it after the first row, minutes in).
     (["--json={tmp}/missing/rows.json"], ("FATAL Flags error: --json={tmp}/missing/rows.json: No such file "
                                           "or directory; allowed: a file that can be written, in a "
                                           "directory that exists")),
-], ids=["grid", "credits", "workflows", "d_model", "json"])
+    (["--json={tmp}"], ("FATAL Flags error: --json={tmp}: Is a directory; allowed: a file that can be "
+                        "written, in a directory that exists")),
+], ids=["grid", "credits", "workflows", "d_model", "random_weights", "json", "json_directory"])
 def test_the_cli_refuses_a_bad_flag_in_one_line_before_timing(flags, line, tmp_path):
   assert _refusal(*(f.format(tmp=tmp_path) for f in flags)) == line.format(tmp=tmp_path)
+
+
+def test_an_earlier_json_file_stays_until_a_row_replaces_it(tmp_path):
+  # A run stopped before its first row is measured (a crash, ^C) leaves the earlier rows where they
+  # were; the old script emptied the file to `[]` before timing anything.
+  rows = tmp_path / "rows.json"
+  rows.write_text('[{"completions_per_s": 1.0}]')
+  with subprocess.Popen([sys.executable, "-m", "marl_jax.throughput", "--grid=1/1", "--credits=team",
+                         "--batch_size=8", f"--json={rows}"], stdout=subprocess.PIPE, text=True,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu"}) as run:
+    try:
+      for line in run.stdout:
+        if "completions/s" in line:  # the table's header: the flags and --json checked, timing begins
+          break
+      assert rows.read_text() == '[{"completions_per_s": 1.0}]'
+      assert not os.path.exists(f"{rows}.tmp")
+    finally:
+      run.kill()
 
 
 @pytest.mark.slow
