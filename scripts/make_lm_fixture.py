@@ -2,9 +2,9 @@
 marl_jax.lm against.  Run by a developer, never by tests or CI: it needs transformers and torch, which
 marl_jax does not depend on.
 
-  python -m venv /work/venv-ref
-  /work/venv-ref/bin/pip install transformers torch safetensors tokenizers
-  /work/venv-ref/bin/python scripts/make_lm_fixture.py
+  python -m venv ~/venv-ref
+  ~/venv-ref/bin/pip install transformers torch safetensors tokenizers
+  ~/venv-ref/bin/python scripts/make_lm_fixture.py
 
 Each family gets a randomly initialised model saved by transformers itself (config.json and a bfloat16
 model.safetensors, as real checkpoints are stored), a byte-level BPE tokenizer.json trained on a small
