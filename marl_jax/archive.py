@@ -12,7 +12,6 @@ import json
 import os
 
 import jax
-import ml_collections
 import numpy as np
 
 from marl_jax import checkpoint, cli, configs, credit, datasets, evaluate, experiment, loop, rollout, tasks, text
@@ -134,8 +133,7 @@ def load_transcripts(out_dir: str, name: str) -> Transcripts:
 
 def archive_workdir(workdir: str, out_dir: str, greedy: bool = False, data_dir: str = "") -> str:
   """Archives the latest checkpoint of a run under `out_dir`; returns the archive's config name."""
-  with open(os.path.join(workdir, "config.json")) as f:
-    config = configs.with_new_defaults(ml_collections.ConfigDict(json.load(f)))
+  config = configs.read_run_config(workdir)
   exp = experiment.build(config)
   params_S = loop.load_params(exp, workdir)
   step = checkpoint.latest_step(workdir)

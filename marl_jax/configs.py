@@ -1,5 +1,6 @@
 """The config every experiment starts from, and the `:key=value,...` argument parser."""
 import importlib.util
+import json
 import os
 
 import ml_collections
@@ -150,6 +151,21 @@ def base_config() -> ml_collections.ConfigDict:
 # Groups whose keys follow a name in them (a task's, a protocol's or an estimator's settings, a mixed
 # team's models): a saved run's are its own, never filled from another name's defaults.
 _NAMED_GROUPS = ("task", "protocol", "credit", "models")
+
+
+def read_run_config(workdir: str) -> ml_collections.ConfigDict:
+  """A run's config.json, `with_new_defaults`, for the commands that read a finished run (`archive`,
+  `lm.export`).  ValueError naming the file when it is not a JSON object."""
+  path = os.path.join(workdir, "config.json")
+  try:
+    with open(path, "rb") as f:
+      saved = json.load(f)
+  except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+    detail = f"{e.msg} at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else str(e)
+    raise ValueError(f"{path} is not JSON ({detail}); allowed: the config a run wrote there") from None
+  if isinstance(saved, dict):
+    return with_new_defaults(ml_collections.ConfigDict(saved))
+  raise ValueError(f"{path} is not a JSON object; allowed: the config a run wrote there")
 
 
 def with_new_defaults(saved: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

@@ -130,3 +130,18 @@ def test_archive_cli(tmp_path):
   assert again.stderr.strip().splitlines()[-1] == (
       f"python -m marl_jax.archive: {workdir}/transcripts/marl_transcripts/step0-sampled/1.0.0 exists; "
       "choose another output directory or name")
+
+
+def test_archive_cli_names_a_config_json_that_is_not_json(tmp_path):
+  """One line naming the file (it printed json's message alone, without the file), exit status 1."""
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "config.json").write_text("{bad")
+  proc = subprocess.run([sys.executable, "-m", "marl_jax.archive", f"--workdir={workdir}"],
+                        cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
+                        text=True, timeout=300, check=False)
+  assert proc.returncode == 1 and "Traceback" not in proc.stderr
+  assert proc.stderr.strip().splitlines()[-1] == (
+      f"python -m marl_jax.archive: {workdir}/config.json is not JSON (Expecting property name enclosed in "
+      "double quotes at line 1 column 2); allowed: the config a run wrote there")
+  assert not (workdir / "transcripts").exists()

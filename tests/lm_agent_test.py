@@ -249,6 +249,9 @@ def test_export_refuses_what_it_cannot_write_before_reading_checkpoints(tmp_path
     lm_export.export(str(lm_run), "verifier", out, seed=seeds)
   with pytest.raises(ValueError, match=r"role 'verifier' is the built-in model"):
     lm_export.export(str(builtin_run), "verifier", out)
+  (builtin_run / "config.json").write_text("[1, 2]")  # the message named no file
+  with pytest.raises(ValueError, match=rf"^{builtin_run}/config.json is not a JSON object; allowed: the config"):
+    lm_export.export(str(builtin_run), "verifier", out)
   assert not os.path.exists(out)
 
 

@@ -9,12 +9,10 @@ it has: the chat template and generation settings a server reads): the role's pa
 adapters merged into the weights.
 """
 import argparse
-import json
 import os
 import shutil
 
 import jax
-import ml_collections
 import numpy as np
 
 from marl_jax import cli, configs, experiment, loop
@@ -33,8 +31,7 @@ def export(workdir: str, role: str, out: str, seed: int = 0, best: bool = False)
   if os.path.isdir(out) and os.listdir(out):
     raise FileExistsError(f"--out={out} holds {sorted(os.listdir(out))[:4]}; allowed: a new or empty "
                           "directory")
-  with open(os.path.join(workdir, "config.json")) as f:
-    config = configs.with_new_defaults(ml_collections.ConfigDict(json.load(f)))
+  config = configs.read_run_config(workdir)
   exp = experiment.build(config)
   if role not in exp.protocol.roles:
     raise ValueError(f"--role={role!r} is not a role of this run; allowed: {list(exp.protocol.roles)}")
