@@ -153,9 +153,8 @@ def base_config() -> ml_collections.ConfigDict:
 _NAMED_GROUPS = ("task", "protocol", "credit", "models")
 
 
-def read_run_config(workdir: str) -> ml_collections.ConfigDict:
-  """A run's config.json, `with_new_defaults`, for the commands that read a finished run (`archive`,
-  `lm.export`).  ValueError naming the file when it is not a JSON object."""
+def read_saved(workdir: str) -> dict:
+  """A run's config.json as written.  ValueError naming the file when it is not a JSON object."""
   path = os.path.join(workdir, "config.json")
   try:
     with open(path, "rb") as f:
@@ -164,8 +163,14 @@ def read_run_config(workdir: str) -> ml_collections.ConfigDict:
     detail = f"{e.msg} at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else str(e)
     raise ValueError(f"{path} is not JSON ({detail}); allowed: the config a run wrote there") from None
   if isinstance(saved, dict):
-    return with_new_defaults(ml_collections.ConfigDict(saved))
+    return saved
   raise ValueError(f"{path} is not a JSON object; allowed: the config a run wrote there")
+
+
+def read_run_config(workdir: str) -> ml_collections.ConfigDict:
+  """A run's config.json, `with_new_defaults`, for the commands that read a finished run (`archive`,
+  `lm.export`).  ValueError naming the file when it is not a JSON object."""
+  return with_new_defaults(ml_collections.ConfigDict(read_saved(workdir)))
 
 
 def with_new_defaults(saved: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

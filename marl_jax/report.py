@@ -23,7 +23,7 @@ import os
 import numpy as np
 from scipy import stats
 
-from marl_jax import cli, metrics, protocols, tasks
+from marl_jax import cli, configs, metrics, protocols, tasks
 
 LEVEL = 0.95
 BOOTSTRAP_DRAWS, BOOTSTRAP_SEED = 10_000, 0
@@ -105,19 +105,9 @@ COUNTS = ("workers_used", "critical_steps")
 def read_config(workdir: str) -> dict | None:
   """A run's config.json as a dict; None for a run without one.  ValueError naming the file when it is
   not a JSON object."""
-  path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
+  if not os.path.exists(os.path.join(workdir, "config.json")):
     return None
-  try:
-    with open(path, "rb") as f:
-      config = json.load(f)
-  except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
-    detail = f"{e.msg} at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else str(e)
-    raise ValueError(f"{path} is not JSON ({detail}); allowed: the config a run wrote there") from None
-  if isinstance(config, dict):
-    return config
-  raise ValueError(f"{path} holds a JSON {type(config).__name__}, not a config; allowed: the JSON "
-                   f"object a run wrote there")
+  return configs.read_saved(workdir)
 
 
 def summarize(workdir: str) -> dict:
