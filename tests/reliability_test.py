@@ -12,6 +12,7 @@ import sys
 
 import chex
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from tensorboardX.proto import event_pb2
@@ -394,6 +395,38 @@ def test_the_last_step_is_evaluated_off_the_eval_every_grid(tmp_path):
   assert [r["step"] for r in metrics_lib.read(str(tmp_path)) if "eval_accuracy" in r] == [0, 4, 6]
   assert checkpoint.latest_step(str(tmp_path)) == 6
 
+
+def test_best_checkpoints_are_saved_off_the_grid_and_their_peak_survives_a_resume(tmp_path, monkeypatch):
+  # The greedy evaluation is scripted per call (binary fractions, exact in float32; the sampled one at
+  # step 0 reads 0.1), so that the loop's bookkeeping is checked whatever the tiny untrained model
+  # scores: it saves every step that beats the best evaluation so far (strictly: a tie is not a new
+  # best), the base model with its accuracy, and a resumed run measures eval_drop_from_peak from the
+  # peak of the run it resumes.
+  scripted = iter([0.5, 0.25, 0.25,  # first run: steps 0 (the base model), 2, 4
+                   0.375, 0.75, 0.75, 0.5])  # resumed: 6, 8 (a new best), 10 (a tie), 12
+  def make_evaluate(exp, problems=None):
+    del problems
+    return lambda params_S, greedy=True: {
+        "accuracy": jnp.full(exp.config.num_seeds, next(scripted) if greedy else 0.1)}
+  monkeypatch.setattr(loop.evaluate, "make_evaluate", make_evaluate)
+  saves, save = [], checkpoint.save
+  monkeypatch.setattr(checkpoint, "save", lambda mngr, step, state_S, values: (
+      saves.append((step, values.get(checkpoint.BEST))), save(mngr, step, state_S, values))[1])
+  cadence = {"steps_per_call": 2, "eval_every": 2, "log_every": 2}
+  loop.train_and_evaluate(tiny_config(**{**OVERRIDES, **cadence, "total_steps": 4, "checkpoint_every": 100}),
+                          str(tmp_path))
+  # Step 0 is saved with its accuracy, so it is the best checkpoint until a later one beats 0.5.
+  assert saves == [(0, 0.5), (4, 0.25)]
+  assert checkpoint.best_step(str(tmp_path)) == 0
+  saves.clear()
+  loop.train_and_evaluate(tiny_config(**{**OVERRIDES, **cadence, "total_steps": 12, "checkpoint_every": 6}),
+                          str(tmp_path))
+  # 6: the checkpoint grid; 8: beats the peak 0.5, off the grid; 10 ties 0.75: not saved; 12: the end.
+  assert saves == [(6, 0.375), (8, 0.75), (12, 0.5)]
+  assert checkpoint.best_step(str(tmp_path)) == 8
+  rows = [r for r in metrics_lib.read(str(tmp_path)) if r["step"] > 4]
+  # The drop from the best so far, 0.5 (step 0's, read back from its checkpoint) until step 8's 0.75.
+  np.testing.assert_allclose([r["eval_drop_from_peak"] for r in rows], [0.125, 0.0, 0.0, 0.25], atol=1e-6)
 
 def test_corrupt_metrics_of_a_checkpoint_name_the_step_to_move_aside(tmp_path):
   _workdir_of_a_run(tmp_path)
