@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from marl_jax import checkpoint, configs, credit, experiment, loop, metrics, protocols, rollout, state
-from marl_jax import evaluate, text, train, update
+from marl_jax import evaluate, sampling, text, train, update
 from marl_jax.protocols import engine
 from marl_jax.tasks import Arithmetic
 
@@ -412,6 +412,44 @@ def test_per_turn_advantages_go_to_each_turns_tokens():
     np.testing.assert_array_equal(adv_BxT[0, start:stop], n + 1)
   assert adv_BxT[1, layout.turn_slices[3][0]] == 0  # not sampled: no advantage
   np.testing.assert_array_equal(adv_BxT[:, layout.env_T], 0)  # prompt and role markers
+
+
+def test_update_batch_scores_the_kl_reference_under_the_base_model_at_the_run_temperature():
+  # With a KL term the reference log-probs are the warm-started base model's (state.ref_params, not the
+  # parameters being trained: against those the KL would be 0 on the first epoch), at the temperature
+  # the policy samples and trains at; the role masks are each role's sampled tokens, which carry its
+  # advantage; rows b*G..b*G+G-1 are group b.
+  B, G = 8, 4
+  exp = experiment.build(tiny_config(**{"protocol.name": "solver_verifier", "task.num_ops": 1,
+                                        "sft.steps": 0, "rl.kl_coef": 0.5, "rl.temperature": 1.3,
+                                        "rl.group_size": G}))
+  train_state = state.init_state(exp, jax.random.PRNGKey(0))
+  train_state = train_state.replace(ref_params=state.init_state(exp, jax.random.PRNGKey(1)).params)
+  problems = jax.vmap(exp.task.sample)(jax.random.split(jax.random.PRNGKey(2), B))
+  episodes = jax.jit(lambda p, k: rollout.sample(exp, p, problems, k))(
+      train_state.params, jax.random.split(jax.random.PRNGKey(3), B))
+  adv_RxB = jnp.stack([jnp.linspace(-1.0, 1.0, B), jnp.linspace(1.0, 2.0, B)])
+  replicated = jax.sharding.PartitionSpec()
+  batch = jax.jit(jax.shard_map(lambda s, e, a: train.update_batch(exp, s, e, a),
+                                mesh=jax.make_mesh((1,), ("data",)), in_specs=replicated,
+                                out_specs=replicated, check_vma=False))(train_state, episodes, adv_RxB)
+  sampled_BxT = np.asarray(episodes.sampled_BxT)
+  ref_logp_BxT = np.asarray(batch.ref_logp_BxT)[sampled_BxT]
+  logp_of = lambda params, temperature: np.asarray(jax.jit(
+      lambda p, t: sampling.token_log_probs(exp.model, exp.layout, p, t, temperature)[0])(
+          params, episodes.tokens_BxT))[sampled_BxT]
+  np.testing.assert_allclose(ref_logp_BxT, logp_of(train_state.ref_params, 1.3), rtol=1e-5, atol=1e-6)
+  assert np.abs(ref_logp_BxT - logp_of(train_state.params, 1.3)).max() > 0.1  # another model
+  assert np.abs(ref_logp_BxT - logp_of(train_state.ref_params, 1.0)).max() > 0.1  # another temperature
+  np.testing.assert_array_equal(batch.old_logp_BxT, episodes.logp_BxT)
+  author_T = exp.layout.author_T
+  for r in range(2):
+    mask_BxT = sampled_BxT & (author_T == r)[None]
+    assert mask_BxT.any()
+    np.testing.assert_array_equal(batch.role_mask_BxRxT[:, r], mask_BxT)
+    np.testing.assert_allclose(np.asarray(batch.adv_BxT)[mask_BxT],
+                               np.broadcast_to(np.asarray(adv_RxB[r])[:, None], mask_BxT.shape)[mask_BxT])
+  np.testing.assert_array_equal(batch.group_B, np.arange(B) // G)
 
 
 def test_checkpoint_from_before_the_credit_state(tmp_path):
