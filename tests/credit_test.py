@@ -57,6 +57,13 @@ def test_a_group_of_equal_rewards_has_no_advantage(kind, reward):
     assert (credit.group_advantage(jnp.full(2 * size, reward), size, kind) == 0).all(), size
 
 
+def test_grpo_eps_only_guards_a_zero_std():
+  # (r - mean) / (std + eps): rewards 1e-3 apart still standardise to -+1 (std 5e-4: 5e-4 / (5e-4 + 1e-6)
+  # = 0.998).  With eps inside the root, sqrt(2.5e-7 + 1e-6) = 1.1e-3, they would shrink to -+0.45.
+  adv_B = credit.group_advantage(jnp.array([0.0, 1e-3, 0.5, 0.5]), 2, "grpo")
+  chex.assert_trees_all_close(adv_B, jnp.array([-1.0, 1.0, 0.0, 0.0]), atol=5e-3)
+
+
 def test_unknown_baseline():
   with pytest.raises(ValueError, match=r"config.credit.baseline='ppo' is unknown; allowed: \['grpo'"):
     credit.group_advantage(R_B, G, "ppo")
@@ -151,6 +158,17 @@ def test_role_baseline_by_hand():
   by_role = credit.make("role_baseline", decay=0.9, signal="role")
   state, _ = sharded(by_role.update)(init(by_role), OUTCOME)
   chex.assert_trees_all_close(by_role.baseline_R(state), jnp.array([.5, .75]))
+
+
+@pytest.mark.parametrize("knobs, message", [
+    # decay 1 never moves the average from 0: no baseline at all (and no bias correction, 1 - 1^n = 0).
+    ({"decay": 1.0}, r"config.credit.decay=1.0; allowed: a number in \[0, 1\)"),
+    ({"decay": -0.1}, r"config.credit.decay=-0.1; allowed: a number in \[0, 1\)"),
+    # Any signal but 'team' would otherwise read each role's own signal, silently.
+    ({"signal": "x"}, r"config.credit.signal='x' is unknown; allowed: \['team', 'role'\]")])
+def test_role_baseline_refuses_bad_knobs(knobs, message):
+  with pytest.raises(ValueError, match=message):
+    credit.make("role_baseline", **knobs).check(2, 2)
 
 
 def test_the_step_credits_a_batch_before_the_estimator_learns_from_it():
