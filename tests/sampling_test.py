@@ -1,5 +1,6 @@
 """Sampling a transcript: log-probs, forced tokens, EOS and episode ends, forbidden tokens, visibility."""
 import functools
+import types
 
 import chex
 import jax
@@ -7,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from marl_jax import model as model_lib
-from marl_jax import protocols, sampling, text
+from marl_jax import evaluate, protocols, sampling, text
 from marl_jax.protocols import engine
 from marl_jax.tasks import Arithmetic
 
@@ -189,6 +190,18 @@ def test_greedy_is_deterministic():
                             _generate(layout, _params(2), seed=2)[0])
 
 
+def test_each_position_is_drawn_with_its_own_key():
+  # Under a uniform policy (a zero unembedding) the tokens of a message are independent draws, so few
+  # repeat the token before them (1 in 50, the tokens a policy may write).  One key for every position
+  # would draw the same token again and again: the same Gumbel noise on the same logits.
+  params_R = _params(1)
+  uniform_R = {**params_R, "unembed": jax.tree.map(jnp.zeros_like, params_R["unembed"])}
+  tokens_BxT, _, sampled_BxT = map(np.asarray, _generate(_layout("solver_verifier", (0, 0)), uniform_R))
+  pairs_BxT = sampled_BxT[:, 1:] & sampled_BxT[:, :-1]  # a sampled token after a sampled one
+  assert pairs_BxT.sum() >= B
+  assert (tokens_BxT[:, 1:] == tokens_BxT[:, :-1])[pairs_BxT].mean() < 0.25
+
+
 def _policy_at(layout, params_R, tokens_BxT, t):
   """logp_BxV: the whole distribution position t is sampled from, each token's log-prob read by
   teacher forcing with that token written at t (the prediction of t reads only the tokens before it)."""
@@ -330,6 +343,30 @@ def test_next_token_divergence_compares_sets_on_each_roles_own_tokens():
   # Two copies of one set: nothing to tell the roles apart.
   copies = jax.tree.map(lambda p: jnp.stack([p[0], p[0]]), params_2)
   np.testing.assert_allclose(divergence(copies, tokens_BxT)[0], 0.0, atol=1e-5)
+
+
+def test_role_divergence_is_the_mean_over_the_other_roles_of_their_sets_divergence():
+  # Two voters sharing set 0 and an aggregator with set 1: on voter0's tokens, voter1 answers with the
+  # same set (divergence 0) and the aggregator with set 1 (JS[voter0, set 1]): voter0's value is their
+  # mean over the R - 1 = 2 other roles, JS[voter0, set 1] / 2.  The aggregator's two others both use
+  # set 0: JS[aggregator, set 0].  Each JS is a sum over the role's tokens over their count.
+  layout = _layout("vote", (0, 0, 1), voters=2, aggregator=True)
+  params_2 = _params(2)
+  tokens_BxT, _, _ = _generate(layout, params_2)
+  exp = types.SimpleNamespace(model=CFG, layout=layout, role_set_R=(0, 0, 1),
+                              config=types.SimpleNamespace(rl=types.SimpleNamespace(temperature=TEMP)))
+  replicated = jax.sharding.PartitionSpec()  # role_divergence sums over the devices of a data mesh
+  out = jax.jit(jax.shard_map(lambda p, t: evaluate.role_divergence(exp, p, t),
+                              mesh=jax.make_mesh((1,), ("data",)), in_specs=replicated,
+                              out_specs=replicated))(params_2, tokens_BxT)
+  divergence = jax.jit(lambda p, t: sampling.next_token_divergence(CFG, layout, (0, 0, 1), p, t, TEMP))
+  js_sum_RxS, count_R = divergence(params_2, tokens_BxT)
+  js_RxS = np.asarray(js_sum_RxS) / np.asarray(count_R)[:, None]
+  assert (js_RxS[[0, 1, 2], [1, 1, 0]] > 1e-3).all()  # the two sets differ on every role's tokens
+  expected = {"voter0": js_RxS[0, 1] / 2, "voter1": js_RxS[1, 1] / 2, "aggregator": js_RxS[2, 0]}
+  assert set(out) == {f"{role}/next_token_js" for role in expected}
+  for role, value in expected.items():
+    np.testing.assert_allclose(out[f"{role}/next_token_js"], value, rtol=1e-5, err_msg=role)
 
 
 def test_read_schedule_reads_each_position_once_per_view_that_acts():
