@@ -39,6 +39,14 @@ def test_eval_set_is_named_by_its_knobs_and_read_when_it_exists(tmp_path, monkey
     np.testing.assert_array_equal(again[k], v)
 
 
+def test_eval_set_names_escape_what_tfds_does_not_take_by_code_point():
+  # A TFDS config name holds letters, digits and _+-. only: arithmetic's ops '+-*' write '*' as _2a_
+  # (its code point 0x2a), so that knob values differing only in such characters keep their own sets
+  # (a bare '_' for each would give them one name, and one set).  The knobs are in sorted order.
+  assert (datasets.eval_set_name(tasks.make("arithmetic"), 1234, 4)
+          == "marl_eval_set/arithmetic-max_operand9-modulus10-num_ops2-ops+-_2a_-seed1234-n4:1.0.0")
+
+
 def test_unregistered_task_is_refused_with_its_name():
   class Custom(tasks.Arithmetic):
     pass
