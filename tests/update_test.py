@@ -97,6 +97,11 @@ def test_microbatches_sum_to_the_minibatch_gradient():
   assert scale > 1e-3
   for g_whole, g_parts in zip(jax.tree.leaves(whole), jax.tree.leaves(parts)):
     np.testing.assert_allclose(g_parts, g_whole, rtol=1e-4, atol=1e-5 * scale)
+  # Both are the gradient of the sum over roles of their losses: every role's loss trains.
+  total = on_one_device(lambda p, b: jax.grad(
+      lambda p: update.role_losses(exp, p, b, update.token_counts(b, 1))[0].sum())(p))(params_R, batch)
+  for g_whole, g_total in zip(jax.tree.leaves(whole), jax.tree.leaves(total)):
+    np.testing.assert_allclose(g_whole, g_total, rtol=1e-4, atol=1e-5 * scale)
   np.testing.assert_allclose(parts_loss_R, whole_loss_R, rtol=1e-5, atol=1e-7)
   for key in ("entropy", "kl_to_base", "approx_kl"):
     np.testing.assert_allclose(parts_aux[key], whole_aux[key], rtol=1e-5, atol=1e-6)  # approx_kl ~ 0
