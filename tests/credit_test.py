@@ -105,6 +105,25 @@ def test_per_role_credit():
   chex.assert_trees_all_close(adv_RxB, jnp.array([[.5, -.5, -.5, .5], [0., 0., -.5, .5]]))
 
 
+# The group baseline of TEAM_B and ROLE_RxB (G=2) under another baseline than the default dr_grpo: grpo
+# standardises each pair to -+1 (a tied pair to 0), none leaves the rewards as they are.
+OTHER_BASELINES = {
+    "grpo": ([1., -1., 0., 0.], [[1., -1., -1., 1.], [0., 0., -1., 1.]]),
+    "none": (TEAM_B.tolist(), ROLE_RxB.tolist()),
+}
+
+
+@pytest.mark.parametrize("baseline", OTHER_BASELINES)
+def test_the_baseline_knob_picks_the_group_baseline(baseline):
+  # team baselines the team outcome, per_role each role's own signal; difference (like shapley and the
+  # critic, which share its mixing) baselines the team outcome in its outcome term.
+  team_B, role_RxB = map(jnp.array, OTHER_BASELINES[baseline])
+  chex.assert_trees_all_close(advantages("team", baseline=baseline)[0], jnp.stack([team_B] * 2), atol=1e-5)
+  chex.assert_trees_all_close(advantages("per_role", baseline=baseline)[0], role_RxB, atol=1e-5)
+  chex.assert_trees_all_close(advantages("difference", CF_RxKxB, baseline=baseline, credit_weight=0.0)[0],
+                              jnp.stack([team_B] * 2), atol=1e-5)
+
+
 def test_difference_credit():
   # D_r = team - mean_k counterfactual team:
   #   role 0: mean_k = [1/2, 0, 1, 0] -> D_0 = [1,0,1,1] - that = [1/2, 0, 0, 1]
