@@ -258,6 +258,25 @@ def test_critic_loss_decreases_on_a_fixed_batch():
   assert float(optax.tree_utils.tree_norm(jax.tree.map(jnp.subtract, after[1.0], start["params"]))) > 1e-2
 
 
+def test_critic_knobs_size_its_transformer_and_step_its_adam():
+  # Its transformer's size follows d_model, n_layers and d_ff (each grows some weights), and its K.
+  size = lambda estimator: sum(x.size for x in jax.tree.leaves(init(estimator)["params"]))
+  default = size(credit.make("critic"))
+  for knob, value in (("d_model", 16), ("n_layers", 2), ("d_ff", 32)):
+    assert size(credit.make("critic", **{knob: value})) != default, knob
+  assert credit.make("critic", samples=3).reruns(2).samples == 3
+  # Adam's first step moves each parameter with a non-zero gradient by learning_rate exactly (the bias-
+  # corrected m / sqrt(v) is g / |g|): the largest move is 0.05, not the default rate's 1e-3.
+  estimator = credit.make("critic", learning_rate=0.05)
+  outcome = credit.Outcome(tokens_BxT=jax.random.randint(jax.random.PRNGKey(0), (8, LAYOUT.length), 1, 40),
+                           team_B=jnp.array([1., 0., 0., 1., 1., 0., 1., 0.]), role_RxB=None, group_size=2)
+  state = init(estimator, seed=1)
+  new_state, _ = sharded(estimator.update)(state, outcome)
+  moved = max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(new_state["params"]),
+                                                          jax.tree.leaves(state["params"])))
+  np.testing.assert_allclose(moved, 0.05, rtol=1e-3)
+
+
 @pytest.mark.parametrize("target, prediction, expected", [
     ([0., 1., 0., 1.], [0., 1., 0., 1.], 1.0),  # exact
     ([0., 1., 0., 1.], [.5, .5, .5, .5], 0.0),  # the mean: Var(err) = Var(target) = 1/4
