@@ -481,6 +481,11 @@ def test_shapley_estimator_monte_carlo_reruns_only_the_prefixes():
   value_BxC = jax.random.uniform(jax.random.PRNGKey(0), (4, 16))
   estimator = credit.make("shapley", max_exact_roles=3, num_permutations=1, outcome_weight=0.0)
   (order,) = estimator.plan(4).perm_PxR
+  # The orders are numpy's from permutation_seed (default 0): seed 0 draws 2, 0, 1, 3 and seed 2 draws
+  # 3, 2, 0, 1.
+  np.testing.assert_array_equal(order, [2, 0, 1, 3])
+  reseeded = dataclasses.replace(estimator, permutation_seed=2)
+  np.testing.assert_array_equal(reseeded.plan(4).perm_PxR, [[3, 2, 0, 1]])
   prefix_K = np.cumsum([0] + [2 ** r for r in order])  # the coalitions' table indices
   assert sorted(((~np.array(estimator.reruns(4).changed_CxR)) * [1, 2, 4, 8]).sum(1)) == sorted(prefix_K[:-1])
   phi_RxB, metrics = shapley_credit(estimator, value_BxC)
