@@ -471,6 +471,36 @@ def test_checkpoint_from_before_the_credit_state(tmp_path):
   chex.assert_trees_all_equal(jax.tree.map(np.asarray, params_S), old_state.params)
 
 
+def test_init_from_reads_one_seed_or_as_many_and_refuses_other_runs(tmp_path):
+  """`load_params` gives a run of num_seeds=3 the parameters of a 1-seed run on every seed; a 2-seed run,
+  a run of another model, or `DIR:best` where no checkpoint was saved with its accuracy, is refused with
+  what is wrong."""
+  def saved_run(name, **overrides):
+    config = tiny_config(**{"sft.steps": 0, **overrides})
+    params_S = jax.tree.map(np.asarray, state.initial_state(experiment.build(config)).params)
+    mngr = checkpoint.manager(str(tmp_path / name))
+    checkpoint.save(mngr, 0, {"params": params_S})  # no eval_accuracy: never a best checkpoint
+    mngr.wait_until_finished()
+    (tmp_path / name / "config.json").write_text(config.to_json())
+    return str(tmp_path / name), params_S
+
+  one, one_S = saved_run("one")
+  two, _ = saved_run("two", num_seeds=2)
+  exp = experiment.build(tiny_config(**{"sft.steps": 0, "num_seeds": 3}))
+  chex.assert_trees_all_equal(jax.tree.map(np.asarray, loop.load_params(exp, one)),
+                              jax.tree.map(lambda p: np.repeat(p, 3, 0), one_S))
+  with pytest.raises(ValueError, match=r"config.init_from='.*two' holds 2 seeds; config.num_seeds=3 needs 1 "
+                                       r"or the same number"):
+    loop.load_params(exp, two)
+  wider = experiment.build(tiny_config(**{"sft.steps": 0, "model.d_model": 64}))
+  with pytest.raises(ValueError, match=r"holds a model whose shapes or parameter sets differ from "
+                                       r"config.model / config.roles"):
+    loop.load_params(wider, one)
+  with pytest.raises(FileNotFoundError, match=r"config.init_from='.*one:best': no checkpoint there was "
+                                              r"saved with its evaluation accuracy"):
+    loop.load_params(exp, f"{one}:best")
+
+
 def test_seeds_at_once_computes_the_same_seeds():
   """config.seeds_at_once=2 over 3 seeds (a group of two, then one: lax.map's batches and remainder)
   gives each seed the warm start, update and evaluation it gets with every seed vmapped at once, to
