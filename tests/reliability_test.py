@@ -401,9 +401,9 @@ def test_best_checkpoints_are_saved_off_the_grid_and_their_peak_survives_a_resum
   # step 0 reads 0.1), so that the loop's bookkeeping is checked whatever the tiny untrained model
   # scores: it saves every step that beats the best evaluation so far (strictly: a tie is not a new
   # best), the base model with its accuracy, and a resumed run measures eval_drop_from_peak from the
-  # peak of the run it resumes.
+  # peak of the run it resumes; a NaN evaluation is saved without an accuracy and leaves the peak as it was.
   scripted = iter([0.5, 0.25, 0.25,  # first run: steps 0 (the base model), 2, 4
-                   0.375, 0.75, 0.75, 0.5])  # resumed: 6, 8 (a new best), 10 (a tie), 12
+                   0.375, 0.75, 0.75, math.nan, 0.5])  # resumed: 6, 8 (a new best), 10 (a tie), 12, 14
   def make_evaluate(exp, problems=None):
     del problems
     return lambda params_S, greedy=True: {
@@ -419,14 +419,15 @@ def test_best_checkpoints_are_saved_off_the_grid_and_their_peak_survives_a_resum
   assert saves == [(0, 0.5), (4, 0.25)]
   assert checkpoint.best_step(str(tmp_path)) == 0
   saves.clear()
-  loop.train_and_evaluate(tiny_config(**{**OVERRIDES, **cadence, "total_steps": 12, "checkpoint_every": 6}),
+  loop.train_and_evaluate(tiny_config(**{**OVERRIDES, **cadence, "total_steps": 14, "checkpoint_every": 6}),
                           str(tmp_path))
-  # 6: the checkpoint grid; 8: beats the peak 0.5, off the grid; 10 ties 0.75: not saved; 12: the end.
-  assert saves == [(6, 0.375), (8, 0.75), (12, 0.5)]
+  # 6 and 12: the checkpoint grid; 8: beats the peak 0.5, off the grid; 10 ties 0.75: not saved; 14: the end.
+  assert saves == [(6, 0.375), (8, 0.75), (12, None), (14, 0.5)]
   assert checkpoint.best_step(str(tmp_path)) == 8
   rows = [r for r in metrics_lib.read(str(tmp_path)) if r["step"] > 4]
   # The drop from the best so far, 0.5 (step 0's, read back from its checkpoint) until step 8's 0.75.
-  np.testing.assert_allclose([r["eval_drop_from_peak"] for r in rows], [0.125, 0.0, 0.0, 0.25], atol=1e-6)
+  np.testing.assert_allclose([r["eval_drop_from_peak"] for r in rows], [0.125, 0.0, 0.0, math.nan, 0.25],
+                             atol=1e-6)
 
 def test_corrupt_metrics_of_a_checkpoint_name_the_step_to_move_aside(tmp_path):
   _workdir_of_a_run(tmp_path)
