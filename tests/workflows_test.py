@@ -395,6 +395,24 @@ def test_turn_rewards_add_to_any_estimators_advantages():
                                 train.token_advantages(exp, adv_RxB, sampled_BxT, 0 * turn_NxB))
 
 
+def test_the_step_hands_the_protocols_turn_rewards_to_the_update(monkeypatch):
+  # Debate's influence bonuses reach the update only if the step passes them on: traced (not compiled
+  # or run), the step's update_batch gets one per turn and row, and so its advantages (above) hold them.
+  config = _experiment("debate").get_config("size=tiny")
+  config.num_devices, config.sft.steps = 1, 0
+  exp = experiment.build(config)
+  turn_rewards, update_batch = [], train.update_batch
+
+  def spy(exp, state, episodes, adv_xB, turn_NxB=None):
+    turn_rewards.append(turn_NxB)
+    return update_batch(exp, state, episodes, adv_xB, turn_NxB)
+
+  monkeypatch.setattr(train, "update_batch", spy)
+  jax.eval_shape(train.make_train_call(exp), state.initial_state(exp))
+  assert len(turn_rewards) == 1 and turn_rewards[0] is not None
+  assert turn_rewards[0].shape == (len(exp.layout.turn_slices), exp.config.rl.batch_size)
+
+
 # ---------------------------------------------------------------------------------------------
 # Engine: per-turn hidden segments; bad input.
 
