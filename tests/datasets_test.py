@@ -47,6 +47,13 @@ def test_eval_set_names_escape_what_tfds_does_not_take_by_code_point():
           == "marl_eval_set/arithmetic-max_operand9-modulus10-num_ops2-ops+-_2a_-seed1234-n4:1.0.0")
 
 
+def test_a_name_tfds_cannot_read_back_is_refused_before_anything_is_written(tmp_path):
+  # TFDS itself writes 'a/b:c' (into nested directories), then cannot parse the name that reads it.
+  with pytest.raises(ValueError, match=r"dataset config name 'a/b:c' may only hold letters, digits and _\+-\."):
+    datasets.write(datasets.MarlTranscripts, "a/b:c", str(tmp_path), {"x": np.arange(3)}, {})
+  assert not list(tmp_path.iterdir())
+
+
 def test_unregistered_task_is_refused_with_its_name():
   class Custom(tasks.Arithmetic):
     pass
