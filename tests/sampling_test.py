@@ -367,6 +367,9 @@ def test_role_divergence_is_the_mean_over_the_other_roles_of_their_sets_divergen
   assert set(out) == {f"{role}/next_token_js" for role in expected}
   for role, value in expected.items():
     np.testing.assert_allclose(out[f"{role}/next_token_js"], value, rtol=1e-5, err_msg=role)
+  # One set for every role: nothing to compare, nothing logged (not a row of zeros).
+  shared = types.SimpleNamespace(**{**vars(exp), "role_set_R": (0, 0, 0)})
+  assert evaluate.role_divergence(shared, _params(1), tokens_BxT) == {}
 
 
 def test_read_schedule_reads_each_position_once_per_view_that_acts():
