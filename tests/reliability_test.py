@@ -402,7 +402,7 @@ def test_best_checkpoints_are_saved_off_the_grid_and_their_peak_survives_a_resum
   # scores: it saves every step that beats the best evaluation so far (strictly: a tie is not a new
   # best), the base model with its accuracy, and a resumed run measures eval_drop_from_peak from the
   # peak of the run it resumes; a NaN evaluation is saved without an accuracy and leaves the peak as it was.
-  scripted = iter([0.5, 0.25, 0.25,  # first run: steps 0 (the base model), 2, 4
+  scripted = iter([0.5, 0.25,  # first run: steps 0 (the base model) and 4
                    0.375, 0.75, 0.75, math.nan, 0.5])  # resumed: 6, 8 (a new best), 10 (a tie), 12, 14
   def make_evaluate(exp, problems=None):
     del problems
@@ -413,9 +413,12 @@ def test_best_checkpoints_are_saved_off_the_grid_and_their_peak_survives_a_resum
   monkeypatch.setattr(checkpoint, "save", lambda mngr, step, state_S, values: (
       saves.append((step, values.get(checkpoint.BEST))), save(mngr, step, state_S, values))[1])
   cadence = {"steps_per_call": 2, "eval_every": 2, "log_every": 2}
-  loop.train_and_evaluate(tiny_config(**{**OVERRIDES, **cadence, "total_steps": 4, "checkpoint_every": 100}),
-                          str(tmp_path))
-  # Step 0 is saved with its accuracy, so it is the best checkpoint until a later one beats 0.5.
+  loop.train_and_evaluate(tiny_config(**{**OVERRIDES, **cadence, "total_steps": 4, "eval_every": 4,
+                                         "checkpoint_every": 100}), str(tmp_path))
+  # Logged every 2 steps, evaluated every 4.  Step 0 is saved with its accuracy, so it is the best
+  # checkpoint until a later one beats 0.5.
+  assert [(r["step"], "eval_accuracy" in r) for r in metrics_lib.read(str(tmp_path))] == [
+      (0, True), (2, False), (4, True)]
   assert saves == [(0, 0.5), (4, 0.25)]
   assert checkpoint.best_step(str(tmp_path)) == 0
   saves.clear()
