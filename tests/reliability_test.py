@@ -404,6 +404,7 @@ def test_best_checkpoints_are_saved_off_the_grid_and_their_peak_survives_a_resum
   # peak of the run it resumes; a NaN evaluation is saved without an accuracy and leaves the peak as it was.
   scripted = iter([0.5, 0.25,  # first run: steps 0 (the base model) and 4
                    0.375, 0.75, 0.75, math.nan, 0.5])  # resumed: 6, 8 (a new best), 10 (a tie), 12, 14
+
   def make_evaluate(exp, problems=None):
     del problems
     return lambda params_S, greedy=True: {
@@ -431,6 +432,7 @@ def test_best_checkpoints_are_saved_off_the_grid_and_their_peak_survives_a_resum
   # The drop from the best so far, 0.5 (step 0's, read back from its checkpoint) until step 8's 0.75.
   np.testing.assert_allclose([r["eval_drop_from_peak"] for r in rows], [0.125, 0.0, 0.0, math.nan, 0.25],
                              atol=1e-6)
+
 
 def test_corrupt_metrics_of_a_checkpoint_name_the_step_to_move_aside(tmp_path):
   _workdir_of_a_run(tmp_path)
