@@ -82,6 +82,10 @@ def test_hidden_segment_visibility():
     ("single", TASK, {}, {0: [0]}),
     # solver: everything after it reads its answer; verifier: its ACCEPT can end the episode.
     ("solver_verifier", TASK, dict(rounds=2), {SOLVER: [0, 1, 2, 3], VERIFIER: [1, 2, 3]}),
+    # The round-1 solver does not read verifier0's verdict, but an ACCEPT there ends the episode, so
+    # whether round 1 is played at all follows the verifier: it is re-drawn all the same.
+    ("solver_verifier", TASK, {"rounds": 2, "hidden": (("verifier0", "solver"),)},
+     {SOLVER: [0, 1, 2, 3], VERIFIER: [1, 2, 3]}),
     # Simultaneous play: each player's counterfactual keeps the other's action.
     ("matrix_game", tasks.make("matrix_game"), {}, {0: [0], 1: [1]}),
     # Parallel workers (turns 0..2) do not read each other; the orchestrator (turn 3) reads them all.
