@@ -92,6 +92,39 @@ def test_solver_verifier_final_answer_over_two_rounds():
   # Verdicts played: episode 0: reject a wrong answer (ok), accept a right one (ok) -> 1;
   # 1: ok, then reject the wrong 4 (ok) -> 1;  2: one verdict, ok -> 1;  3: ok, reject wrong 6 (ok) -> 1.
   np.testing.assert_array_equal(out.role_RxB[1], [1, 1, 1, 1])
+  # The solver's signal and the verdict rates are of round 1 (its first answer, the first verdict),
+  # not of the last round played: first answers 5, 5, 3, 5 -> right only in episode 2; the first
+  # verdicts reject episodes 0, 1, 3 (wrong: no false accept) and accept 2 (right: no false reject).
+  # Episode 0's round-2 ACCEPT would make false_accept 1/3, and episode 2's unplayed (PAD) round 2 a
+  # false reject.
+  np.testing.assert_array_equal(out.role_RxB[0], [0, 0, 1, 0])
+  np.testing.assert_allclose(out.metrics["solver_accuracy"], 1 / 4)
+  np.testing.assert_allclose(out.metrics["accept_rate"], 1 / 4)
+  np.testing.assert_allclose(out.metrics["false_accept"], 0)
+  np.testing.assert_allclose(out.metrics["false_reject"], 0)
+
+
+@pytest.mark.parametrize("error_rate, accepted", [(0.0, True), (1.0, False)])
+def test_solver_verifier_demonstrations_flip_verdicts_at_their_error_rate(error_rate, accepted):
+  # Every solver answer is right (no task noise), so the verdicts are all ACCEPT without verifier noise
+  # and all REJECT when every one is flipped.  After an ACCEPT the episode is over (round 2 blank);
+  # after a REJECT the revision is right, and in round 2 the solver adopts it and the verifier accepts.
+  task = dataclasses.replace(SV_TASK, demo_error_rate=0.0)
+  protocol = protocols.make("solver_verifier", task, rounds=2, verifier_demo_error_rate=error_rate)
+  layout = protocol.layout(task, (0, 1))
+  keys = jax.random.split(jax.random.PRNGKey(0), 16)
+  problems = jax.vmap(task.sample)(keys)
+  tokens_BxT = protocol.demonstrate(task, layout, problems, keys)
+  message = lambda turn: np.asarray(engine.message(layout, tokens_BxT, turn))
+  np.testing.assert_array_equal(message(1)[:, 0], text.ACCEPT if accepted else text.REJECT)
+  if accepted:
+    np.testing.assert_array_equal(message(2), text.PAD)
+    np.testing.assert_array_equal(message(3), text.PAD)
+  else:
+    np.testing.assert_array_equal(message(1)[:, 1:], problems["answer"])  # the revision: right
+    np.testing.assert_array_equal(message(2), problems["answer"])
+    np.testing.assert_array_equal(message(3)[:, 0], text.ACCEPT)
+  np.testing.assert_array_equal(protocol.rewards(task, layout, problems, tokens_BxT).team_B, 1)
 
 
 def test_absent_verifier_counterfactual_lets_the_answer_stand():
