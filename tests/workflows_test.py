@@ -150,12 +150,31 @@ def test_vote_with_an_aggregator():
   # The aggregator's answer is final, right or wrong; an absent aggregator leaves the majority.
   messages = [[D(5), D(5), D(3), D(3)],  # majority wrong, aggregator right    team 1
               [D(3), D(3), D(5), D(5)],  # majority right, aggregator wrong    team 0
-              [D(3), D(3), D(5), ABSENT]]  # absent aggregator: the majority   team 1
-  protocol, layout, problems, canvas_BxT = _transcript("vote", [3] * 3, messages, aggregator=True)
+              [D(3), D(3), D(5), ABSENT],  # absent aggregator: the majority   team 1
+              [D(7), D(7), D(3), D(3)]]  # majority wrong, aggregator right    team 1
+  protocol, layout, problems, canvas_BxT = _transcript("vote", [3] * 4, messages, aggregator=True)
   out = protocol.rewards(TASK, layout, problems, canvas_BxT)
-  np.testing.assert_array_equal(out.team_B, [1, 0, 1])
+  np.testing.assert_array_equal(out.team_B, [1, 0, 1, 1])
   np.testing.assert_array_equal(out.role_RxB[3], out.team_B)  # the aggregator's signal: team outcome
-  np.testing.assert_allclose(out.metrics["majority_right"], 2 / 3)
+  # The voters' majority, not the team's final answer: right in rows 1 and 2 only (accuracy is 3/4).
+  np.testing.assert_allclose(out.metrics["majority_right"], 2 / 4)
+  np.testing.assert_allclose(out.metrics["accuracy"], 3 / 4)
+
+
+def test_vote_aggregator_demonstrations_write_the_majority():
+  # Arithmetic's demonstrations are the answer or its one systematic mistake, so of three voters at
+  # least two agree: the aggregator writes the answer that two or three of them wrote, whichever voter
+  # wrote it (at error rate 0.5, voter0 is outvoted in about a quarter of the rows).
+  task = dataclasses.replace(TASK, demo_error_rate=0.5)
+  protocol = protocols.make("vote", task, voters=3, aggregator=True)
+  layout = protocol.layout(task, (0, 0, 0, 1))
+  keys = jax.random.split(jax.random.PRNGKey(0), 64)
+  canvas_BxT = protocol.demonstrate(task, layout, jax.vmap(task.sample)(keys), keys)
+  answers_KxBxA = np.asarray(protocol.answers(layout, canvas_BxT))
+  aggregate_BxA = np.asarray(engine.message(layout, canvas_BxT, 3))
+  copies_B = (answers_KxBxA == aggregate_BxA[None]).all(-1).sum(0)
+  assert (copies_B >= 2).all()
+  assert (answers_KxBxA[0] != aggregate_BxA).any()  # some row where voter0 was outvoted
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,6 +233,14 @@ def test_best_of_n_demonstrations_pick_right_candidates():
   out = protocol.rewards(task, layout, problems, protocol.demonstrate(task, layout, problems, keys))
   assert 0 < out.metrics["oracle"] < 1
   np.testing.assert_allclose(out.metrics["judge_precision"], 1.0)
+  # A judge that always errs picks a wrong candidate wherever there is one: the team is right only
+  # where every candidate is.
+  protocol = protocols.make("best_of_n", task, candidates=3, judge_demo_error_rate=1.0)
+  canvas_BxT = protocol.demonstrate(task, layout, problems, keys)
+  out = protocol.rewards(task, layout, problems, canvas_BxT)
+  all_right_B = out.role_RxB[:3].min(0)
+  assert 0 < all_right_B.mean() < out.metrics["oracle"]
+  np.testing.assert_array_equal(out.team_B, all_right_B)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -347,17 +374,20 @@ def test_debate_with_a_verifier_by_hand():
                              [[0.25, 0, 0, 0.5]] * 2)
 
 
-def test_debate_verifier_demonstrations_are_the_checkers_verdicts():
-  protocol = protocols.make("debate", TASK, agents=3, rounds=1, scorer="verifier", verifier_demo_error_rate=0.0)
+@pytest.mark.parametrize("error_rate", [0.0, 1.0])
+def test_debate_verifier_demonstrations_are_the_checkers_verdicts(error_rate):
+  # Without noise the verdicts are the checker's; at error rate 1 every one of them is flipped.
+  protocol = protocols.make("debate", TASK, agents=3, rounds=1, scorer="verifier",
+                            verifier_demo_error_rate=error_rate)
   layout = protocol.layout(TASK, (0, 0, 0, 1))
   problems = jax.vmap(TASK.sample)(jax.random.split(jax.random.PRNGKey(0), 64))
   canvas_BxT = protocol.demonstrate(TASK, layout, problems, jax.random.split(jax.random.PRNGKey(1), 64))
   right_JxKxB = jax.vmap(jax.vmap(jax.vmap(TASK.score), (None, 0)), (None, 0))(
       problems, protocol.answers(layout, canvas_BxT))
-  np.testing.assert_array_equal(protocol.verdicts(layout, canvas_BxT), right_JxKxB > 0)
+  np.testing.assert_array_equal(protocol.verdicts(layout, canvas_BxT), (right_JxKxB > 0) != error_rate)
   assert 0 < float((right_JxKxB > 0).mean()) < 1  # both verdicts occur
   out = protocol.rewards(TASK, layout, problems, canvas_BxT)
-  np.testing.assert_allclose(out.metrics["verdict_accuracy"], 1.0)
+  np.testing.assert_allclose(out.metrics["verdict_accuracy"], 1.0 - error_rate)
 
 
 @pytest.mark.parametrize("arg, role_set, trainable", [
