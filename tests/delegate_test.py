@@ -62,6 +62,8 @@ def test_schedule_and_visibility():
     ("3+4<eos>", (7, True)), ("2*9<eos>", (8, True)), ("0-3<eos>", (7, True)),
     ("3+<eos><pad>", (0, False)), ("3+45", (0, False)), ("<eos><pad><pad><pad>", (0, False)),
     ("3=4<eos>", (0, False)), ("<absent><eos><pad><pad>", (0, False)),
+    # A longer message is read the same way, but after the EOS only PAD may follow.
+    ("3+4<eos><pad>", (7, True)), ("3+4<eos>5", (0, False)),
 ])
 def test_part_value(message, expected):
   value, ok = jax.jit(TASK.part_value)(jnp.asarray(text.encode(message)))

@@ -84,6 +84,11 @@ def test_subset_sum_generation():
     assert any(mask) and sum(np.array(mask) * p["numbers"]) == p["target"]
   assert np.all(jax.vmap(task.score)(batch, batch["answer"]) == 1.0)
   assert np.all(jax.vmap(task.score)(batch, batch["mistake"]) == 0.0)  # one number short
+  # The mistake leaves out the last chosen number: the answer's last '1' becomes '0'.
+  for i in range(20):
+    answer = text.decode(row(batch, i)["answer"])
+    last = answer.rindex("1")
+    assert text.decode(row(batch, i)["mistake"]) == answer[:last] + "0" + answer[last + 1:]
   # Numbers are drawn from 1..max_number.
   wide = problems(SubsetSum(num_numbers=5, max_number=50))
   numbers = [int(n) for i in range(20) for n in text.decode(row(wide, i)["prompt"])[5:].split("=")[0].split(",")]
@@ -102,6 +107,10 @@ def test_hidden_sum():
     a, b = text.decode(batch["prompt"][i])[5:-1].split("+")
     assert text.decode(batch["answer"][i]) == f"{(int(a) + int(b)) % 100}<eos>"
     assert text.decode(batch["mistake"][i]) == f"{int(b)}<eos>"  # the receiver's own number
+  # a and b are drawn from 0..max_number, both ends included: with ten values, 256 problems hold each.
+  small = problems(HiddenSum(max_number=9, modulus=10))
+  a_B, b_B = small["prompt"][:, 1] - text.DIGIT0, small["prompt"][:, 3] - text.DIGIT0
+  assert set(a_B.tolist()) == set(b_B.tolist()) == set(range(10))
 
 
 def chain_value(chain: str, modulus: int) -> int:
@@ -130,6 +139,12 @@ def test_multi_chain():
     assert text.decode(batch["answer"][i]) == f"{sum(values) % 10}<eos>"
     assert text.decode(batch["mistake"][i]) == f"{sum(values[:-1]) % 10}<eos>"  # last chain lost
   assert dict(task.prompt_segments)["chain2"] == 6
+  # The sum is taken mod the modulus, not just cut to the answer's digits: 5 + 6 = 11 = 4 (mod 7).
+  assert int(MultiChain(modulus=7).combine(jnp.array([5, 6]))) == 4
+  seven = problems(MultiChain(modulus=7))
+  sums_B = seven["part_values"].sum(1)
+  assert (sums_B >= 7).any()
+  assert [text.decode(a) for a in seven["answer"]] == [f"{v % 7}<eos>" for v in sums_B]
 
 
 def test_stack_interpreter_on_hand_written_programs():
