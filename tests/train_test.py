@@ -104,6 +104,18 @@ def test_solver_verifier_final_answer_over_two_rounds():
   np.testing.assert_allclose(out.metrics["false_reject"], 0)
 
 
+def test_solver_verifier_verdict_signal_counts_only_the_rounds_played():
+  # Two rounds, answers 3.  Episode 0: a false accept ends it, round 2 is never played: 0 of 1 verdicts
+  # right (a blank round counted as played would add a right "no accept of a blank answer": 1/2).
+  # Episode 1: a right answer rejected (wrong), then the right round-2 answer accepted (right): 1/2.
+  blank = [[text.PAD] * 2, [text.PAD] * 3]
+  messages = [[D(5), ACCEPT, *blank], [D(3), REJECT(4), D(3), ACCEPT]]
+  protocol, layout, problems, tokens_BxT = _sv_transcript(2, [3] * 2, messages)
+  out = protocol.rewards(SV_TASK, layout, problems, tokens_BxT)
+  np.testing.assert_allclose(out.role_RxB[1], [0, 1 / 2])
+  np.testing.assert_allclose(out.metrics["verdict_accuracy"], 1 / 4)
+
+
 @pytest.mark.parametrize("error_rate, accepted", [(0.0, True), (1.0, False)])
 def test_solver_verifier_demonstrations_flip_verdicts_at_their_error_rate(error_rate, accepted):
   # Every solver answer is right (no task noise), so the verdicts are all ACCEPT without verifier noise
