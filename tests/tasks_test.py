@@ -180,6 +180,12 @@ def test_stack_program_generation():
     assert len(set(examples)) == 4  # distinct inputs
   assert np.all(jax.vmap(task.score)(batch, batch["answer"]) == 1.0)
   assert np.mean(jax.vmap(task.score)(batch, batch["mistake"])) < 0.3  # the last op swapped
+  # Every program has num_ops + 1 pushes and num_ops operations, so it ends on an operation (the one
+  # the mistake swaps) with one value left on the stack.
+  program_BxL = batch["answer"][:, :-1]
+  ops_BxL = np.isin(program_BxL, [text.PLUS, text.MINUS, text.TIMES])
+  np.testing.assert_array_equal(ops_BxL.sum(1), 2)
+  assert ops_BxL[:, -1].all()
 
 
 def test_matrix_game_payoffs_and_scores():
@@ -270,6 +276,22 @@ def test_exchange_layout_hides_each_part_from_one_role():
   assert visible["sender0"] == [True, True] and visible["header"] == [True, True]
   with pytest.raises(ValueError, match="'part_a' and 'part_b'"):
     protocols.make("exchange", SubsetSum())
+
+
+def test_exchange_rewards_both_roles_with_the_team_outcome():
+  # The receiver's answer is final; neither role has a signal of its own, so both get the team outcome.
+  task, protocol, layout = setup("hidden_sum", "exchange")
+  prompt_BxP = jnp.stack([tokens("<bos>37+85=")] * 3)  # (37 + 85) mod 100 = 22
+  batch = {"prompt": prompt_BxP, "answer": jnp.stack([tokens("22<eos>")] * 3)}
+  messages = [("37<eos>", "22<eos>"),  # right
+              ("37<eos>", "85<eos>"),  # the receiver's own number: wrong
+              ("<absent><eos><pad>", "22<eos>")]  # a right guess without a message still counts
+  canvas_BxT = jnp.stack([engine.assemble(layout, prompt_BxP[:1], [tokens(m)[None] for m in ms])[0]
+                          for ms in messages])
+  rewards = protocol.rewards(task, layout, batch, canvas_BxT)
+  np.testing.assert_array_equal(rewards.team_B, [1, 0, 1])
+  np.testing.assert_array_equal(rewards.role_RxB, [[1, 0, 1], [1, 0, 1]])
+  assert float(rewards.metrics["accuracy"]) == pytest.approx(2 / 3)
 
 
 def best_guess_accuracy(task, segment: str) -> float:
