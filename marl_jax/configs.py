@@ -154,8 +154,11 @@ _NAMED_GROUPS = ("task", "protocol", "credit", "models")
 
 
 def read_saved(workdir: str) -> dict:
-  """A run's config.json as written.  ValueError naming the file when it is not a JSON object."""
+  """A run's config.json as written.  ValueError naming the file when it is missing or not a JSON
+  object."""
   path = os.path.join(workdir, "config.json")
+  if not os.path.isfile(path):
+    raise ValueError(f"{path} is not there; allowed: the workdir of a run (it writes config.json first)")
   try:
     with open(path, "rb") as f:
       saved = json.load(f)

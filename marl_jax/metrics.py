@@ -65,9 +65,12 @@ def read(workdir: str) -> list[dict]:
   """Rows of metrics.jsonl by step.  A line cut short by a killed process is skipped, and where a
   file written before resumed runs dropped their repeated rows (see `Writer`) holds a step twice,
   the later row wins, and a blank line is skipped; any other line that is not a row (a JSON object
-  with an integer "step") is refused with a ValueError naming the file and the line."""
+  with an integer "step") is refused with a ValueError naming the file and the line, as is a workdir
+  without the file."""
   rows = {}
   path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.isfile(path):  # a run not yet past its warm start, or a mistyped workdir
+    raise ValueError(f"{path} is not there: no step logged yet; allowed: the workdir of a run")
   with open(path, "rb") as f:  # bytes: a line that is not UTF-8 is refused by its number as well
     for number, line in enumerate(f, 1):
       if not line.endswith(b"\n") or not line.strip():  # cut short, or blank

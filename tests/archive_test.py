@@ -132,16 +132,20 @@ def test_archive_cli(tmp_path):
       "choose another output directory or name")
 
 
-def test_archive_cli_names_a_config_json_that_is_not_json(tmp_path):
-  """One line naming the file (it printed json's message alone, without the file), exit status 1."""
+@pytest.mark.parametrize("config_json, message", [
+    ("{bad", ("is not JSON (Expecting property name enclosed in double quotes at line 1 column 2); allowed: "
+              "the config a run wrote there")),  # json's message alone, without the file
+    (None, "is not there; allowed: the workdir of a run (it writes config.json first)"),  # [Errno 2] ...
+], ids=["not_json", "missing"])
+def test_archive_cli_names_a_config_json_it_cannot_read(tmp_path, config_json, message):
+  """One line naming the file, exit status 1."""
   workdir = tmp_path / "run"
   workdir.mkdir()
-  (workdir / "config.json").write_text("{bad")
+  if config_json is not None:
+    (workdir / "config.json").write_text(config_json)
   proc = subprocess.run([sys.executable, "-m", "marl_jax.archive", f"--workdir={workdir}"],
                         cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
                         text=True, timeout=300, check=False)
   assert proc.returncode == 1 and "Traceback" not in proc.stderr
-  assert proc.stderr.strip().splitlines()[-1] == (
-      f"python -m marl_jax.archive: {workdir}/config.json is not JSON (Expecting property name enclosed in "
-      "double quotes at line 1 column 2); allowed: the config a run wrote there")
+  assert proc.stderr.strip().splitlines()[-1] == f"python -m marl_jax.archive: {workdir}/config.json {message}"
   assert not (workdir / "transcripts").exists()

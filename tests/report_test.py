@@ -309,6 +309,19 @@ def test_a_corrupt_metrics_line_or_config_is_named(runs, tmp_path, capsys):
     assert capsys.readouterr().err.startswith(f"python -m marl_jax.report: {message} (")
 
 
+def test_a_run_that_has_logged_nothing_yet_is_left_out(runs, tmp_path, capsys):
+  # A run still in its warm start has config.json and no metrics.jsonl: it ended the whole table
+  # with an OSError ([Errno 2]) instead of being left out like a run not evaluated yet.
+  starting = tmp_path / "starting"
+  starting.mkdir()
+  (starting / "config.json").write_text(json.dumps({"seed": 0}))
+  report.main([runs[0], str(starting)])
+  out = capsys.readouterr().out
+  assert f"| {runs[0]} | 3 | 100 | 30.0 ± 0.0 | 42.0 ± 5.0 |" in out
+  assert (f"left out: {starting}/metrics.jsonl is not there: no step logged yet; allowed: the workdir "
+          "of a run\n") in out
+
+
 def test_metrics_read_names_the_file_and_line(tmp_path):
   """The reader the report and a resumed run share: rows that are not JSON objects with an integer
   step, or not UTF-8, are refused by line; a blank line, or a last line cut short by a kill, is not."""
