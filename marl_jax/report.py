@@ -16,7 +16,6 @@ same task and evaluation set: others are refused).  With one seed an
 interval is undefined and prints as n/a.  Accuracies print in %, drops and gains in points.
 """
 import argparse
-import json
 import math
 import os
 
@@ -24,6 +23,7 @@ import numpy as np
 from scipy import stats
 
 from marl_jax import cli, configs, metrics, protocols, tasks
+from marl_jax import workdir as workdir_lib
 
 LEVEL = 0.95
 BOOTSTRAP_DRAWS, BOOTSTRAP_SEED = 10_000, 0
@@ -268,9 +268,8 @@ def task_and_eval(config: dict) -> dict:
   """The settings that make a run's problems: `task.KEY` (each of its task's settings, at its default
   where config.json omits it, as experiment files set different subsets) and `eval.KEY` (but
   `eval.data_dir`, where the set is stored)."""
-  task = dict(config["task"])  # a dict, as `roles` checked
-  if task.get("name") in tasks.REGISTRY:  # defaults through JSON, as config.json holds them
-    task = {**json.loads(json.dumps(tasks.knobs(task["name"]), default=repr)), **task}
+  # config["task"] is a dict: `roles` checked it.
+  task = {**workdir_lib.saved_defaults("task", config["task"].get("name")), **config["task"]}
   evaluation = config.get("eval") if isinstance(config.get("eval"), dict) else {}
   evaluation = {k: v for k, v in evaluation.items() if k != "data_dir"}
   return {**{f"task.{k}": v for k, v in task.items()}, **{f"eval.{k}": v for k, v in evaluation.items()}}

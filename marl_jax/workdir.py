@@ -38,16 +38,18 @@ def _get(config: dict, key: str):
   return functools.reduce(lambda c, part: c.get(part) if isinstance(c, dict) else None, key.split("."), config)
 
 
-def _named_defaults(group: str, name) -> dict:
+def saved_defaults(group: str, name) -> dict:
   """The settings with a default of the task, workflow or estimator `name` (`config.GROUP`), at their
-  defaults; {} for a name not registered (any more)."""
+  defaults as config.json holds them (through JSON: tuples as lists); {} for a name not registered
+  (any more)."""
   if group == "protocol":
-    return protocols.defaults(name) if name in protocols.REGISTRY else {}
-  if group == "credit":
-    return credit.knobs(name) if name in credit.REGISTRY else {}
-  if name not in tasks.REGISTRY:
-    return {}
-  return {f.name: f.default for f in dataclasses.fields(tasks.REGISTRY[name]) if f.default is not dataclasses.MISSING}
+    defaults = protocols.defaults(name) if name in protocols.REGISTRY else {}
+  elif group == "credit":
+    defaults = credit.knobs(name) if name in credit.REGISTRY else {}
+  else:
+    defaults = {f.name: f.default for f in dataclasses.fields(tasks.REGISTRY[name])
+                if f.default is not dataclasses.MISSING} if name in tasks.REGISTRY else {}
+  return json.loads(json.dumps(defaults, default=repr))
 
 
 def _with_defaults(config: dict) -> dict:
@@ -55,8 +57,7 @@ def _with_defaults(config: dict) -> dict:
   task's or workflow's knobs, and older runs lack settings added since."""
   full = configs.with_new_defaults(ml_collections.ConfigDict(config)).to_dict()
   for group in ("task", "protocol", "credit"):
-    defaults = json.loads(json.dumps(_named_defaults(group, full[group].get("name")), default=repr))
-    full[group] = {**defaults, **full[group]}
+    full[group] = {**saved_defaults(group, full[group].get("name")), **full[group]}
   return full
 
 
