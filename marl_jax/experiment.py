@@ -175,7 +175,8 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
   layout = protocol.layout(task, role_set_R)
   if layout.length > config.model.max_len:
     raise ValueError(f"config.model.max_len={config.model.max_len} is too short: prompt plus messages "
-                     f"take {layout.length} tokens; allowed: >= {layout.length}")
+                     f"take {layout.length} tokens (their lengths are config.task.* and config.protocol.* "
+                     f"settings); allowed: >= {layout.length}")
   rl = config.rl
   loss = losses.get(rl.algorithm)
   if rl.batch_size % rl.group_size:

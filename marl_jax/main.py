@@ -15,9 +15,11 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def _origin(message: str, argv) -> str:
   """` (from FLAGS)`: where the config keys `message` names were set, by --config.KEY flags or else
-  by the config file; '' when it names none (a workdir's problem, say)."""
+  by the config file; '' when it names none (a workdir's problem, say).  A group it names
+  (`config.task.*`) stands for every key under it."""
   keys = set(re.findall(r"config\.([\w.]+\w)", message)) - {"json"}
-  given = [a for a in argv if a.partition("=")[0].removeprefix("--config.") in keys]
+  named = lambda key: any(key == k or key.startswith(k + ".") for k in keys)
+  given = [a for a in argv if a.startswith("--config.") and named(a.partition("=")[0].removeprefix("--config."))]
   config_file = [f"--config={value}" for value in [cli.flag_value(argv, "config")] if value]
   return f" (from {', '.join(given or config_file)})" if keys else ""
 

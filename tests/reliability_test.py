@@ -544,6 +544,11 @@ def test_command_line_config_errors_are_one_line(tmp_path):
        "allowed: an integer >= 1 (from --config.rl.minibatches=0)"),
       (["--config.sft.learning_rate=nan"], "FATAL ConfigError: config.sft.learning_rate=nan; ",
        "allowed: a number > 0.0 (from --config.sft.learning_rate=nan)"),
+      # The canvas outgrows max_len through a task knob: the line names the knob given, not only the
+      # config file max_len came from.
+      (["--config.task.num_ops=30"], "FATAL ConfigError: config.model.max_len=32 is too short: ",
+       ("take 66 tokens (their lengths are config.task.* and config.protocol.* settings); allowed: >= 66 "
+        "(from --config.task.num_ops=30)")),
   ]
   (tmp_path / "metrics.jsonl").write_text('{"step": 0, "accuracy": 0.5}\n')
   before = _snapshot(tmp_path)
