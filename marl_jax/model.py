@@ -32,6 +32,7 @@ class SetStack:
   def take_sets(self, params_R, index):
     """Sets `index` of params_R (an int: one set, unstacked; an index array: a stack of them); a part
     every set shares is passed as it is."""
+    index = _as_slice(index)
     take = lambda axis, part: part if axis is None else jax.tree.map(lambda p: p[index], part)
     return jax.tree.map(take, self.set_axes(params_R), params_R, is_leaf=lambda x: x is None)
 
@@ -63,6 +64,15 @@ class SetStack:
   def set_norms(self, tree_R):
     """norm_S: the global norm of each parameter set's part of a params-shaped tree (a gradient)."""
     return jax.vmap(optax.tree_utils.tree_norm, in_axes=(self.set_axes(tree_R),))(tree_R)
+
+
+def _as_slice(index):
+  """A static run of consecutive sets (every set, in a team that isolates its roles) as a slice: XLA
+  slices (or passes through) a stack where it would gather from an array of indices, and the gather's
+  transpose in the update is a scatter-add."""
+  if isinstance(index, np.ndarray) and index.ndim == 1 and len(index) and np.all(np.diff(index) == 1):
+    return slice(int(index[0]), int(index[-1]) + 1)
+  return index
 
 
 @dataclasses.dataclass(frozen=True)

@@ -135,3 +135,16 @@ def test_count_params():
   D, V, L, F = CFG.d_model, CFG.vocab_size, CFG.max_len, CFG.d_ff
   block = 2 * 2 * D + 4 * (D * D + D) + (D * F + F) + (F * D + D)  # 2 LayerNorms, q/k/v/out, MLP
   assert one == V * D + L * D + CFG.n_layers * block + 2 * D + (D * V + V)
+
+
+def test_take_sets_slices_a_run_of_sets_and_gathers_any_other_order():
+  cfg = model_lib.ModelConfig(d_model=8, n_layers=1, d_ff=16, max_len=4)
+  params_R = cfg.init_stack(jax.random.key(0), 3)
+  for index in ([0, 1, 2], [1, 2], [2, 0], [1, 1]):
+    taken = jax.jit(lambda p, index=np.array(index): cfg.take_sets(p, index))(params_R)
+    chex.assert_trees_all_equal(taken, jax.tree.map(lambda p, index=index: p[np.array(index)], params_R))
+  # A run in order is a slice: no gather in the forward pass, no scatter-add in the update's gradient.
+  primitives = lambda index: {str(e.primitive) for e in jax.make_jaxpr(
+      lambda p: cfg.take_sets(p, np.array(index)))(params_R).jaxpr.eqns}
+  assert "gather" not in primitives([0, 1, 2]) | primitives([1, 2])
+  assert "gather" in primitives([2, 0])
