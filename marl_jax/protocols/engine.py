@@ -104,7 +104,7 @@ class Scored:
   """What a protocol's `rewards` returns for a batch of B transcripts."""
   team_B: jax.Array  # the team outcome in [0, 1]: the task's score of the final answer
   role_RxB: jax.Array  # each role's own verifiable signal (the team outcome where none exists)
-  metrics: dict[str, jax.Array]  # scalar rates over the batch; always holds "accuracy"
+  metrics: dict[str, jax.Array]  # scalar rates over the batch; always holds "accuracy", the mean of team_B
   # Auxiliary reward terms (delegate's r_parallel, r_finish), or None: training adds
   # `Protocol.aux_weights(step) @ aux_KxB` to the team outcome and every role's signal (`training_rewards`).
   aux_KxB: jax.Array | None = None
@@ -124,7 +124,8 @@ class Protocol:
                                            raises ValueError naming `config.protocol.KEY` when bad
     final_answer(layout, tokens_BxT)       the final-answer message, BxA
     rewards(task, layout, problems, tokens_BxT) -> Scored
-    demonstrate(task, layout, problems, key_B) -> tokens_BxT   warm-start transcripts (noisy)
+    demonstrate(task, layout, problems, key_B) -> tokens_BxT   warm-start transcripts on the canvas
+                                           (prompt, headers), noisy; with every `*_rate` knob at 0, right
   and, when `rewards` returns auxiliary terms (`Scored.aux_KxB`, e.g. PARL's shaping rewards):
     aux_weights(step) -> weights_K         their weights at training step `step` (a traced scalar)
   `hidden` lists (segment, role) pairs a role does not read; a `Turn.hidden` hides more from one turn.
@@ -135,6 +136,7 @@ class Protocol:
   A message slot may hold `<absent>` then EOS (a counterfactual without that role, `text.ABSENT`):
   `final_answer` and `rewards` must treat it as "this role did nothing" (e.g. an absent verifier lets
   the answer stand).  At most `len(text.ROLE_MARKERS)` roles: each role has its own marker token.
+  `tests/contract_test.py` checks this contract on every registered workflow.
   """
   roles: tuple[str, ...]
   turns: tuple[Turn, ...]

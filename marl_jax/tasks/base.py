@@ -2,7 +2,8 @@
 
 A problem is a dict of arrays for ONE instance; callers vmap `sample`, `score` and `demonstrate`.
 Every problem holds at least `prompt` (int32[prompt_len], starting with BOS, PAD-padded) and
-`answer` (int32[answer_len], the target message: tokens, EOS, PAD...).
+`answer` (int32[answer_len], the target message: tokens, EOS, PAD...), which scores 1.
+`tests/contract_test.py` checks this contract on every registered task.
 """
 import dataclasses
 from typing import ClassVar

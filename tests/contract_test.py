@@ -1,0 +1,115 @@
+"""The contracts every registered task and workflow keeps (`tasks/base.py`'s `Task`, `engine.Protocol`),
+checked on every entry of the registries, so a new task or workflow is covered by adding it there: its
+own test then only needs its hand-worked cases."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from marl_jax import protocols, tasks, text
+
+B = 64
+SYMBOL_TASKS = sorted(name for name, cls in tasks.REGISTRY.items() if not cls.free_text)
+# A workflow is checked on arithmetic unless it needs a task of another shape (its `build` says which).
+TASK_FOR = {"exchange": "hidden_sum", "orchestrator": "multi_chain", "delegate": "multi_chain",
+            "matrix_game": "matrix_game", "contribution": "contribution"}
+
+
+def _problems(task, seed=0):
+  return jax.vmap(task.sample)(jax.random.split(jax.random.key(seed), B))
+
+
+@pytest.mark.parametrize("name", SYMBOL_TASKS)
+def test_every_task_keeps_the_task_contract(name):
+  task = tasks.make(name)
+  problems = _problems(task)
+  prompt_BxP, answer_BxA = problems["prompt"], problems["answer"]
+  assert prompt_BxP.shape == (B, task.prompt_len) and prompt_BxP.dtype == jnp.int32
+  assert answer_BxA.shape == (B, task.answer_len) and answer_BxA.dtype == jnp.int32
+  assert bool(jnp.all(prompt_BxP[:, 0] == text.BOS))
+  assert sum(length for _, length in task.prompt_segments) == task.prompt_len
+  # The answer scores 1; any message scores in [0, 1], and a random one is not always right.
+  score = jax.jit(jax.vmap(task.score))
+  np.testing.assert_array_equal(score(problems, answer_BxA), 1.0)
+  random_BxA = jax.random.randint(jax.random.key(1), answer_BxA.shape, 0, text.VOCAB_SIZE)
+  random_scores_B = score(problems, random_BxA)
+  assert bool(jnp.all((random_scores_B >= 0) & (random_scores_B <= 1))) and float(random_scores_B.mean()) < 1
+  # Demonstrations: the answer at demo_error_rate 0, the task's wrong answer (with demonstrate's
+  # second key) at 1, which is not always right.
+  keys_B = jax.random.split(jax.random.key(2), B)
+  demo = lambda rate: jax.vmap(dataclasses.replace(task, demo_error_rate=rate).demonstrate)(problems, keys_B)
+  np.testing.assert_array_equal(demo(0.0), answer_BxA)
+  wrong_BxA = jax.vmap(task.wrong_answer)(problems, jax.vmap(lambda k: jax.random.split(k)[1])(keys_B))
+  np.testing.assert_array_equal(demo(1.0), wrong_BxA)
+  assert float(score(problems, wrong_BxA).mean()) < 1
+  # The evaluation set is a function of its seed (a matrix game has one problem: any seed draws it),
+  # named by the problem knobs, not the noise.
+  jax.tree.map(np.testing.assert_array_equal, task.eval_set(7, 8), task.eval_set(7, 8))
+  assert "demo_error_rate" not in task.problem_knobs()
+
+
+def _workflow(name, rate: float):
+  """Workflow `name` on its task, every demonstration noise (`*_rate` knob) at `rate`."""
+  task = tasks.make(TASK_FOR.get(name, "arithmetic"), demo_error_rate=rate)
+  protocol = protocols.make(name, task, **{k: rate for k in protocols.defaults(name) if k.endswith("_rate")})
+  return task, protocol, protocol.layout(task, tuple(range(len(protocol.roles))))
+
+
+def _scored(task, protocol, layout, problems, tokens_BxT):
+  return jax.jit(lambda p, t: protocol.rewards(task, layout, p, t))(problems, tokens_BxT)
+
+
+@pytest.mark.parametrize("name", sorted(protocols.REGISTRY))
+def test_every_workflow_keeps_the_protocol_contract(name):
+  task, protocol, layout = _workflow(name, 0.5)
+  R, N, T = len(protocol.roles), len(protocol.turns), layout.length
+  assert 1 <= R <= len(text.ROLE_MARKERS)
+  problems = _problems(task)
+  tokens_BxT = protocol.demonstrate(task, layout, problems, jax.random.split(jax.random.key(1), B))
+  # A demonstration is a transcript on the canvas the sampler writes: the prompt, the layout's headers.
+  assert tokens_BxT.shape == (B, T) and tokens_BxT.dtype == jnp.int32
+  np.testing.assert_array_equal(tokens_BxT[:, :layout.prompt_len], problems["prompt"])
+  header_T = layout.env_T & (layout.turn_T >= 0)
+  np.testing.assert_array_equal(tokens_BxT[:, header_T], np.broadcast_to(layout.marker_T[header_T], (B, header_T.sum())))
+  scored = _scored(task, protocol, layout, problems, tokens_BxT)
+  assert scored.team_B.shape == (B,) and scored.role_RxB.shape == (R, B)
+  for outcome in (scored.team_B, scored.role_RxB):
+    assert bool(jnp.all((outcome >= 0) & (outcome <= 1)))
+  assert all(value.shape == () for value in scored.metrics.values())
+  np.testing.assert_allclose(scored.metrics["accuracy"], scored.team_B.mean(), rtol=1e-6)
+  assert 0 < float(scored.team_B.mean()) < 1  # noisy demonstrations: some right, some not
+  if scored.aux_KxB is not None:
+    assert scored.aux_KxB.shape[1:] == (B,) and protocol.aux_weights(jnp.int32(0)).shape == scored.aux_KxB.shape[:1]
+  if scored.turn_NxB is not None:
+    assert scored.turn_NxB.shape == (N, B)
+  assert protocol.final_answer(layout, tokens_BxT).shape[0] == B
+  assert protocol.final_answer(layout, tokens_BxT).shape[1] >= task.answer_len
+
+
+@pytest.mark.parametrize("name", sorted(protocols.REGISTRY))
+def test_every_workflows_noise_free_demonstrations_are_right(name):
+  task, protocol, layout = _workflow(name, 0.0)
+  problems = _problems(task)
+  tokens_BxT = protocol.demonstrate(task, layout, problems, jax.random.split(jax.random.key(1), B))
+  np.testing.assert_array_equal(_scored(task, protocol, layout, problems, tokens_BxT).team_B, 1.0)
+
+
+@pytest.mark.parametrize("name", sorted(protocols.REGISTRY))
+def test_every_workflow_scores_a_transcript_with_an_absent_role(name):
+  # A counterfactual without role r writes `<absent>` then EOS in each of r's message slots: the
+  # outcomes stay outcomes (finite, in [0, 1]) for every role made absent.
+  task, protocol, layout = _workflow(name, 0.5)
+  problems = _problems(task)
+  tokens_BxT = protocol.demonstrate(task, layout, problems, jax.random.split(jax.random.key(1), B))
+  for role in range(len(protocol.roles)):
+    absent_BxT = tokens_BxT
+    for (start, stop), turn_role in zip(layout.turn_slices, layout.turn_roles):
+      if turn_role == role:
+        absent_BxT = absent_BxT.at[:, start:stop].set(text.PAD).at[:, start].set(text.ABSENT)
+        absent_BxT = absent_BxT.at[:, min(start + 1, stop - 1)].set(
+            text.EOS if stop - start > 1 else text.ABSENT)
+    scored = _scored(task, protocol, layout, problems, absent_BxT)
+    for outcome in (scored.team_B, scored.role_RxB):
+      assert bool(jnp.all((outcome >= 0) & (outcome <= 1))), (protocol.roles[role], outcome)
