@@ -2,6 +2,7 @@
 checked on every entry of the registries, so a new task or workflow is covered by adding it there: its
 own test then only needs its hand-worked cases."""
 import dataclasses
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -113,3 +114,13 @@ def test_every_workflow_scores_a_transcript_with_an_absent_role(name):
     scored = _scored(task, protocol, layout, problems, absent_BxT)
     for outcome in (scored.team_B, scored.role_RxB):
       assert bool(jnp.all((outcome >= 0) & (outcome <= 1))), (protocol.roles[role], outcome)
+
+
+@pytest.mark.parametrize("path", ["marl_jax/credit/team.py", "marl_jax/protocols/relay.py"])
+def test_the_readme_shows_the_example_files_as_they_are(path):
+  # The README shows these files whole (relay after its docstring) as the examples to copy.
+  root = pathlib.Path(__file__).parent.parent
+  source = (root / path).read_text()
+  if path.endswith("relay.py"):
+    source = source[source.index("import dataclasses"):]
+  assert f"```python\n{source}```" in (root / "README.md").read_text()
