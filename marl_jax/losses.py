@@ -10,6 +10,8 @@ import flax
 import jax
 import jax.numpy as jnp
 
+from marl_jax import registry
+
 
 @flax.struct.dataclass
 class LossInput:
@@ -24,11 +26,7 @@ class LossInput:
 REGISTRY: dict[str, Callable[[LossInput, object], jax.Array]] = {}
 
 
-def register(name: str):
-  def add(fn):
-    REGISTRY[name] = fn
-    return fn
-  return add
+register = registry.registrar(REGISTRY)
 
 
 def get(name: str):

@@ -3,6 +3,7 @@ checked on every entry of the registries, so a new task or workflow is covered b
 own test then only needs its hand-worked cases."""
 import dataclasses
 import pathlib
+import pkgutil
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +17,14 @@ SYMBOL_TASKS = sorted(name for name, cls in tasks.REGISTRY.items() if not cls.fr
 # A workflow is checked on arithmetic unless it needs a task of another shape (its `build` says which).
 TASK_FOR = {"exchange": "hidden_sum", "orchestrator": "multi_chain", "delegate": "multi_chain",
             "matrix_game": "matrix_game", "contribution": "contribution"}
+
+
+def test_every_module_of_the_task_and_workflow_packages_registers_one():
+  # A module that forgot its `register` would be skipped by every test here, and by `name`.
+  for package, interface in ((tasks, "base"), (protocols, "engine")):
+    modules = {f"{package.__name__}.{m.name}" for m in pkgutil.iter_modules(package.__path__)}
+    assert sorted(cls.__module__ for cls in package.REGISTRY.values()) == sorted(
+        modules - {f"{package.__name__}.{interface}"})
 
 
 def _problems(task, seed=0):

@@ -20,17 +20,14 @@ from typing import Any, ClassVar
 import flax
 import jax
 
+from marl_jax import registry
 from marl_jax.credit import baselines
 from marl_jax.protocols import engine
 
 REGISTRY: dict[str, type["Estimator"]] = {}
 
 
-def register(name: str):
-  def add(cls):
-    REGISTRY[name] = cls
-    return cls
-  return add
+register = registry.registrar(REGISTRY)
 
 
 @flax.struct.dataclass

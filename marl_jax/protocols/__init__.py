@@ -1,34 +1,17 @@
 """Workflow registry: `config.protocol.name` selects one, the other `config.protocol` keys are its knobs."""
 import dataclasses
+import importlib
 import inspect
+import pkgutil
 
 from marl_jax import tasks
-from marl_jax.protocols.best_of_n import BestOfN
-from marl_jax.protocols.contribution import Contribution
-from marl_jax.protocols.debate import Debate
-from marl_jax.protocols.delegate import Delegate
-from marl_jax.protocols.engine import Layout, Protocol, Scored, Turn
-from marl_jax.protocols.exchange import Exchange
-from marl_jax.protocols.matrix_game import MatrixGame
-from marl_jax.protocols.orchestrator import Orchestrator
-from marl_jax.protocols.relay import Relay
-from marl_jax.protocols.single import Single
-from marl_jax.protocols.solver_verifier import SolverVerifier
-from marl_jax.protocols.vote import Vote
+from marl_jax.protocols.engine import REGISTRY, Layout, Protocol, Scored, Turn, register
 
-REGISTRY: dict[str, type[Protocol]] = {
-    "best_of_n": BestOfN,
-    "contribution": Contribution,
-    "debate": Debate,
-    "delegate": Delegate,
-    "exchange": Exchange,
-    "matrix_game": MatrixGame,
-    "orchestrator": Orchestrator,
-    "relay": Relay,
-    "single": Single,
-    "solver_verifier": SolverVerifier,
-    "vote": Vote,
-}
+__all__ = ["REGISTRY", "Layout", "Protocol", "Scored", "Turn", "defaults", "knobs", "make", "register"]
+
+# Every module of this package is imported, so a new workflow registers by existing: one file.
+for _module in pkgutil.iter_modules(__path__):
+  importlib.import_module(f"{__name__}.{_module.name}")
 
 
 def _check_name(name: str) -> type[Protocol]:

@@ -18,6 +18,7 @@ from marl_jax import text
 from marl_jax.protocols import engine, vote
 
 
+@engine.register("best_of_n")
 @dataclasses.dataclass(frozen=True)
 class BestOfN(engine.Protocol):
   candidates: int = 4

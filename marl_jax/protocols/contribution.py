@@ -15,6 +15,7 @@ from marl_jax import text
 from marl_jax.protocols import engine
 
 
+@engine.register("contribution")
 @dataclasses.dataclass(frozen=True)
 class Contribution(engine.Protocol):
 

@@ -39,6 +39,7 @@ from marl_jax.protocols import engine, vote
 SCORERS = ("checker", "verifier")
 
 
+@engine.register("debate")
 @dataclasses.dataclass(frozen=True)
 class Debate(engine.Protocol):
   agents: int = 3

@@ -57,6 +57,7 @@ def _nothing(B: int, length: int):
   return jnp.full((B, length), text.PAD).at[:, 0].set(text.EOS)
 
 
+@engine.register("delegate")
 @dataclasses.dataclass(frozen=True)
 class Delegate(engine.Protocol):
   workers: int = 0  # worker slots; 0: one per part of the task

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from marl_jax import text
+from marl_jax import registry, text
 from marl_jax.tasks import Task
 from marl_jax.tasks.base import canonical
 
@@ -112,6 +112,12 @@ class Scored:
   # step adds turn_NxB[n] to the advantage of every token turn n sampled (`train.token_advantages`),
   # whatever the estimator, so it needs no estimator of its own and each one stays usable.
   turn_NxB: jax.Array | None = None
+
+
+REGISTRY: dict[str, type["Protocol"]] = {}
+
+
+register = registry.registrar(REGISTRY)
 
 
 @dataclasses.dataclass(frozen=True)

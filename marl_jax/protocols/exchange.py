@@ -15,6 +15,7 @@ from marl_jax.protocols import engine
 RECEIVER = 1  # role index (the sender is 0)
 
 
+@engine.register("exchange")
 @dataclasses.dataclass(frozen=True)
 class Exchange(engine.Protocol):
   message_len: int = 0  # tokens the sender may write, EOS included; 0: len(part_a) + 1 (a full copy)

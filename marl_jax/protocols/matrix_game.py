@@ -13,6 +13,7 @@ from marl_jax.protocols import engine
 ROW, COLUMN = 0, 1
 
 
+@engine.register("matrix_game")
 @dataclasses.dataclass(frozen=True)
 class MatrixGame(engine.Protocol):
 

@@ -20,6 +20,7 @@ from marl_jax.tasks import base
 number_B = jax.vmap(base.number_tokens, in_axes=(0, None))
 
 
+@engine.register("orchestrator")
 @dataclasses.dataclass(frozen=True)
 class Orchestrator(engine.Protocol):
 

@@ -11,6 +11,7 @@ from marl_jax import checks, text
 from marl_jax.protocols import engine
 
 
+@engine.register("relay")
 @dataclasses.dataclass(frozen=True)
 class Relay(engine.Protocol):
   agents: int = 2

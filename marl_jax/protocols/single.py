@@ -6,6 +6,7 @@ import jax
 from marl_jax.protocols import engine
 
 
+@engine.register("single")
 @dataclasses.dataclass(frozen=True)
 class Single(engine.Protocol):
 

@@ -15,6 +15,7 @@ from marl_jax.protocols import engine
 SOLVER, VERIFIER = 0, 1
 
 
+@engine.register("solver_verifier")
 @dataclasses.dataclass(frozen=True)
 class SolverVerifier(engine.Protocol):
   rounds: int = 1

@@ -50,6 +50,7 @@ def task_key_field():
   return dataclasses.field(default=canonical, repr=False, metadata={"knob": False})
 
 
+@engine.register("vote")
 @dataclasses.dataclass(frozen=True)
 class Vote(engine.Protocol):
   voters: int = 3

@@ -1,8 +1,10 @@
 """Task registry: `config.task.name` selects a task, the other `config.task` keys are its knobs."""
 import dataclasses
+import importlib
+import pkgutil
 
 from marl_jax.tasks.arithmetic import Arithmetic
-from marl_jax.tasks.base import Task, check_rates, eval_problems
+from marl_jax.tasks.base import REGISTRY, Task, check_rates, eval_problems, register
 from marl_jax.tasks.contribution import Contribution
 from marl_jax.tasks.hidden_sum import HiddenSum
 from marl_jax.tasks.matrix_game import MatrixGame
@@ -11,9 +13,13 @@ from marl_jax.tasks.stack_program import StackProgram
 from marl_jax.tasks.subset_sum import SubsetSum
 from marl_jax.tasks.word_problems import WordProblems
 
-REGISTRY: dict[str, type[Task]] = {
-    cls.name: cls for cls in (Arithmetic, Contribution, HiddenSum, MatrixGame, MultiChain, StackProgram,
-                              SubsetSum, WordProblems)}
+__all__ = ["REGISTRY", "Arithmetic", "Contribution", "HiddenSum", "MatrixGame", "MultiChain", "StackProgram",
+           "SubsetSum", "Task", "WordProblems", "check_rates", "eval_problems", "from_config", "knobs", "make",
+           "register"]
+
+# Every module of this package is imported, so a new task registers by existing: one file.
+for _module in pkgutil.iter_modules(__path__):
+  importlib.import_module(f"{__name__}.{_module.name}")
 
 
 def knobs(name: str) -> dict:

@@ -11,6 +11,7 @@ from marl_jax.tasks import base
 OPS = "+-*"
 
 
+@base.register
 @dataclasses.dataclass(frozen=True)
 class Arithmetic(base.Task):
   name: ClassVar[str] = "arithmetic"

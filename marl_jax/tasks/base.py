@@ -13,6 +13,14 @@ import jax.numpy as jnp
 
 from marl_jax import checks, text
 
+REGISTRY: dict[str, type["Task"]] = {}
+
+
+def register(cls):
+  """Registers a task class under its `name` (`config.task.name`)."""
+  REGISTRY[cls.name] = cls
+  return cls
+
 
 @dataclasses.dataclass(frozen=True)
 class Task:

@@ -29,6 +29,7 @@ GAMES = ("additive", "synergy", "redundancy", "free_rider", "saboteur", "weighte
 MAX_ROLES = len(text.ROLE_MARKERS)  # one role marker per role
 
 
+@base.register
 @dataclasses.dataclass(frozen=True, kw_only=True)  # by name only: the base's demo_error_rate comes first
 class Contribution(base.Task):
   name: ClassVar[str] = "contribution"

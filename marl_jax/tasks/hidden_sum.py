@@ -14,6 +14,7 @@ from marl_jax import checks, text
 from marl_jax.tasks import base
 
 
+@base.register
 @dataclasses.dataclass(frozen=True, kw_only=True)  # by name only: the base's demo_error_rate comes first
 class HiddenSum(base.Task):
   name: ClassVar[str] = "hidden_sum"

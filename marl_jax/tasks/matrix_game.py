@@ -19,6 +19,7 @@ from marl_jax.tasks import base
 GAMES = ("climbing", "penalty", "nonmonotonic")
 
 
+@base.register
 @dataclasses.dataclass(frozen=True, kw_only=True)  # by name only: the base's demo_error_rate comes first
 class MatrixGame(base.Task):
   name: ClassVar[str] = "matrix_game"

@@ -16,6 +16,7 @@ from marl_jax.tasks import base
 from marl_jax.tasks.arithmetic import OPS, Arithmetic
 
 
+@base.register
 @dataclasses.dataclass(frozen=True, kw_only=True)  # by name only: the base's demo_error_rate comes first
 class MultiChain(base.Task):
   name: ClassVar[str] = "multi_chain"

@@ -21,6 +21,7 @@ INPUT, DUP, SWAP = (text.TOKEN_ID[c] for c in "xds")
 OPS = (text.PLUS, text.MINUS, text.TIMES)
 
 
+@base.register
 @dataclasses.dataclass(frozen=True, kw_only=True)  # by name only: the base's demo_error_rate comes first
 class StackProgram(base.Task):
   name: ClassVar[str] = "stack_program"

@@ -15,6 +15,7 @@ from marl_jax.tasks import base
 ONE, ZERO = text.TOKEN_ID["1"], text.TOKEN_ID["0"]
 
 
+@base.register
 @dataclasses.dataclass(frozen=True, kw_only=True)  # by name only: the base's demo_error_rate comes first
 class SubsetSum(base.Task):
   name: ClassVar[str] = "subset_sum"

@@ -24,7 +24,7 @@ import numpy as np
 
 from marl_jax import checks, text
 from marl_jax.lm import agent as lm_agent
-from marl_jax.tasks.base import Task
+from marl_jax.tasks.base import Task, register
 
 
 class _Data(NamedTuple):
@@ -46,6 +46,7 @@ class _Data(NamedTuple):
     return lm_agent.decode(self.tokenizer, self.canvas_ids_W, values)
 
 
+@register
 @dataclasses.dataclass(frozen=True)
 class WordProblems(Task):
   name: ClassVar[str] = "word_problems"
