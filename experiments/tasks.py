@@ -20,7 +20,8 @@ import ml_collections
 
 from marl_jax import configs, credit, protocols, tasks
 
-# task -> (natural protocol, task knobs that differ from the task's defaults at size=gpu)
+# task -> (natural protocol, task knobs that differ from the task's defaults at size=gpu); any other
+# registered symbol task runs on `single` with its defaults at every size.
 TASKS = {
     "arithmetic": ("single", dict(num_ops=4)),
     "subset_sum": ("single", dict(num_numbers=8, max_number=19)),
@@ -34,9 +35,9 @@ TASKS = {
 
 def get_config(arg=None):
   args = configs.parse_arg(arg, task="subset_sum", size="cpu", protocol="", credit="team")
-  configs.check_choice("task", args.task, TASKS)
+  configs.check_choice("task", args.task, sorted(n for n, cls in tasks.REGISTRY.items() if not cls.free_text))
   configs.check_choice("size", args.size, configs.SIZES)
-  natural, gpu_knobs = TASKS[args.task]
+  natural, gpu_knobs = TASKS.get(args.task, ("single", {}))
   c = configs.base_config()
   task_knobs = tasks.knobs(args.task)
   if args.size == "gpu":

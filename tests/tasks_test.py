@@ -1,6 +1,7 @@
 """The task suite: generation and scoring on hand-worked examples, the stack interpreter, matrix-game
 payoffs, the registry, demonstrations, every task on its protocols with a tiny model, and end-to-end
 runs through the real CLI."""
+import dataclasses
 import functools
 import importlib.util
 import json
@@ -423,6 +424,21 @@ def test_config_builds_for_every_size(task_name):
     load_config("task=tetris")
   with pytest.raises(ValueError, match="protocol='auction' is unknown; allowed: .*'solver_verifier'"):
     load_config(f"task={task_name},protocol=auction")
+
+
+def test_a_newly_registered_task_runs_from_the_config_on_single(monkeypatch):
+  # A new task is its file: experiments/tasks.py runs it on `single` at its defaults, unlisted in TASKS.
+  class Countdown(tasks.Arithmetic):
+    name = "countdown"
+  monkeypatch.setitem(tasks.REGISTRY, "countdown", dataclasses.dataclass(frozen=True)(Countdown))
+  for size in ("tiny", "gpu"):
+    config = load_config(f"task=countdown,size={size}")
+    assert config.task.to_dict() == {"name": "countdown", **tasks.knobs("arithmetic")}
+    assert config.protocol.name == "single"
+  config.num_devices = 1
+  assert experiment.build(config).layout.roles == ("agent",)
+  with pytest.raises(ValueError, match="allowed: .*'countdown'"):
+    load_config("task=tetris")
 
 
 def test_config_exposes_the_protocol_knobs():
