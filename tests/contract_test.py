@@ -1,5 +1,5 @@
 """The contracts every registered task and workflow keeps (`tasks/base.py`'s `Task`, `engine.Protocol`),
-checked on every entry of the registries, so a new task or workflow is covered by adding it there: its
+checked on every entry of the registries, so a new task or workflow is covered by registering it: its
 own test then only needs its hand-worked cases."""
 import dataclasses
 import pathlib
