@@ -115,8 +115,6 @@ class Scored:
 
 
 REGISTRY: dict[str, type["Protocol"]] = {}
-
-
 register = registry.registrar(REGISTRY)
 
 

@@ -11,15 +11,15 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from marl_jax import checks, text
+from marl_jax import checks, registry, text
 
 REGISTRY: dict[str, type["Task"]] = {}
+_register = registry.registrar(REGISTRY)
 
 
 def register(cls):
   """Registers a task class under its `name` (`config.task.name`)."""
-  REGISTRY[cls.name] = cls
-  return cls
+  return _register(cls.name)(cls)
 
 
 @dataclasses.dataclass(frozen=True)
