@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from marl_jax import protocols, tasks, text
+from marl_jax import credit, protocols, tasks, text
 
 B = 64
 SYMBOL_TASKS = sorted(name for name, cls in tasks.REGISTRY.items() if not cls.free_text)
@@ -133,3 +133,10 @@ def test_the_readme_shows_the_example_files_as_they_are(path):
   if path.endswith("relay.py"):
     source = source[source.index("import dataclasses"):]
   assert f"```python\n{source}```" in (root / "README.md").read_text()
+
+
+def test_the_readme_lists_every_estimators_settings_with_their_defaults():
+  readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+  for name in sorted(credit.REGISTRY):
+    settings = ", ".join(f"`{key}={value}`" for key, value in credit.knobs(name).items())
+    assert f"\n| `{name}` | {settings} |\n" in readme, name
