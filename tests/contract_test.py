@@ -135,8 +135,10 @@ def test_the_readme_shows_the_example_files_as_they_are(path):
   assert f"```python\n{source}```" in (root / "README.md").read_text()
 
 
-def test_the_readme_lists_every_estimators_settings_with_their_defaults():
+@pytest.mark.parametrize("names, settings_of", [(credit.REGISTRY, credit.knobs),
+                                                 (protocols.REGISTRY, protocols.defaults)])
+def test_the_readme_lists_every_estimators_and_workflows_settings_with_their_defaults(names, settings_of):
   readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
-  for name in sorted(credit.REGISTRY):
-    settings = ", ".join(f"`{key}={value}`" for key, value in credit.knobs(name).items())
+  for name in sorted(names):
+    settings = ", ".join(f"`{key}={value}`" for key, value in settings_of(name).items()) or "none"
     assert f"\n| `{name}` | {settings} |\n" in readme, name
