@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from marl_jax import credit, protocols, tasks, text
+from marl_jax import credit, protocols, rollout, tasks, text
 
 B = 64
 SYMBOL_TASKS = sorted(name for name, cls in tasks.REGISTRY.items() if not cls.free_text)
@@ -113,13 +113,12 @@ def test_every_workflow_scores_a_transcript_with_an_absent_role(name):
   task, protocol, layout = _workflow(name, 0.5)
   problems = _problems(task)
   tokens_BxT = protocol.demonstrate(task, layout, problems, jax.random.split(jax.random.key(1), B))
-  for role in range(len(protocol.roles)):
-    absent_BxT = tokens_BxT
-    for (start, stop), turn_role in zip(layout.turn_slices, layout.turn_roles):
-      if turn_role == role:
-        absent_BxT = absent_BxT.at[:, start:stop].set(text.PAD).at[:, start].set(text.ABSENT)
-        absent_BxT = absent_BxT.at[:, min(start + 1, stop - 1)].set(
-            text.EOS if stop - start > 1 else text.ABSENT)
+  # The step's own absent canvases (`rollout.rerun_masks`), one coalition per role.
+  R = len(protocol.roles)
+  _, absent_RxT, absent_msg_RxT = rollout.rerun_masks(
+      layout, credit.Reruns(tuple(map(tuple, np.eye(R, dtype=bool))), "absent"))
+  for role in range(R):
+    absent_BxT = jnp.where(absent_RxT[role], absent_msg_RxT[role], tokens_BxT)
     scored = _scored(task, protocol, layout, problems, absent_BxT)
     for outcome in (scored.team_B, scored.role_RxB):
       assert bool(jnp.all((outcome >= 0) & (outcome <= 1))), (protocol.roles[role], outcome)
