@@ -1,5 +1,7 @@
 """The name -> class (or function) tables that a config's `name` keys select: credit estimators,
 losses, tasks and workflows register into theirs with a decorator."""
+import importlib
+import pkgutil
 
 
 def _path(entry) -> str:
@@ -19,3 +21,10 @@ def registrar(table: dict):
       return entry
     return add
   return register
+
+
+def import_modules(package: str, path) -> None:
+  """Imports every module of `package` (its `__name__` and `__path__`), so each registers its entry by
+  existing: a new estimator, task or workflow is one file."""
+  for module in pkgutil.iter_modules(path):
+    importlib.import_module(f"{package}.{module.name}")

@@ -16,18 +16,15 @@ per estimator (see `base.py` for the interface):
 The pure `shapley_values(value_fn, n)` and `difference_rewards(value_fn, n)` work on any game.
 """
 import dataclasses
-import importlib
-import pkgutil
 
+from marl_jax import registry
 from marl_jax.credit.base import REGISTRY, Counterfactuals, Estimator, Outcome, Reruns, register
 from marl_jax.credit.baselines import BASELINES, group_advantage
 from marl_jax.credit.difference import difference_credit, difference_rewards
 from marl_jax.credit.shapley import (coalitions, prefix_coalitions, shapley_from_permutations,
                                      shapley_from_values, shapley_values)
 
-# Every module of this package is imported, so a new estimator registers by existing: one file.
-for _module in pkgutil.iter_modules(__path__):
-  importlib.import_module(f"{__name__}.{_module.name}")
+registry.import_modules(__name__, __path__)
 
 
 def _check_name(name: str) -> type[Estimator]:

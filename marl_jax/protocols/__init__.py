@@ -1,17 +1,13 @@
 """Workflow registry: `config.protocol.name` selects one, the other `config.protocol` keys are its knobs."""
 import dataclasses
-import importlib
 import inspect
-import pkgutil
 
-from marl_jax import tasks
+from marl_jax import registry, tasks
 from marl_jax.protocols.engine import REGISTRY, Layout, Protocol, Scored, Turn, register
 
 __all__ = ["REGISTRY", "Layout", "Protocol", "Scored", "Turn", "defaults", "knobs", "make", "register"]
 
-# Every module of this package is imported, so a new workflow registers by existing: one file.
-for _module in pkgutil.iter_modules(__path__):
-  importlib.import_module(f"{__name__}.{_module.name}")
+registry.import_modules(__name__, __path__)
 
 
 def _check_name(name: str) -> type[Protocol]:

@@ -1,8 +1,7 @@
 """Task registry: `config.task.name` selects a task, the other `config.task` keys are its knobs."""
 import dataclasses
-import importlib
-import pkgutil
 
+from marl_jax import registry
 from marl_jax.tasks.arithmetic import Arithmetic
 from marl_jax.tasks.base import REGISTRY, Task, check_rates, eval_problems, register
 from marl_jax.tasks.contribution import Contribution
@@ -17,9 +16,7 @@ __all__ = ["REGISTRY", "Arithmetic", "Contribution", "HiddenSum", "MatrixGame", 
            "SubsetSum", "Task", "WordProblems", "check_rates", "eval_problems", "from_config", "knobs", "make",
            "register"]
 
-# Every module of this package is imported, so a new task registers by existing: one file.
-for _module in pkgutil.iter_modules(__path__):
-  importlib.import_module(f"{__name__}.{_module.name}")
+registry.import_modules(__name__, __path__)
 
 
 def knobs(name: str) -> dict:
