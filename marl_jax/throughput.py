@@ -12,9 +12,9 @@ update trains on, so a step makes batch_size x roles completions.  Rows cover R 
 chain of R agents), S = 1, 4 seeds, with team credit and with difference (counterfactual) credit.
 
 Every row also gives the achieved model FLOP/s (`step_flops`: an analytic count of the step's model
-FLOPs) and its fraction of a jitted float32 1024x1024 matmul timed just before and just after the row
-(their mean; the row prints both): how close the step runs to what this machine's matmul unit delivers
-at that time, since on a shared machine the matmul's own rate moves by half from one minute to the
+FLOPs) and its fraction of a jitted float32 1024x1024 matmul (on an accelerator a bfloat16 8192x8192
+one, `reference_matmul`) timed just before and just after the row (their mean; the row prints both):
+how close the step runs to what this machine's matmul unit delivers at that time, since on a shared machine the matmul's own rate moves by half from one minute to the
 next; and the same split in two: the rollout alone (timed as its own program in the same process) and the rest of the step (scoring, credit, update:
 the step's time less the rollout's), each with its tokens/s and fraction of the matmul.
 
@@ -194,9 +194,21 @@ def step_flops(exp: experiment.Experiment) -> float:
   return float(rl.batch_size * np.dot(reads_V, _flops_per_token_V(exp)))
 
 
-def matmul_flops_per_s(n: int = 1024, reps: int = 20) -> float:
-  """FLOP/s of a jitted float32 n x n matmul on this machine (the best of three timings)."""
-  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+def reference_matmul() -> tuple[int, jnp.dtype]:
+  """The matmul every row is a fraction of: float32 1024 x 1024 on a CPU, and on an accelerator one
+  that fills it, 8192 x 8192 in the compute dtype of `model.dtype='auto'` there (bfloat16).  A float32
+  1024 x 1024 matmul leaves an H200 mostly idle (43 TFLOP/s, against 806 for bfloat16 at 8192, one
+  call), so the job's rows would read above 1 of it."""
+  if jax.default_backend() == "cpu":
+    return 1024, jnp.float32
+  return 8192, model_lib.compute_dtype("auto")
+
+
+def matmul_flops_per_s(reps: int = 20) -> float:
+  """FLOP/s of the jitted `reference_matmul` on this machine (the best of three timings)."""
+  n, dtype = reference_matmul()
+  # Scaled so that repeated products keep unit-sized entries (unscaled, they overflow to inf).
+  a = (jax.random.normal(jax.random.PRNGKey(0), (n, n)) / math.sqrt(n)).astype(dtype)
   matmul = jax.jit(lambda x: x @ a)
   x = matmul(a).block_until_ready()
   best = np.inf
@@ -498,8 +510,10 @@ def main(argv):
       sys.exit(f"FATAL Flags error: --json={_JSON.value}: {problem}; allowed: a file that can be written, "
                "in a directory that exists")
   rows = []
+  matmul_n, matmul_dtype = reference_matmul()
   print(f"backend={jax.default_backend()} devices={jax.device_count()} batch_size={_BATCH.value} "
-        f"microbatch_size={_MICRO.value} model={_CHECKPOINT.value or f'built-in, d_model {_D_MODEL.value}'}")
+        f"microbatch_size={_MICRO.value} model={_CHECKPOINT.value or f'built-in, d_model {_D_MODEL.value}'} "
+        f"matmul={matmul_n}x{matmul_n} {jnp.dtype(matmul_dtype).name}")
   print(f"{'roles':>5} {'seeds':>5} {'sharing':>8} {'credit':>10} {'completions/s':>14} "
         f"{'tokens/s':>10} {'GFLOP/s':>8} {'of_matmul':>9} {'rollout_tok/s':>13} {'of_matmul':>9} "
         f"{'update_tok/s':>12} {'of_matmul':>9} {'compile_s':>9} {'matmul GFLOP/s':>15}")

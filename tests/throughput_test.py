@@ -257,6 +257,14 @@ def test_profile_call_times_a_compiled_matmul():
   assert sum(flops for _, flops in summary["matmul_thunks"]) == 2 * 2 * 256 ** 3
 
 
+def test_the_reference_matmul_fills_the_machine_it_runs_on(monkeypatch):
+  # On a CPU the float32 1024 x 1024; on an accelerator bfloat16 (model.dtype 'auto' there)
+  # at 8192, which a float32 1024 x 1024 leaves mostly idle.
+  assert throughput.reference_matmul() == (1024, jax.numpy.float32)
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert throughput.reference_matmul() == (8192, jax.numpy.bfloat16)
+
+
 def test_each_view_counts_the_flops_of_its_own_model():
   # A mixed team (experiments/solver_verifier.py team=mixed): solver and verifier on models of two
   # widths, each view's reads at its own model's FLOPs per token.
