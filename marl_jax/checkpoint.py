@@ -8,6 +8,7 @@ import contextlib
 import json
 import math
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -115,12 +116,32 @@ def restore(workdir: str, abstract_state, step: int | None = None):
                   f"from step {earlier[-1]}" if earlier else "the run starts again in a new workdir")
       # orbax's message can end in whole TensorStore specs; what failed comes before them.
       cause = (str(e).strip().splitlines() or [type(e).__name__])[0].split(" [tensorstore_spec")[0]
+      try:
+        per_layer = per_layer_decoder(saved_shapes(workdir, step)[1])
+      except ValueError:  # its metadata unreadable too (`_reading`): the message below says what to do
+        per_layer = False
+      if per_layer:
+        raise ValueError(per_layer_error(f"checkpoint {step} in {workdir}")) from e
       raise ValueError(
           f"checkpoint {step} in {workdir} cannot be restored into this config's state ({cause}). If it "
           f"is corrupt, {fallback}. If it was written by a different model / roles / credit config, or "
           f"by a marl_jax older than the credit-estimator state (TrainState.credit, added after commit "
           f"bbf80e3), start a new workdir: --config.init_from={workdir} starts one from its "
           f"parameters.") from e
+
+
+def per_layer_decoder(saved) -> bool:
+  """Whether a saved tree holds a language model of a marl_jax before the decoder stacked its layers
+  (commit 42ba1d4 and earlier): one subtree per layer, `layer0`, `layer1`, ..."""
+  return any(re.search(r"(^|/)layer[0-9]+/", jax.tree_util.keystr(path, simple=True, separator="/"))
+             for path, _ in jax.tree_util.tree_leaves_with_path(saved))
+
+
+def per_layer_error(what: str) -> str:
+  return (f"{what} was written by a marl_jax whose language-model decoder kept one parameter subtree per "
+          f"layer (layer0/q_proj/kernel, layer1/...); this one stacks them on a leading layer axis "
+          f"(layers/q_proj/kernel), which compiles once whatever the depth. Resume it, warm-start from it "
+          f"or export it (python -m marl_jax.lm.export) with marl_jax at commit 42ba1d4 or earlier")
 
 
 def saved_shapes(workdir: str, step: int | None = None) -> tuple[int, dict]:

@@ -41,6 +41,8 @@ def load_params(exp: experiment.Experiment, init_from: str, step: int | None = N
                               f"evaluation accuracy (it was written before best-checkpoint tracking)")
   step, saved = checkpoint.saved_shapes(workdir, step)
   params_S = saved.get("params") if isinstance(saved, dict) else None
+  if checkpoint.per_layer_decoder(params_S):
+    raise ValueError(checkpoint.per_layer_error(f"config.init_from={init_from!r}"))
   expected = jax.eval_shape(lambda: model_lib.init_stack(exp.model, jax.random.PRNGKey(0), exp.num_sets))
   shapes = lambda tree, drop: jax.tree.map(lambda p: tuple(p.shape[drop:]), tree)
   if params_S is None or shapes(expected, 0) != shapes(params_S, 1):

@@ -17,7 +17,8 @@ import numpy as np
 import optax
 import pytest
 
-from marl_jax import configs, experiment, model as model_lib, state as state_lib, text, train
+from marl_jax import checkpoint as checkpoint_lib, configs, experiment, loop, model as model_lib
+from marl_jax import state as state_lib, text, train
 from marl_jax.lm import agent as lm_agent
 from marl_jax.lm import checkpoint as lm_checkpoint
 from marl_jax.lm import export as lm_export
@@ -109,6 +110,30 @@ def test_every_seed_and_set_starts_from_the_checkpoint():
   config.model.random_weights = True
   random_S = state_lib.to_host(state_lib.initial_state(experiment.build(config)).params)
   assert not np.allclose(jax.tree.leaves(random_S)[0], jax.tree.leaves(params_S)[0])
+
+
+def test_a_run_of_the_per_layer_decoder_is_refused_saying_why(tmp_path):
+  # Before the decoder stacked its layers (commit 42ba1d4 and earlier) a run saved layer0/...,
+  # layer1/...: resuming, warm-starting from or exporting it names that and the commit to use.
+  config = _config("qwen3")
+  config.sft.steps = 0
+  exp = experiment.build(config)
+  state_S = state_lib.initial_state(exp)
+  params_S = dict(state_lib.to_host(state_S.params))
+  layers = params_S.pop("layers")
+  assert jax.tree.leaves(layers)[0].shape[:3] == (1, 2, 2)  # seeds x parameter sets x layers
+  old_params_S = {**params_S, **{f"layer{i}": jax.tree.map(lambda x, i=i: x[:, :, i], layers) for i in range(2)}}
+  with checkpoint_lib.manager(str(tmp_path)) as mngr:
+    checkpoint_lib.save(mngr, 0, {"params": old_params_S})
+  (tmp_path / "config.json").write_text(config.to_json())
+  said = "was written by a marl_jax whose language-model decoder kept one parameter subtree per layer"
+  with pytest.raises(ValueError, match=f"checkpoint 0 in {tmp_path} {said}.*at commit 42ba1d4 or earlier"):
+    checkpoint_lib.restore(str(tmp_path), exp.abstract(state_S))
+  with pytest.raises(ValueError, match=f"config.init_from='{tmp_path}' {said}"):
+    loop.load_params(exp, str(tmp_path))
+  # The built-in model's blocks (block0, ...) and a checkpoint of this layout are not mistaken for it.
+  assert not checkpoint_lib.per_layer_decoder({"params": {**params_S, "layers": layers}})
+  assert not checkpoint_lib.per_layer_decoder({"params": {"block0": {"kernel": np.zeros(2)}}})
 
 
 def _config(family):

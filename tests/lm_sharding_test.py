@@ -75,7 +75,7 @@ def _measure() -> dict:
   tokens_BxL, key_ok_BxL = sharding.shard_rows(mesh, (tokens_BxL, key_ok_BxL))
   sharded_RxBxLxV = apply_R(sharded_R, tokens_BxL, 0, key_ok_BxL)[0]
   results["rows"] = [[list(x.sharding.spec), x.sharding.shard_shape(x.shape)] for x in (tokens_BxL, key_ok_BxL)]
-  results["stacked"] = {"q_proj": list(sharded_R["layer0"]["q_proj"]["kernel"].sharding.spec),
+  results["stacked"] = {"q_proj": list(sharded_R["layers"]["q_proj"]["kernel"].sharding.spec),
                         "diff": float(np.abs(sharded_RxBxLxV - single_RxBxLxV).max()
                                       / np.abs(single_RxBxLxV).max())}
   results["errors"] = {"mesh": _error(lambda: sharding.mesh(3, 2)),
@@ -104,9 +104,9 @@ def _train_split_and_whole() -> dict:
     state_S, _ = train.make_train_call(exp)(state_S)
     params[name] = jax.device_get(state_S.params)
     if name == "split":
-      leaf = lambda tree: tree["layer0"]["q_proj"]["kernel"]
+      leaf = lambda tree: tree["layers"]["q_proj"]["kernel"]
       mu = [x for p, x in jax.tree_util.tree_leaves_with_path(state_S.opt_state)
-            if jax.tree_util.keystr(p, simple=True, separator="/").endswith("mu/layer0/q_proj/kernel")][0]
+            if jax.tree_util.keystr(p, simple=True, separator="/").endswith("mu/layers/q_proj/kernel")][0]
       out["placement"] = {
           "params": [list(leaf(state_S.params).sharding.spec), leaf(state_S.params).sharding.shard_shape(
               leaf(state_S.params).shape)],
@@ -118,7 +118,7 @@ def _train_split_and_whole() -> dict:
   out["apart_model_only"] = distance(params["model_only"], params["whole"])
   random = _step_config(num_devices=8, model_shards=4)
   random.model.random_weights = True
-  q_proj = sft.warm_start(experiment.build(random), jax.random.split(jax.random.PRNGKey(0), 1))["layer0"]["q_proj"]["kernel"]
+  q_proj = sft.warm_start(experiment.build(random), jax.random.split(jax.random.PRNGKey(0), 1))["layers"]["q_proj"]["kernel"]
   out["random_warm_start"] = [len(q_proj.sharding.device_set), q_proj.sharding.shard_shape(q_proj.shape)]
   builtin = configs.sibling(str(REPO / "experiments" / "x.py"), "solver_verifier").get_config("size=tiny")
   builtin.update(num_devices=8, model_shards=2)
@@ -135,7 +135,7 @@ def _warm_start_placement(exp, state_S) -> dict:
       checkpoint_lib.save(mngr, 2, state_S)
     pathlib.Path(workdir, "config.json").write_text(exp.config.to_json())
     params_S = loop.load_params(exp, workdir)
-  q_proj = params_S["layer0"]["q_proj"]["kernel"]
+  q_proj = params_S["layers"]["q_proj"]["kernel"]
   same = jax.tree.map(lambda a, b: bool((np.asarray(a) == np.asarray(b)).all()), params_S, state_S.params)
   return {"spec": list(q_proj.sharding.spec), "shard": q_proj.sharding.shard_shape(q_proj.shape),
           "same": all(jax.tree.leaves(same))}
@@ -170,15 +170,17 @@ def test_each_parameter_is_placed_as_its_rule_says(family, data, model):
                   specs, is_leaf=lambda x: isinstance(x, sharding.PartitionSpec))}
   assert {path: spec for path, (spec, _) in placement.items()} == expected
   # Each device holds 1/model of every large matrix, a whole copy of each norm (fixture: V=384,
-  # D=64, F=128, 4 query and 2 key/value heads of 16): the split axes written out by hand.
+  # D=64, F=128, 4 query and 2 key/value heads of 16, 2 layers stacked, never split): the split axes
+  # written out by hand.
   V, D, F = 384, 64, 128
   shard = {path: tuple(shape) for path, (_, shape) in placement.items()}
   assert shard["embed_tokens/embedding"] == (V // model, D)
-  assert shard["layer1/q_proj/kernel"] == (D // model, 4, 16)
-  assert shard["layer0/k_proj/kernel"] == shard["layer0/v_proj/kernel"] == (D // model, 2, 16)
-  assert shard["layer0/gate_proj/kernel"] == shard["layer0/up_proj/kernel"] == (D, F // model)
-  assert shard["layer1/o_proj/kernel"] == (4, 16, D // model)
-  assert shard["layer0/down_proj/kernel"] == (F // model, D)
+  assert shard["layers/q_proj/kernel"] == (2, D // model, 4, 16)
+  assert shard["layers/k_proj/kernel"] == shard["layers/v_proj/kernel"] == (2, D // model, 2, 16)
+  assert shard["layers/gate_proj/kernel"] == shard["layers/up_proj/kernel"] == (2, D, F // model)
+  assert shard["layers/o_proj/kernel"] == (2, 4, 16, D // model)
+  assert shard["layers/down_proj/kernel"] == (2, F // model, D)
+  assert shard["layers/input_layernorm/scale"] == (2, D)
   assert shard["norm/scale"] == (D,)
   if family == "llama":
     assert shard["lm_head/kernel"] == (D, V // model)
@@ -186,7 +188,7 @@ def test_each_parameter_is_placed_as_its_rule_says(family, data, model):
 
 def test_stacked_sets_keep_the_role_axis_whole():
   stacked = _measured()["stacked"]
-  assert stacked["q_proj"] == [None, sharding.MODEL, None, None]
+  assert stacked["q_proj"] == [None, None, sharding.MODEL, None, None]
   assert stacked["diff"] < 1e-5
 
 
@@ -201,7 +203,7 @@ def test_shard_rows_splits_the_batch_over_data():
 def test_impossible_mesh_and_non_dividing_dimension_are_refused():
   errors = _measured()["errors"]
   assert "data=3 x model=2 needs 6 devices, but 8 are visible" in errors["mesh"]
-  assert ("parameter layer0/k_proj/kernel of shape (64, 2, 16): dimension 1 (2) does not divide "
+  assert ("parameter layers/k_proj/kernel of shape (2, 64, 2, 16): dimension 2 (2) does not divide "
           "by mesh axis 'model' of size 4") in errors["divide"]
 
 
@@ -230,15 +232,17 @@ def test_training_step_with_split_parameter_sets():
   stay split over `model` through the step (the rest replicated), and training is the one-device
   training but for rounding."""
   step = _measured()["step"]
-  # q_proj of params_SxR: seeds and sets whole, hidden_size (64) split in 4 (trailing Nones dropped).
-  assert step["placement"]["params"] == [[None, None, sharding.MODEL], [1, 2, 16, 4, 16]]
-  assert step["placement"]["mu"] == [None, None, sharding.MODEL]
+  # q_proj of params_SxR: seeds, sets and layers whole, hidden_size (64) split in 4 (trailing Nones
+  # dropped).
+  assert step["placement"]["params"] == [[None, None, None, sharding.MODEL], [1, 2, 2, 16, 4, 16]]
+  assert step["placement"]["mu"] == [None, None, None, sharding.MODEL]
   assert step["placement"]["step"] == [] and step["placement"]["norm"] == []
   # A warm start from such a run (config.init_from) reads its parameters split as the run splits its
   # own, not whole on every device.
   # So does the warm start of random weights (config.model.random_weights), made where they will live.
-  assert step["random_warm_start"] == [8, [1, 2, 16, 4, 16]]
-  assert step["init_from"] == {"spec": [None, None, sharding.MODEL, None, None], "shard": [1, 2, 16, 4, 16], "same": True}
+  assert step["random_warm_start"] == [8, [1, 2, 2, 16, 4, 16]]
+  assert step["init_from"] == {"spec": [None, None, None, sharding.MODEL, None, None],
+                               "shard": [1, 2, 2, 16, 4, 16], "same": True}
   assert step["moved"] > 1e-2, "nothing trained: the comparison is vacuous"
   assert step["apart"] < 1e-2 * step["moved"]
   # Every device on the `model` axis (a one-device `data` axis, whose collectives XLA refuses on

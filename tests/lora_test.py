@@ -74,13 +74,13 @@ def test_low_rank_delta_by_hand():
   lora_cfg = lora.LoRAConfig(rank=2, alpha=4.0, targets=("q_proj",))
   base = {"q_proj": {"kernel": jnp.eye(2)}}
   adapter = {"q_proj": {"a": jnp.eye(2), "b": jnp.array([[3.0, -1.0], [1.0, 1.0]])}}
-  with lora.adapted(lora_cfg, adapter):
-    y = OneProjection().apply({"params": base}, jnp.array([1.0, 2.0]))
+  with lora.adapted(lora_cfg):
+    y = OneProjection().apply({"params": base, "lora": adapter}, jnp.array([1.0, 2.0]))
   np.testing.assert_array_equal(y, [11.0, 4.0])
   merged = lora.merged_params(lora_cfg, base, adapter)
   np.testing.assert_array_equal(merged["q_proj"]["kernel"], [[7.0, -2.0], [2.0, 3.0]])
   np.testing.assert_array_equal(OneProjection().apply({"params": merged}, jnp.array([1.0, 2.0])), [11.0, 4.0])
-  with pytest.raises(ValueError, match="no pair for q_proj"), lora.adapted(lora_cfg, {}):
+  with pytest.raises(ValueError, match="no pair for q_proj"), lora.adapted(lora_cfg):
     OneProjection().apply({"params": base}, jnp.array([1.0, 2.0]))
 
 

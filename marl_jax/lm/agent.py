@@ -137,15 +137,15 @@ class LMAgent(model_lib.SetStack):
   def apply(self, params, tokens_BxL, start, key_ok_BxT, cache=None):
     """Logits over the canvas values, logits_BxLxV, and the updated cache."""
     ids_V = jnp.asarray(self.canvas_ids_V)
-    decoder = lambda base: lm_model.Decoder(self.lm).apply({"params": base}, ids_V[tokens_BxL], start,
-                                                           key_ok_BxT, cache, features=True)
+    decoder = lambda variables: lm_model.Decoder(self.lm).apply(variables, ids_V[tokens_BxL], start,
+                                                                key_ok_BxT, cache, features=True)
     if self.lora is None:
       base = params
-      x_BxLxD, cache = decoder(base)
+      x_BxLxD, cache = decoder({"params": base})
     else:
       base = jax.lax.stop_gradient(params["base"])
-      with lora_lib.adapted(self.lora, params["adapter"]):
-        x_BxLxD, cache = decoder(base)
+      with lora_lib.adapted(self.lora):
+        x_BxLxD, cache = decoder({"params": base, "lora": params["adapter"]})
     unembed_DxW = (base["embed_tokens"]["embedding"].T if self.lm.tie_word_embeddings
                    else base["lm_head"]["kernel"])
     dtype = self.lm.dtype

@@ -1,7 +1,8 @@
 """Local Hugging Face-format checkpoints <-> (LMConfig, params): `config.json` and `model.safetensors`
 (or `model.safetensors.index.json` and its shards), read with numpy, no torch.
 
-Every parameter of the Flax tree has one checkpoint tensor (`tensor_names`); HF stores a linear layer
+Every parameter of the Flax tree has one checkpoint tensor, or one per layer for the layers'
+parameters, which the decoder stacks on a leading layer axis (`tensor_names`); HF stores a linear layer
 as weight[out, in], Flax as kernel[in..., out...], so kernels are transposed (and the attention heads
 split out).  Tensors the model does not use (e.g. a copy of tied embeddings as `lm_head.weight`) are
 ignored; a missing tensor or one of the wrong shape or dtype is an error naming it, before any data is
@@ -55,24 +56,25 @@ def _reading(path: str):
                      "pointer reads so") from e
 
 
-def tensor_names(cfg: lm_model.LMConfig) -> dict[tuple[str, ...], tuple[str, tuple[int, ...]]]:
-  """Path of each parameter in the Flax tree -> name and shape of its checkpoint tensor."""
+def tensor_names(cfg: lm_model.LMConfig) -> dict[tuple[str, ...], tuple[tuple[str, ...], tuple[int, ...]]]:
+  """Path of each parameter in the Flax tree -> the names of its checkpoint tensors (one, or one per
+  layer in layer order for a parameter under "layers") and the shape of each."""
   D, V, F, K = cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, cfg.head_dim
   q_width, kv_width = cfg.num_attention_heads * K, cfg.num_key_value_heads * K
-  names = {("embed_tokens", "embedding"): ("model.embed_tokens.weight", (V, D)),
-           ("norm", "scale"): ("model.norm.weight", (D,))}
+  names = {("embed_tokens", "embedding"): (("model.embed_tokens.weight",), (V, D)),
+           ("norm", "scale"): (("model.norm.weight",), (D,))}
   if not cfg.tie_word_embeddings:
-    names[("lm_head", "kernel")] = ("lm_head.weight", (V, D))
-  for i in range(cfg.num_hidden_layers):
-    layer = {"input_layernorm": ("", (D,)), "post_attention_layernorm": ("", (D,)),
-             "q_proj": ("self_attn.", (q_width, D)), "k_proj": ("self_attn.", (kv_width, D)),
-             "v_proj": ("self_attn.", (kv_width, D)), "o_proj": ("self_attn.", (D, q_width)),
-             "gate_proj": ("mlp.", (F, D)), "up_proj": ("mlp.", (F, D)), "down_proj": ("mlp.", (D, F))}
-    if cfg.qk_norm:
-      layer |= {"q_norm": ("self_attn.", (K,)), "k_norm": ("self_attn.", (K,))}
-    for module, (group, shape) in layer.items():
-      leaf = "scale" if len(shape) == 1 else "kernel"
-      names[(f"layer{i}", module, leaf)] = (f"model.layers.{i}.{group}{module}.weight", shape)
+    names[("lm_head", "kernel")] = (("lm_head.weight",), (V, D))
+  layer = {"input_layernorm": ("", (D,)), "post_attention_layernorm": ("", (D,)),
+           "q_proj": ("self_attn.", (q_width, D)), "k_proj": ("self_attn.", (kv_width, D)),
+           "v_proj": ("self_attn.", (kv_width, D)), "o_proj": ("self_attn.", (D, q_width)),
+           "gate_proj": ("mlp.", (F, D)), "up_proj": ("mlp.", (F, D)), "down_proj": ("mlp.", (D, F))}
+  if cfg.qk_norm:
+    layer |= {"q_norm": ("self_attn.", (K,)), "k_norm": ("self_attn.", (K,))}
+  for module, (group, shape) in layer.items():
+    leaf = "scale" if len(shape) == 1 else "kernel"
+    names[("layers", module, leaf)] = (tuple(f"model.layers.{i}.{group}{module}.weight"
+                                             for i in range(cfg.num_hidden_layers)), shape)
   return names
 
 
@@ -80,6 +82,12 @@ def _param_shapes(cfg: lm_model.LMConfig) -> dict[tuple[str, ...], tuple[int, ..
   """Shape of each parameter of one set, traced from the model itself (nothing is computed)."""
   shapes_R = jax.eval_shape(lambda: lm_model.init_stack(cfg, jax.random.key(0), 1))
   return {path: s.shape[1:] for path, s in traverse_util.flatten_dict(shapes_R).items()}
+
+
+def _one_tensor_shape(path: tuple[str, ...], flax_shape: tuple[int, ...]) -> tuple[int, ...]:
+  """The Flax shape of one checkpoint tensor of the parameter at `path`: a layer's, without the
+  layer axis."""
+  return flax_shape[1:] if path[0] == "layers" else flax_shape
 
 
 def _weight_files(directory: str) -> dict[str, str]:
@@ -106,10 +114,10 @@ def load(directory: str, *, max_len: int = 256, dtype=jnp.float32):
   cfg = lm_model.LMConfig.from_hf_config(read_hf_config(directory), max_len=max_len, dtype=dtype)
   files = _weight_files(directory)
   names = tensor_names(cfg)
-  missing = sorted(name for name, _ in names.values() if name not in files)
+  missing = sorted(name for names_N, _ in names.values() for name in names_N if name not in files)
   if missing:
     raise ValueError(f"{directory}: tensors {missing[:4]}{' ...' if len(missing) > 4 else ''} are missing "
-                     f"({len(missing)} of {len(names)} that model_type={cfg.model_type!r} with "
+                     f"({len(missing)} of {sum(len(n) for n, _ in names.values())} that model_type={cfg.model_type!r} with "
                      f"tie_word_embeddings={cfg.tie_word_embeddings} needs)")
   flax_shapes = _param_shapes(cfg)
   flat = {}
@@ -118,17 +126,21 @@ def load(directory: str, *, max_len: int = 256, dtype=jnp.float32):
     for file in sorted(set(files.values())):
       with _reading(file):
         opened[file] = stack.enter_context(safe_open(file, framework="np"))
-    for path, (name, shape) in names.items():
-      file = files[name]
-      with _reading(file):
-        tensor = opened[file].get_slice(name)
-        found, dtype = tuple(tensor.get_shape()), tensor.get_dtype()
-        if found != shape:
-          raise ValueError(f"{file}: tensor {name!r} has shape {found}; config.json implies {shape}")
-        if dtype not in WEIGHT_DTYPES:
-          raise ValueError(f"{file}: tensor {name!r} is stored as {dtype}, not weights; allowed: "
-                           f"{list(WEIGHT_DTYPES)} (a quantised checkpoint is not supported)")
-        flat[path] = _to_flax(path, np.asarray(opened[file].get_tensor(name), np.float32), flax_shapes[path])
+    for path, (names_N, shape) in names.items():
+      tensors_N = []
+      for name in names_N:
+        file = files[name]
+        with _reading(file):
+          tensor = opened[file].get_slice(name)
+          found, dtype = tuple(tensor.get_shape()), tensor.get_dtype()
+          if found != shape:
+            raise ValueError(f"{file}: tensor {name!r} has shape {found}; config.json implies {shape}")
+          if dtype not in WEIGHT_DTYPES:
+            raise ValueError(f"{file}: tensor {name!r} is stored as {dtype}, not weights; allowed: "
+                             f"{list(WEIGHT_DTYPES)} (a quantised checkpoint is not supported)")
+          tensors_N.append(_to_flax(path, np.asarray(opened[file].get_tensor(name), np.float32),
+                                    _one_tensor_shape(path, flax_shapes[path])))
+      flat[path] = np.stack(tensors_N) if path[0] == "layers" else tensors_N[0]
   return cfg, traverse_util.unflatten_dict(flat)
 
 
@@ -157,12 +169,13 @@ def save(directory: str, cfg: lm_model.LMConfig, params, source: dict | None = N
   flat = traverse_util.flatten_dict(params)
   flax_shapes = _param_shapes(cfg)
   tensors = {}
-  for path, (name, hf_shape) in tensor_names(cfg).items():
+  for path, (names_N, hf_shape) in tensor_names(cfg).items():
     p = np.asarray(flat[path], np.float32)
     if p.shape != flax_shapes[path]:
       raise ValueError(f"params[{'/'.join(path)}] has shape {p.shape}, expected {flax_shapes[path]} "
                        "(one parameter set: index a stack params_R[r] first)")
-    tensors[name] = np.ascontiguousarray(_to_hf(path, p, hf_shape))
+    for name, p_one in zip(names_N, p if path[0] == "layers" else [p]):
+      tensors[name] = np.ascontiguousarray(_to_hf(path, p_one, hf_shape))
   # Written under temporary names and renamed, so an interrupted save leaves no half-written file.
   save_file(tensors, os.path.join(directory, WEIGHTS + ".tmp"), metadata={"format": "pt"})
   with open(os.path.join(directory, CONFIG + ".tmp"), "w") as f:

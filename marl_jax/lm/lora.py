@@ -1,7 +1,8 @@
 """Low-rank adapters (LoRA) per role over one frozen Qwen3/Llama base shared by all roles.
 
 Each role has, for every target projection kernel W[in..., out...] of every layer, a pair
-a[in..., rank] (random) and b[rank, out...] (zeros at init); the projection computes
+a[in..., rank] (random) and b[rank, out...] (zeros at init), stacked over the layers as the kernels
+are (`lm.model`'s layer scan slices them with the weights); the projection computes
 W x + (alpha / rank) * b(a x), so a fresh adapter leaves the logits exactly as the base's. Adapters are
 stacked on a leading role axis (`adapters_R`) and vmapped with the base broadcast. Only `adapters_R` is
 differentiated and handed to the optimiser, so optimiser state never holds a base-shaped leaf.
@@ -71,16 +72,16 @@ def _on_targets(lora_cfg: LoRAConfig, on_output):
   return nn.intercept_methods(interceptor)
 
 
-def adapted(lora_cfg: LoRAConfig, adapter):
-  """A context in which every target projection of a Flax model called within adds
-  scale * b(a x) from `adapter` (one role: {module path...: {"a", "b"}}), without forming a@b."""
-  pairs = traverse_util.flatten_dict(adapter)
-
+def adapted(lora_cfg: LoRAConfig):
+  """A context in which every target projection of a Flax model applied within adds scale * b(a x),
+  a and b read from the `lora` collection at the projection's own path (one role's adapter, passed as
+  `{"params": ..., "lora": adapter}`), without forming a@b.  A collection is what `lm.model`'s layer
+  scan slices layer by layer, as it slices the weights."""
   def add_low_rank(module, x, y):
-    if module.path + ("a",) not in pairs:
+    if not module.has_variable("lora", "a"):
       raise ValueError(f"the adapter has no pair for {'/'.join(module.path)}: it was made for other "
                        f"targets than {list(lora_cfg.targets)} (init_adapters with this LoRAConfig)")
-    a, b = pairs[module.path + ("a",)], pairs[module.path + ("b",)]
+    a, b = module.get_variable("lora", "a"), module.get_variable("lora", "b")
     h = jnp.tensordot(x, a.astype(x.dtype), axes=a.ndim - 1)  # x[..., in...] . a[in..., rank]
     return y + (lora_cfg.scale * jnp.tensordot(h, b.astype(x.dtype), axes=1)).astype(y.dtype)
   return _on_targets(lora_cfg, add_low_rank)
@@ -89,8 +90,8 @@ def adapted(lora_cfg: LoRAConfig, adapter):
 def apply(cfg: lm_model.LMConfig, lora_cfg: LoRAConfig, base, adapter, tokens_BxL, start, key_ok_BxT,
           cache=None):
   """`lm.model.apply` of the base with one role's adapter: (logits_BxLxV, cache)."""
-  with adapted(lora_cfg, adapter):
-    return lm_model.apply(cfg, base, tokens_BxL, start, key_ok_BxT, cache)
+  with adapted(lora_cfg):
+    return lm_model.apply(cfg, base, tokens_BxL, start, key_ok_BxT, cache, adapter=adapter)
 
 
 def apply_stacked(cfg: lm_model.LMConfig, lora_cfg: LoRAConfig, base, adapters_R, tokens_BxL, start,
@@ -101,8 +102,8 @@ def apply_stacked(cfg: lm_model.LMConfig, lora_cfg: LoRAConfig, base, adapters_R
 
 
 def _target_shapes(cfg: lm_model.LMConfig, lora_cfg: LoRAConfig, base):
-  """Module path of each target projection -> (input feature shape, output feature shape), traced
-  from the model itself (nothing is computed)."""
+  """Module path of each target projection -> (input feature shape, output feature shape) of one
+  layer, traced from the model itself (nothing is computed)."""
   shapes = {}
 
   def record(module, x, y):
@@ -117,14 +118,16 @@ def _target_shapes(cfg: lm_model.LMConfig, lora_cfg: LoRAConfig, base):
 
 
 def init_adapters(key, cfg: lm_model.LMConfig, lora_cfg: LoRAConfig, base, n_roles: int):
-  """adapters_R: per role and target, a[R, in..., rank] ~ U(+-1/sqrt(fan_in)) (PEFT's default) and
-  b[R, rank, out...] = 0, float32."""
+  """adapters_R: per role and target, a[R, layers, in..., rank] ~ U(+-1/sqrt(fan_in)) (PEFT's
+  default) and b[R, layers, rank, out...] = 0, float32 (every target is a layer's projection, stacked
+  on the layer axis as its kernel is)."""
   flat = {}
+  L = cfg.num_hidden_layers
   for i, (path, (in_shape, out_shape)) in enumerate(sorted(_target_shapes(cfg, lora_cfg, base).items())):
     bound = 1 / math.sqrt(math.prod(in_shape))
-    flat[path + ("a",)] = jax.random.uniform(jax.random.fold_in(key, i), (n_roles, *in_shape, lora_cfg.rank),
+    flat[path + ("a",)] = jax.random.uniform(jax.random.fold_in(key, i), (n_roles, L, *in_shape, lora_cfg.rank),
                                              jnp.float32, -bound, bound)
-    flat[path + ("b",)] = jnp.zeros((n_roles, lora_cfg.rank, *out_shape), jnp.float32)
+    flat[path + ("b",)] = jnp.zeros((n_roles, L, lora_cfg.rank, *out_shape), jnp.float32)
   return traverse_util.unflatten_dict(flat)
 
 
@@ -133,8 +136,13 @@ def merged_params(lora_cfg: LoRAConfig, base, adapter):
   flat = traverse_util.flatten_dict(base)
   pairs = traverse_util.flatten_dict(adapter)
   for path in {p[:-1] for p in pairs}:
-    delta = jnp.tensordot(pairs[path + ("a",)], pairs[path + ("b",)], axes=1)
-    flat[path + ("kernel",)] = flat[path + ("kernel",)] + lora_cfg.scale * delta
+    a, b, kernel = pairs[path + ("a",)], pairs[path + ("b",)], flat[path + ("kernel",)]
+    # kernel[lead..., in..., out...], a[lead..., in..., rank], b[lead..., rank, out...]: the leading
+    # (layer) axes are batched, the rank contracted.
+    product = functools.partial(jnp.tensordot, axes=1)
+    for _ in range(a.ndim + b.ndim - 2 - kernel.ndim):
+      product = jax.vmap(product)
+    flat[path + ("kernel",)] = kernel + lora_cfg.scale * product(a, b)
   return traverse_util.unflatten_dict(flat)
 
 

@@ -1,8 +1,9 @@
 """Qwen3/Llama parameters sharded over a `model` mesh axis (FSDP-style) beside the batch's `data` axis.
 
 Which dimension of which parameter is split is data, not code: an ordered list of rules
-(regex, spec), the first whose regex `re.search`es a parameter's path ("layer0/q_proj/kernel") giving
-its spec, one mesh axis name (or None: not split) per dimension. A model too large for one device is
+(regex, spec), the first whose regex `re.search`es a parameter's path ("layers/q_proj/kernel") giving
+its spec, one mesh axis name (or None: not split) per dimension of one layer's parameter (the layers'
+stacked axis is never split). A model too large for one device is
 then held as 1/model of every large matrix per device; under `jit` XLA adds the communication each
 matmul needs (the mesh's axes are Auto), so the forward pass is `lm.model.apply` unchanged. Every parameter is
 checked against the rules and the mesh before anything is placed or compiled.
@@ -93,10 +94,12 @@ def _spec(path: str, shape: tuple[int, ...], axis_sizes: Mapping[str, int],
 def partition_specs(params, axis_sizes: Mapping[str, int], rules: Sequence[Rule] = DEFAULT_RULES,
                     leading_axes: int = 0):
   """A PartitionSpec per parameter (same tree as `params`, arrays or shapes); `axis_sizes` is
-  `mesh.shape`. The rules see each parameter's trailing dimensions, after `leading_axes`."""
+  `mesh.shape`. The rules see each parameter's trailing dimensions, after `leading_axes` and, under
+  "layers", the layer axis."""
   def spec(path, leaf):
-    return _spec(jax.tree_util.keystr(path, simple=True, separator="/"), tuple(leaf.shape),
-                 axis_sizes, rules, leading_axes)
+    name = jax.tree_util.keystr(path, simple=True, separator="/")
+    layer_axis = int(name.startswith("layers/") or "/layers/" in name)
+    return _spec(name, tuple(leaf.shape), axis_sizes, rules, leading_axes + layer_axis)
   return jax.tree_util.tree_map_with_path(spec, params)
 
 
