@@ -135,7 +135,7 @@ def archive_workdir(workdir: str, out_dir: str, greedy: bool = False, data_dir: 
   """Archives the latest checkpoint of a run under `out_dir`; returns the archive's config name."""
   config = configs.read_run_config(workdir)
   exp = experiment.build(config)
-  params_S = loop.load_params(exp, workdir)
+  params_S = loop.load_params(exp, workdir, flag=f"--workdir={workdir}")
   step = checkpoint.latest_step(workdir)
   name = f"step{step}-{'greedy' if greedy else 'sampled'}"
   archive(exp, params_S, out_dir, name, greedy, data_dir=data_dir,

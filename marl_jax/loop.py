@@ -26,31 +26,33 @@ class NonFiniteError(FloatingPointError):
   `config.rl.on_nonfinite='stop'`, or a warm start that left non-finite parameters."""
 
 
-def load_params(exp: experiment.Experiment, init_from: str, step: int | None = None):
+def load_params(exp: experiment.Experiment, init_from: str, step: int | None = None, flag: str = ""):
   """params_S from a checkpoint of another run, e.g. a warm start: `DIR` (its latest checkpoint, or
   `step`) or `DIR:best` (its best-evaluated one).  The run may have used any credit estimator or
   optimiser; its parameters must fit `config.model` and the number of parameter sets, and hold 1
-  seed or `config.num_seeds`."""
+  seed or `config.num_seeds`.  Errors name `flag` (a command's own, such as `--workdir=DIR`), or
+  `config.init_from`."""
   workdir = init_from.removesuffix(":best")
+  flag = flag or f"config.init_from={init_from!r}"
   if not os.path.exists(os.path.join(workdir, "config.json")) or checkpoint.latest_step(workdir) is None:
-    raise FileNotFoundError(f"config.init_from={init_from!r} holds no config.json and checkpoint")
+    raise FileNotFoundError(f"{flag} holds no config.json and checkpoint")
   if workdir != init_from:
     step = checkpoint.best_step(workdir)
     if step is None:
-      raise FileNotFoundError(f"config.init_from={init_from!r}: no checkpoint there was saved with its "
+      raise FileNotFoundError(f"{flag}: no checkpoint there was saved with its "
                               f"evaluation accuracy (it was written before best-checkpoint tracking)")
   step, saved = checkpoint.saved_shapes(workdir, step)
   params_S = saved.get("params") if isinstance(saved, dict) else None
   if checkpoint.per_layer_decoder(params_S):
-    raise ValueError(checkpoint.per_layer_error(f"config.init_from={init_from!r}"))
+    raise ValueError(checkpoint.per_layer_error(flag))
   expected = jax.eval_shape(lambda: model_lib.init_stack(exp.model, jax.random.PRNGKey(0), exp.num_sets))
   shapes = lambda tree, drop: jax.tree.map(lambda p: tuple(p.shape[drop:]), tree)
   if params_S is None or shapes(expected, 0) != shapes(params_S, 1):
-    raise ValueError(f"config.init_from={init_from!r} holds a model whose shapes or parameter sets "
+    raise ValueError(f"{flag} holds a model whose shapes or parameter sets "
                      f"differ from config.model / config.roles")
   S = jax.tree.leaves(params_S)[0].shape[0]
   if S not in (1, exp.config.num_seeds):
-    raise ValueError(f"config.init_from={init_from!r} holds {S} seeds; config.num_seeds="
+    raise ValueError(f"{flag} holds {S} seeds; config.num_seeds="
                      f"{exp.config.num_seeds} needs 1 or the same number")
   # Only the parameters are read, each placed as this run places its own (split over `model` when
   # config.model_shards > 1).

@@ -131,6 +131,9 @@ def test_a_run_of_the_per_layer_decoder_is_refused_saying_why(tmp_path):
     checkpoint_lib.restore(str(tmp_path), exp.abstract(state_S))
   with pytest.raises(ValueError, match=f"config.init_from='{tmp_path}' {said}"):
     loop.load_params(exp, str(tmp_path))
+  # The export names its own flag, not config.init_from.
+  with pytest.raises(ValueError, match=f"^--workdir={tmp_path} {said}"):
+    lm_export.export(str(tmp_path), "verifier", str(tmp_path / "hf"))
   # The built-in model's blocks (block0, ...) and a checkpoint of this layout are not mistaken for it.
   assert not checkpoint_lib.per_layer_decoder({"params": {**params_S, "layers": layers}})
   assert not checkpoint_lib.per_layer_decoder({"params": {"block0": {"kernel": np.zeros(2)}}})

@@ -42,7 +42,8 @@ def export(workdir: str, role: str, out: str, seed: int = 0, best: bool = False)
                      f"checkpoint); only a language-model role exports to the Hugging Face format")
   if not 0 <= seed < config.num_seeds:
     raise ValueError(f"--seed={seed}: the run has seeds 0..{config.num_seeds - 1}")
-  params_S = loop.load_params(exp, workdir + (":best" if best else ""))
+  params_S = loop.load_params(exp, workdir + (":best" if best else ""),
+                             flag=f"--workdir={workdir}{' --best' if best else ''}")
   params = model_lib.take_sets(exp.model, jax.tree.map(lambda p: np.asarray(p[seed]), params_S), role_set)
   lm_checkpoint.save(out, model.lm, model.servable(params), lm_checkpoint.read_hf_config(model.checkpoint))
   copy_tokenizer_files(model.checkpoint, out)
