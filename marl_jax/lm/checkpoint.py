@@ -73,7 +73,7 @@ def tensor_names(cfg: lm_model.LMConfig) -> dict[tuple[str, ...], tuple[tuple[st
     layer |= {"q_norm": ("self_attn.", (K,)), "k_norm": ("self_attn.", (K,))}
   for module, (group, shape) in layer.items():
     leaf = "scale" if len(shape) == 1 else "kernel"
-    names[("layers", module, leaf)] = (tuple(f"model.layers.{i}.{group}{module}.weight"
+    names[(lm_model.LAYERS, module, leaf)] = (tuple(f"model.layers.{i}.{group}{module}.weight"
                                              for i in range(cfg.num_hidden_layers)), shape)
   return names
 
@@ -84,10 +84,9 @@ def _param_shapes(cfg: lm_model.LMConfig) -> dict[tuple[str, ...], tuple[int, ..
   return {path: s.shape[1:] for path, s in traverse_util.flatten_dict(shapes_R).items()}
 
 
-def _one_tensor_shape(path: tuple[str, ...], flax_shape: tuple[int, ...]) -> tuple[int, ...]:
-  """The Flax shape of one checkpoint tensor of the parameter at `path`: a layer's, without the
-  layer axis."""
-  return flax_shape[1:] if path[0] == "layers" else flax_shape
+def _per_layer(path: tuple[str, ...]) -> bool:
+  """Whether the parameter at `path` is stacked over the layers (one checkpoint tensor per layer)."""
+  return path[0] == lm_model.LAYERS
 
 
 def _weight_files(directory: str) -> dict[str, str]:
@@ -139,8 +138,8 @@ def load(directory: str, *, max_len: int = 256, dtype=jnp.float32):
             raise ValueError(f"{file}: tensor {name!r} is stored as {dtype}, not weights; allowed: "
                              f"{list(WEIGHT_DTYPES)} (a quantised checkpoint is not supported)")
           tensors_N.append(_to_flax(path, np.asarray(opened[file].get_tensor(name), np.float32),
-                                    _one_tensor_shape(path, flax_shapes[path])))
-      flat[path] = np.stack(tensors_N) if path[0] == "layers" else tensors_N[0]
+                                    flax_shapes[path][1:] if _per_layer(path) else flax_shapes[path]))
+      flat[path] = np.stack(tensors_N) if _per_layer(path) else tensors_N[0]
   return cfg, traverse_util.unflatten_dict(flat)
 
 
@@ -174,7 +173,7 @@ def save(directory: str, cfg: lm_model.LMConfig, params, source: dict | None = N
     if p.shape != flax_shapes[path]:
       raise ValueError(f"params[{'/'.join(path)}] has shape {p.shape}, expected {flax_shapes[path]} "
                        "(one parameter set: index a stack params_R[r] first)")
-    for name, p_one in zip(names_N, p if path[0] == "layers" else [p]):
+    for name, p_one in zip(names_N, p if _per_layer(path) else [p]):
       tensors[name] = np.ascontiguousarray(_to_hf(path, p_one, hf_shape))
   # Written under temporary names and renamed, so an interrupted save leaves no half-written file.
   save_file(tensors, os.path.join(directory, WEIGHTS + ".tmp"), metadata={"format": "pt"})

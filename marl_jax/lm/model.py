@@ -15,6 +15,8 @@ import numpy as np
 
 from marl_jax import model as model_lib
 
+# The decoder's layer scan: every layer parameter lives under this name, stacked on a leading layer axis.
+LAYERS = "layers"
 MODEL_TYPES = ("llama", "qwen3")  # the HF `model_type`s this architecture covers
 ROPE_TYPES = ("default", "llama3")
 
@@ -190,7 +192,7 @@ class Decoder(nn.Module):
     x_BxLxD = embed(tokens_BxL)
     layers = nn.scan(Layer, variable_axes={"params": 0, "lora": 0}, split_rngs={"params": True},
                      in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0), length=cfg.num_hidden_layers)
-    x_BxLxD, cache = layers(cfg, name="layers")(x_BxLxD, start, positions_L, mask_BxLxT, cache)
+    x_BxLxD, cache = layers(cfg, name=LAYERS)(x_BxLxD, start, positions_L, mask_BxLxT, cache)
     x_BxLxD = nn.RMSNorm(epsilon=cfg.rms_norm_eps, dtype=cfg.dtype, name="norm")(x_BxLxD)
     if features:
       return x_BxLxD, cache

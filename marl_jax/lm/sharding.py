@@ -98,7 +98,7 @@ def partition_specs(params, axis_sizes: Mapping[str, int], rules: Sequence[Rule]
   "layers", the layer axis."""
   def spec(path, leaf):
     name = jax.tree_util.keystr(path, simple=True, separator="/")
-    layer_axis = int(name.startswith("layers/") or "/layers/" in name)
+    layer_axis = int(f"/{lm_model.LAYERS}/" in f"/{name}")
     return _spec(name, tuple(leaf.shape), axis_sizes, rules, leading_axes + layer_axis)
   return jax.tree_util.tree_map_with_path(spec, params)
 
