@@ -129,8 +129,8 @@ def base_config() -> ml_collections.ConfigDict:
   # algorithm: a registered loss (marl_jax/losses.py); G = group_size samples of each problem;
   # on_nonfinite: 'skip' or 'stop' at a non-finite reward, advantage, loss, gradient or updated state
   # (README).
-  # microbatch_size: rows per forward/backward pass on each device, their gradients summed over the
-  # minibatch before the optimiser step (0: the whole minibatch in one pass).
+  # microbatch_size: at most this many rows per forward/backward pass on each device, their gradients
+  # summed over the minibatch before the optimiser step (0: the whole minibatch in one pass).
   c.rl = ml_collections.ConfigDict(dict(
       algorithm="ppo", batch_size=256, group_size=8, temperature=1.0, epochs=1, minibatches=2,
       microbatch_size=0, clip_eps=0.2, kl_coef=0.0, entropy_coef=0.0, on_nonfinite="skip"))

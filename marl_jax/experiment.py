@@ -9,7 +9,7 @@ import ml_collections
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from marl_jax import checks, credit, losses, parallel, protocols, tasks
+from marl_jax import checks, credit, losses, parallel, protocols, tasks, update
 from marl_jax import team as team_lib
 from marl_jax import model as model_lib
 from marl_jax.lm import agent as lm_agent
@@ -202,9 +202,10 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
     raise ValueError(f"config.seeds_at_once={config.seeds_at_once} is more than config.num_seeds="
                      f"{config.num_seeds}; allowed: 0 (every seed at once) to {config.num_seeds}")
   minibatch_rows = local_batch // rl.minibatches
-  if rl.microbatch_size and minibatch_rows % rl.microbatch_size:
+  if minibatch_rows % update.microbatch_rows(rl.microbatch_size, minibatch_rows):
     raise ValueError(f"config.rl.microbatch_size={rl.microbatch_size} does not divide the per-device "
-                     f"minibatch of {minibatch_rows} rows; allowed: 0 (the whole minibatch) or its divisors")
+                     f"minibatch of {minibatch_rows} rows; allowed: 0 (the whole minibatch), its divisors "
+                     f"or at least {minibatch_rows} (one pass)")
   if config.eval.size % devices:
     raise ValueError(f"config.eval.size={config.eval.size} does not split over the {devices} devices "
                      f"(evaluation is sharded like training); allowed: multiples of {devices}")

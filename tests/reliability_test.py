@@ -472,7 +472,7 @@ MALFORMED = [  # (group, overrides, what the message names)
                                                      "allowed: 0 (every seed at once) to 2"]),
     ("rl", {"rl.microbatch_size": -1}, ["config.rl.microbatch_size=-1", "allowed: an integer >= 0"]),
     ("rl", {"rl.microbatch_size": 3}, ["config.rl.microbatch_size=3", "minibatch of 32 rows",
-                                       "0 (the whole minibatch) or its divisors"]),
+                                       "0 (the whole minibatch), its divisors", "at least 32 (one pass)"]),
     ("rl", {"rl.on_nonfinite": "ignore"}, ["config.rl.on_nonfinite='ignore'", "'skip'", "'stop'"]),
     ("rl", {"rl.temperature": 0.0}, ["config.rl.temperature=0.0", "allowed: a number > 0.0"]),
     ("optim", {"optim.name": "nope"}, ["config.optim.name='nope'", "'adam'", "'sgd'"]),

@@ -107,6 +107,20 @@ def test_microbatches_sum_to_the_minibatch_gradient():
     np.testing.assert_allclose(parts_aux[key], whole_aux[key], rtol=1e-5, atol=1e-6)  # approx_kl ~ 0
 
 
+def test_a_microbatch_size_of_the_whole_minibatch_or_more_is_one_pass():
+  """rl.microbatch_size caps a pass's rows: at or above the per-device minibatch (a config written for
+  fewer devices) it runs the minibatch in one pass, the same program as 0; else it must divide it."""
+  assert [update.microbatch_rows(m, 8) for m in (0, 2, 8, 64)] == [8, 2, 8, 8]
+  grads = {}
+  for micro in (0, 64):
+    exp = experiment.build(tiny_config(**{"protocol.name": "solver_verifier", "task.num_ops": 1,
+                                          "sft.steps": 0, "rl.minibatches": 1, "rl.microbatch_size": micro}))
+    params_R, batch = _solver_verifier_batch(exp, 8)
+    grads[micro] = on_one_device(lambda p, b: update.minibatch_gradient(exp, p, b, 1)[0])(params_R, batch)
+  for g_whole, g_capped in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[64])):
+    np.testing.assert_array_equal(g_capped, g_whole)
+
+
 def test_role_grad_norms_are_each_roles_gradient_alone():
   # The norm of the gradient of each role's loss alone, on the first minibatch: grad_norm_share's input.
   exp = experiment.build(tiny_config(**{"protocol.name": "solver_verifier", "task.num_ops": 1, "sft.steps": 0,
