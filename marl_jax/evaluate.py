@@ -1,5 +1,8 @@
 """Evaluation on the fixed evaluation set, sharded over the `data` axis like training: each device
 samples its rows, and the protocol's metrics are computed on the gathered set."""
+import dataclasses
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,10 +25,21 @@ def eval_problems(exp: Experiment, data_dir: str) -> dict:
                      f"set or where this run can build it") from e
 
 
-def make_evaluate(exp: Experiment, problems: dict | None = None):
-  """`evaluate(params_S, greedy=True) -> metrics_S` on the fixed evaluation set (`problems`, when
-  already loaded), greedy or sampled: `greedy` is an argument of one compiled program, not a second
-  program."""
+@dataclasses.dataclass(frozen=True)
+class Evaluator:
+  """`evaluator(params_S, greedy=True) -> metrics_S`: greedy or sampled, `greedy` is an argument of
+  one compiled program (`program(params_S, greedy)`), not a second program."""
+  program: Callable
+
+  def __call__(self, params_S, greedy=True):
+    return self.program(params_S, jnp.asarray(greedy))
+
+  def lower(self, params_S) -> jax.stages.Lowered:
+    return self.program.lower(params_S, jnp.asarray(True))
+
+
+def make_evaluate(exp: Experiment, problems: dict | None = None) -> Evaluator:
+  """The Evaluator of params_S on the fixed evaluation set (`problems`, when already loaded)."""
   cfg = exp.config.eval
   problems = eval_problems(exp, cfg.data_dir) if problems is None else problems
   keys = jax.random.split(jax.random.PRNGKey(cfg.seed + 1), cfg.size)
@@ -40,8 +54,7 @@ def make_evaluate(exp: Experiment, problems: dict | None = None):
 
   rows = P(parallel.DATA)
   sharded = parallel.shard_map(local, exp.mesh, in_specs=(P(), P(), rows, rows), out_specs=P())
-  compiled = jax.jit(lambda params_S, greedy: sharded(params_S, greedy, problems, keys))
-  return lambda params_S, greedy=True: compiled(params_S, jnp.asarray(greedy))
+  return Evaluator(jax.jit(lambda params_S, greedy: sharded(params_S, greedy, problems, keys)))
 
 
 def role_divergence(exp: Experiment, params_R, tokens_BxT) -> dict:

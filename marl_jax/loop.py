@@ -16,7 +16,8 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from marl_jax import checkpoint, evaluate, experiment, metrics as metrics_lib, parallel, state, train
+from marl_jax import checkpoint, evaluate, experiment, memory, metrics as metrics_lib, parallel, state, train
+from marl_jax import update
 from marl_jax import model as model_lib
 from marl_jax import workdir as workdir_lib
 
@@ -181,10 +182,35 @@ def _check_start(config: ml_collections.ConfigDict, params_S) -> None:
                          f"keeps the warm start finite")
 
 
+def _check_memory(exp: experiment.Experiment, train_call, evaluate_set) -> None:
+  """Refuses a config whose train call or evaluation cannot fit on a device (`memory.check`), naming
+  the keys that shrink each; both programs are compiled here, before the warm start, and their first
+  calls reuse them."""
+  config, rl = exp.config, exp.config.rl
+  abstract = state.abstract_state(exp)
+  held = memory.per_device_bytes(abstract)  # the state stays on the devices while either runs
+  rows = rl.batch_size // exp.mesh.shape[parallel.DATA] // rl.minibatches
+  seeds = f" or config.seeds_at_once={config.seeds_at_once}" if config.num_seeds > 1 else ""
+  programs = {
+      "train call": (memory.need(train_call.lower(abstract), held),
+                     (f"config.rl.microbatch_size={rl.microbatch_size} (the update passes "
+                      f"{update.microbatch_rows(rl.microbatch_size, rows)} rows at a time through the model), "
+                      f"config.rl.batch_size={rl.batch_size}{seeds}")),
+      "evaluation": (memory.need(evaluate_set.lower(abstract.params), held),
+                     f"config.eval.size={config.eval.size}{seeds}")}
+  try:
+    memory.check(programs, memory.device_limit())
+  except ValueError as e:
+    raise experiment.ConfigError(str(e)) from e
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   if config.distributed:
     parallel.initialize_distributed()
   exp, start, state_S, init_params_S, eval_problems = _setup(config, workdir)
+  train_call = train.make_train_call(exp)
+  evaluate_set = evaluate.make_evaluate(exp, eval_problems)
+  _check_memory(exp, train_call, evaluate_set)
   _agree_on_start(workdir, start)
   lead = jax.process_index() == 0
   if lead:
@@ -200,7 +226,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   skipped_S = np.asarray(saved.get("skipped_updates", [0] * config.num_seeds), np.int64)
   peak = checkpoint.best_value(mngr)
   writer = metrics_lib.Writer(workdir, config.total_steps, start, enabled=lead)
-  evaluate_set = evaluate.make_evaluate(exp, eval_problems)
 
   def evaluation(state_S) -> tuple[dict, float]:
     """Greedy evaluation scalars with the drop of their mean accuracy from the best so far (the best
@@ -241,7 +266,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
         stopped(start)
         return
 
-      train_call = train.make_train_call(exp)
       tokens, train_seconds = 0.0, 0.0
       for step in range(start + config.steps_per_call, config.total_steps + 1, config.steps_per_call):
         clock = time.perf_counter()

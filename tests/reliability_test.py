@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from tensorboardX.proto import event_pb2
 
-from marl_jax import checkpoint, configs, experiment, loop, state, train
+from marl_jax import checkpoint, configs, experiment, loop, memory, state, train
 from marl_jax import metrics as metrics_lib
 from marl_jax import workdir as workdir_lib
 from main_test import _snapshot, _steps
@@ -311,6 +311,30 @@ def _refused_untouched(workdir, config, expected):
   assert _snapshot(workdir) == before
 
 
+def test_a_run_that_does_not_fit_the_device_is_refused_before_training(tmp_path, monkeypatch):
+  # A train call or evaluation that needs more memory than the device allows is refused once compiled,
+  # before the warm start or any write, naming what shrinks it (on an H200 a run failed only at its
+  # first train call, after its warm start and first evaluation).
+  run, new = tmp_path / "run", tmp_path / "new"
+  _workdir_of_a_run(run)
+  new.mkdir()
+  resumed = tiny_config(**{**OVERRIDES, "total_steps": 8})
+  big_evaluation = tiny_config(**{**OVERRIDES, "eval.size": 1024})
+  exp = experiment.build(big_evaluation)
+  abstract = state.abstract_state(exp)
+  held = memory.per_device_bytes(abstract)
+  train_need = memory.need(train.make_train_call(exp).lower(abstract), held).total
+  eval_need = memory.need(loop.evaluate.make_evaluate(exp).lower(abstract.params), held).total
+  assert held < train_need < eval_need  # 1024 evaluation episodes against 32 training ones
+  monkeypatch.setattr(loop.memory, "device_limit", lambda: held)
+  _refused_untouched(run, resumed, [
+      "the train call needs", ("config.rl.microbatch_size=0 (the update passes 32 rows at a time through "
+                               "the model), config.rl.batch_size=32")])
+  monkeypatch.setattr(loop.memory, "device_limit", lambda: train_need)
+  _refused_untouched(new, big_evaluation, [f"the evaluation needs {memory.readable(eval_need)} on",
+                                           "lower config.eval.size=1024"])
+
+
 def test_resume_refuses_fewer_steps_than_its_checkpoint(tmp_path):
   # It exited 0 with no message, its config.json rewritten to total_steps 0 beside checkpoint 2.
   _workdir_of_a_run(tmp_path)
@@ -405,10 +429,13 @@ def test_best_checkpoints_are_saved_off_the_grid_and_their_peak_survives_a_resum
   scripted = iter([0.5, 0.25,  # first run: steps 0 (the base model) and 4
                    0.375, 0.75, 0.75, math.nan, 0.5])  # resumed: 6, 8 (a new best), 10 (a tie), 12, 14
 
+  make_real = loop.evaluate.make_evaluate
+
   def make_evaluate(exp, problems=None):
-    del problems
-    return lambda params_S, greedy=True: {
-        "accuracy": jnp.full(exp.config.num_seeds, next(scripted) if greedy else 0.1)}
+    class Scripted(loop.evaluate.Evaluator):  # compiled (its memory checked) as the real one
+      def __call__(self, params_S, greedy=True):
+        return {"accuracy": jnp.full(exp.config.num_seeds, next(scripted) if greedy else 0.1)}
+    return Scripted(make_real(exp, problems).program)
   monkeypatch.setattr(loop.evaluate, "make_evaluate", make_evaluate)
   saves, save = [], checkpoint.save
   monkeypatch.setattr(checkpoint, "save", lambda mngr, step, state_S, values: (

@@ -1,0 +1,72 @@
+"""Device memory of the compiled programs, checked before a run trains: a config whose train call or
+evaluation cannot fit on a device is refused with the keys that shrink it, before the warm start.
+(On an H200 a language-model run's first train call ran out of memory only after its warm start and
+first evaluation; on a CPU such a run is killed without a message.)  The programs are compiled
+here from their input shapes; their first calls reuse the compiled executables."""
+import dataclasses
+import math
+import os
+
+import jax
+
+
+@dataclasses.dataclass(frozen=True)
+class Need:
+  """Bytes on one device while a program runs: the buffers held beside it (`resident`, at least its
+  arguments), its temporaries, and its outputs that do not reuse a donated argument's buffer."""
+  resident: int
+  temporary: int
+  output: int
+
+  @property
+  def total(self) -> int:
+    return self.resident + self.temporary + self.output
+
+
+def need(lowered: jax.stages.Lowered, resident: int) -> Need | None:
+  """What `lowered` needs once compiled (None where the backend reports no memory analysis)."""
+  analysis = lowered.compile().memory_analysis()
+  if analysis is None:
+    return None
+  return Need(resident=max(resident, analysis.argument_size_in_bytes),
+              temporary=analysis.temp_size_in_bytes,
+              output=max(analysis.output_size_in_bytes - analysis.alias_size_in_bytes, 0))
+
+
+def per_device_bytes(tree) -> int:
+  """Bytes of one device's share of `tree` (arrays or shape structs with shardings; unsharded leaves
+  count whole)."""
+  total = 0
+  for x in jax.tree.leaves(tree):
+    sharding = getattr(x, "sharding", None)
+    shape = x.shape if sharding is None else sharding.shard_shape(x.shape)
+    total += math.prod(shape) * x.dtype.itemsize
+  return total
+
+
+def device_limit() -> int | None:
+  """Bytes a program may hold on this process's first device: the allocator's limit on a GPU or TPU,
+  the machine's physical memory on a CPU (None if neither is known)."""
+  stats = jax.local_devices()[0].memory_stats() or {}
+  if "bytes_limit" in stats:
+    return int(stats["bytes_limit"])
+  if jax.default_backend() == "cpu":
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  return None
+
+
+def readable(n: int) -> str:
+  """Bytes in MiB below a GiB, else in GiB, to three digits."""
+  return f"{n / 2 ** 30:.3g} GiB" if n >= 2 ** 30 else f"{n / 2 ** 20:.3g} MiB"
+
+
+def check(programs: dict[str, tuple[Need | None, str]], limit: int | None) -> None:
+  """Raises ValueError for the first program (name -> (its Need, the config keys that shrink it))
+  that needs more than `limit` bytes, naming its parts and those keys."""
+  for name, (n, shrink) in programs.items():
+    if limit is None or n is None or n.total <= limit:
+      continue
+    raise ValueError(
+        f"the {name} needs {readable(n.total)} on each device ({readable(n.resident)} of state and inputs "
+        f"held, {readable(n.temporary)} of temporaries, {readable(n.output)} of new outputs), more than the "
+        f"{readable(limit)} a program may use on this {jax.default_backend()} device; lower {shrink}")
