@@ -130,10 +130,11 @@ def base_config() -> ml_collections.ConfigDict:
   # on_nonfinite: 'skip' or 'stop' at a non-finite reward, advantage, loss, gradient or updated state
   # (README).
   # microbatch_size: at most this many rows per forward/backward pass on each device, their gradients
-  # summed over the minibatch before the optimiser step (0: the whole minibatch in one pass).
+  # summed over the minibatch before the optimiser step (0: the whole minibatch in one pass);
+  # rollout_batch_size: at most this many rows sampled at once on each device (0: all of them).
   c.rl = ml_collections.ConfigDict(dict(
       algorithm="ppo", batch_size=256, group_size=8, temperature=1.0, epochs=1, minibatches=2,
-      microbatch_size=0, clip_eps=0.2, kl_coef=0.0, entropy_coef=0.0, on_nonfinite="skip"))
+      microbatch_size=0, rollout_batch_size=0, clip_eps=0.2, kl_coef=0.0, entropy_coef=0.0, on_nonfinite="skip"))
   # name: a registered estimator (marl_jax/credit/); the other keys are its settings.
   c.credit = credit_config("team")
   c.optim = ml_collections.ConfigDict(dict(
@@ -144,7 +145,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft = ml_collections.ConfigDict(dict(steps=600, batch_size=128, learning_rate=1e-3,
                                          schedule="cosine", warmup_steps=0, b2=0.999))
   # data_dir: read the fixed evaluation set as a versioned TFDS dataset there (built if missing).
-  c.eval = ml_collections.ConfigDict(dict(size=512, seed=1234, data_dir=""))
+  # batch_size: at most this many evaluation rows per pass through the model on each device, the
+  # passes in sequence (0: the device's whole share at once).
+  c.eval = ml_collections.ConfigDict(dict(size=512, seed=1234, data_dir="", batch_size=0))
   return c
 
 

@@ -46,10 +46,14 @@ def make_evaluate(exp: Experiment, problems: dict | None = None) -> Evaluator:
 
   def local(params_S, greedy, problems, key_B):
     def one_seed(params_R):
-      episodes = rollout.sample(exp, params_R, problems, key_B, greedy)
-      scored = exp.protocol.rewards(exp.task, exp.layout,
-                                    *parallel.gather_rows((problems, episodes.tokens_BxT)))
-      return {**scored.metrics, **role_divergence(exp, params_R, episodes.tokens_BxT)}
+      def chunk(problems, key_B):
+        tokens_BxT = rollout.sample(exp, params_R, problems, key_B, greedy).tokens_BxT
+        return tokens_BxT, divergence_sums(exp, params_R, tokens_BxT)
+      # `config.eval.batch_size` rows at a time; the protocol's rates are then of every row.
+      tokens_CxBxT, sums_C = parallel.in_row_chunks(chunk, cfg.batch_size, problems, key_B)
+      tokens_BxT = tokens_CxBxT.reshape(-1, tokens_CxBxT.shape[-1])
+      scored = exp.protocol.rewards(exp.task, exp.layout, *parallel.gather_rows((problems, tokens_BxT)))
+      return {**scored.metrics, **role_divergence(exp, jax.tree.map(lambda x: x.sum(0), sums_C))}
     return parallel.over_seeds(one_seed, exp.config.seeds_at_once)(params_S)
 
   rows = P(parallel.DATA)
@@ -57,15 +61,24 @@ def make_evaluate(exp: Experiment, problems: dict | None = None) -> Evaluator:
   return Evaluator(jax.jit(lambda params_S, greedy: sharded(params_S, greedy, problems, keys)))
 
 
-def role_divergence(exp: Experiment, params_R, tokens_BxT) -> dict:
-  """`ROLE/next_token_js`: the mean over the other roles of the Jensen-Shannon divergence between
-  their sets' next-token distributions and this role's own, on this role's messages (0 for roles that
-  share its set); nothing when every role shares one set."""
-  R = len(exp.layout.roles)
+def divergence_sums(exp: Experiment, params_R, tokens_BxT):
+  """This device's (js_sum_RxS, count_R) of `sampling.next_token_divergence` on `tokens_BxT`, or None
+  when every role shares one set."""
   if len(set(exp.role_set_R)) < 2:
+    return None
+  return sampling.next_token_divergence(exp.model, exp.layout, exp.role_set_R, params_R, tokens_BxT,
+                                        exp.config.rl.temperature)
+
+
+def role_divergence(exp: Experiment, sums) -> dict:
+  """`ROLE/next_token_js` from `divergence_sums` (summed over this device's rows): the mean over the
+  other roles of the Jensen-Shannon divergence between their sets' next-token distributions and this
+  role's own, on this role's messages (0 for roles that share its set); nothing when every role shares
+  one set."""
+  if sums is None:
     return {}
-  js_sum_RxS, count_R = parallel.sum_over_devices(sampling.next_token_divergence(
-      exp.model, exp.layout, exp.role_set_R, params_R, tokens_BxT, exp.config.rl.temperature))
+  R = len(exp.layout.roles)
+  js_sum_RxS, count_R = parallel.sum_over_devices(sums)
   js_RxR = (js_sum_RxS / jnp.maximum(count_R, 1)[:, None])[:, np.asarray(exp.role_set_R)]
   others_R = (js_RxR.sum(1) - jnp.diagonal(js_RxR)) / (R - 1)
   return {f"{role}/next_token_js": others_R[r] for r, role in enumerate(exp.layout.roles)}

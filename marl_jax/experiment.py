@@ -9,7 +9,7 @@ import ml_collections
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from marl_jax import checks, credit, losses, parallel, protocols, tasks, update
+from marl_jax import checks, credit, losses, parallel, protocols, tasks
 from marl_jax import team as team_lib
 from marl_jax import model as model_lib
 from marl_jax.lm import agent as lm_agent
@@ -32,7 +32,9 @@ ON_NONFINITE = ("skip", "stop")
 _AT_LEAST = {"num_seeds": 1, "seeds_at_once": 0, "total_steps": 0, "steps_per_call": 1, "log_every": 1,
              "eval_every": 1, "checkpoint_every": 1, "num_devices": 0, "model_shards": 1, "model.max_len": 1,
              "rl.batch_size": 1, "rl.group_size": 1, "rl.epochs": 1, "rl.minibatches": 1, "rl.microbatch_size": 0,
-             "optim.warmup_steps": 0, "sft.steps": 0, "sft.batch_size": 1, "sft.warmup_steps": 0, "eval.size": 1}
+             "rl.rollout_batch_size": 0,
+             "optim.warmup_steps": 0, "sft.steps": 0, "sft.batch_size": 1, "sft.warmup_steps": 0, "eval.size": 1,
+             "eval.batch_size": 0}
 # The built-in model's shapes are checked where it is made (`make_model`), for each model of a team.
 # Real settings that must be above a bound.
 _ABOVE = {"rl.temperature": 0.0, "rl.clip_eps": 0.0, "optim.learning_rate": 0.0, "optim.max_grad_norm": 0.0,
@@ -150,6 +152,13 @@ def _sub_config(group: ml_collections.ConfigDict) -> tuple[str, dict]:
   return group.name, {k: v for k, v in group.items() if k != "name"}
 
 
+def _check_rows_per_pass(key: str, size: int, rows: int, what: str) -> None:
+  """A setting that caps a pass's rows (`parallel.rows_per_pass`) leaves whole passes of a device's rows."""
+  if rows % parallel.rows_per_pass(size, rows):
+    raise ValueError(f"config.{key}={size} does not divide the per-device {what} of {rows} rows; allowed: 0 "
+                     f"(the whole {what}), its divisors or at least {rows} (one pass)")
+
+
 def build(config: ml_collections.ConfigDict) -> Experiment:
   """Validates the config and builds the static pieces; raises a clear error before any compile."""
   check_ranges(config)
@@ -201,14 +210,12 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
   if config.seeds_at_once > config.num_seeds:
     raise ValueError(f"config.seeds_at_once={config.seeds_at_once} is more than config.num_seeds="
                      f"{config.num_seeds}; allowed: 0 (every seed at once) to {config.num_seeds}")
-  minibatch_rows = local_batch // rl.minibatches
-  if minibatch_rows % update.microbatch_rows(rl.microbatch_size, minibatch_rows):
-    raise ValueError(f"config.rl.microbatch_size={rl.microbatch_size} does not divide the per-device "
-                     f"minibatch of {minibatch_rows} rows; allowed: 0 (the whole minibatch), its divisors "
-                     f"or at least {minibatch_rows} (one pass)")
+  _check_rows_per_pass("rl.rollout_batch_size", rl.rollout_batch_size, local_batch, "batch")
+  _check_rows_per_pass("rl.microbatch_size", rl.microbatch_size, local_batch // rl.minibatches, "minibatch")
   if config.eval.size % devices:
     raise ValueError(f"config.eval.size={config.eval.size} does not split over the {devices} devices "
                      f"(evaluation is sharded like training); allowed: multiples of {devices}")
+  _check_rows_per_pass("eval.batch_size", config.eval.batch_size, config.eval.size // devices, "evaluation set")
   for key in ("log_every", "eval_every", "checkpoint_every", "total_steps"):
     if config[key] % config.steps_per_call:
       raise ValueError(f"config.{key}={config[key]} must be a multiple of config.steps_per_call="

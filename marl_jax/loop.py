@@ -17,7 +17,6 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from marl_jax import checkpoint, evaluate, experiment, memory, metrics as metrics_lib, parallel, state, train
-from marl_jax import update
 from marl_jax import model as model_lib
 from marl_jax import workdir as workdir_lib
 
@@ -189,15 +188,21 @@ def _check_memory(exp: experiment.Experiment, train_call, evaluate_set) -> None:
   config, rl = exp.config, exp.config.rl
   abstract = state.abstract_state(exp)
   held = memory.per_device_bytes(abstract)  # the state stays on the devices while either runs
-  rows = rl.batch_size // exp.mesh.shape[parallel.DATA] // rl.minibatches
+  devices = exp.mesh.shape[parallel.DATA]
+  local_batch, eval_rows = rl.batch_size // devices, config.eval.size // devices
+  rows = local_batch // rl.minibatches
   seeds = f" or config.seeds_at_once={config.seeds_at_once}" if config.num_seeds > 1 else ""
   programs = {
       "train call": (memory.need(train_call.lower(abstract), held),
                      (f"config.rl.microbatch_size={rl.microbatch_size} (the update passes "
-                      f"{update.microbatch_rows(rl.microbatch_size, rows)} rows at a time through the model), "
+                      f"{parallel.rows_per_pass(rl.microbatch_size, rows)} rows at a time through the model), "
+                      f"config.rl.rollout_batch_size={rl.rollout_batch_size} (the rollout samples "
+                      f"{parallel.rows_per_pass(rl.rollout_batch_size, local_batch)} rows at a time), "
                       f"config.rl.batch_size={rl.batch_size}{seeds}")),
       "evaluation": (memory.need(evaluate_set.lower(abstract.params), held),
-                     f"config.eval.size={config.eval.size}{seeds}")}
+                     (f"config.eval.batch_size={config.eval.batch_size} (the evaluation runs "
+                      f"{parallel.rows_per_pass(config.eval.batch_size, eval_rows)} rows at a time), "
+                      f"config.eval.size={config.eval.size}{seeds}"))}
   try:
     memory.check(programs, memory.device_limit())
   except ValueError as e:

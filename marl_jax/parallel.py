@@ -18,6 +18,26 @@ def over_seeds(fn, seeds_at_once: int):
   return lambda *args_S: jax.lax.map(lambda args: fn(*args), args_S, batch_size=seeds_at_once)
 
 
+def rows_per_pass(size: int, rows: int) -> int:
+  """Rows per pass through the model when a setting (`config.rl.microbatch_size`,
+  `config.eval.batch_size`) caps a pass of `rows` rows at `size`: 0 or a size of at least `rows` is
+  one pass, so the same config runs on any device count that leaves whole passes."""
+  return min(size or rows, rows)
+
+
+def in_row_chunks(fn, size: int, *args_B):
+  """`fn(*args_B)` over at most `size` rows of the arguments (leading axis B) at a time, the chunks in
+  sequence (`jax.lax.map`), so that one chunk's work is in memory at once: its outputs stacked on a
+  leading chunk axis (a single chunk, with no loop, where `rows_per_pass` is B).  `fn` must treat
+  rows independently."""
+  B = jax.tree.leaves(args_B)[0].shape[0]
+  rows = rows_per_pass(size, B)
+  if rows == B:
+    return jax.tree.map(lambda x: x[None], fn(*args_B))
+  return jax.lax.map(lambda chunk: fn(*chunk),
+                     jax.tree.map(lambda x: x.reshape(B // rows, rows, *x.shape[1:]), args_B))
+
+
 def make_mesh(num_devices: int = 0, model_shards: int = 1) -> jax.sharding.Mesh:
   """A `data` mesh over the first `num_devices` devices (0: all, across every process); with
   `model_shards` > 1 a (data, model) mesh whose `model` axis splits each parameter set

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from marl_jax import sampling, text
+from marl_jax import parallel, sampling, text
 from marl_jax.credit import Counterfactuals, Reruns
 from marl_jax.protocols import engine
 
@@ -23,11 +23,15 @@ class Episodes:
   sampled_BxT: jax.Array  # the token was sampled by a role (not the environment, not forced)
 
 
-def sample(exp, params_R, problems, key_B, greedy=False) -> Episodes:
-  canvas_BxT = engine.assemble(exp.layout, problems["prompt"], [None] * len(exp.layout.turn_slices))
-  return Episodes(*sampling.generate(exp.model, exp.layout, params_R, canvas_BxT,
-                                     jnp.zeros(canvas_BxT.shape, bool), key_B,
-                                     exp.config.rl.temperature, greedy))
+def sample(exp, params_R, problems, key_B, greedy=False, rows_per_pass=0) -> Episodes:
+  """Every row's episode, `rows_per_pass` rows at a time (`parallel.in_row_chunks`; 0: all at once)."""
+  def chunk(problems, key_B):
+    canvas_BxT = engine.assemble(exp.layout, problems["prompt"], [None] * len(exp.layout.turn_slices))
+    return Episodes(*sampling.generate(exp.model, exp.layout, params_R, canvas_BxT,
+                                       jnp.zeros(canvas_BxT.shape, bool), key_B,
+                                       exp.config.rl.temperature, greedy))
+  episodes_C = parallel.in_row_chunks(chunk, rows_per_pass, problems, key_B)
+  return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), episodes_C)
 
 
 def rerun_masks(layout: engine.Layout, reruns: Reruns):

@@ -145,7 +145,8 @@ def local_step(exp: Experiment, state: TrainState, problem_key_B, sample_key_B, 
   R = len(exp.layout.roles)
   devices = jax.lax.axis_size(parallel.DATA)
   problems = jax.vmap(exp.task.sample)(problem_key_B)
-  episodes = rollout.sample(exp, state.params, problems, sample_key_B)
+  episodes = rollout.sample(exp, state.params, problems, sample_key_B,
+                            rows_per_pass=exp.config.rl.rollout_batch_size)
   scored, outcome = score(exp, problems, episodes, state.step)
   adv_xB, credit_state, credit_metrics = assign_credit(exp, state.params, state.credit, problems, outcome,
                                                        rerun_key_B, state.step)

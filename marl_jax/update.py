@@ -63,13 +63,6 @@ def minibatch_rows(exp, batch_size: int) -> np.ndarray:
   return np.arange(batch_size).reshape(batch_size // M, M).T
 
 
-def microbatch_rows(microbatch_size: int, rows: int) -> int:
-  """Rows per pass through the model for `config.rl.microbatch_size` on a minibatch of `rows` rows on
-  this device: a cap on the pass's rows (its memory), so 0 or a size of at least `rows` is one pass,
-  and the same config runs on any device count that leaves whole microbatches."""
-  return min(microbatch_size or rows, rows)
-
-
 def minibatch_gradient(exp, params_R, mb: Batch, devices: int):
   """(grads, loss_R, aux): this device's gradient of the sum over roles of `role_losses` on minibatch
   `mb`, with the losses and their diagnostics.  With `config.rl.microbatch_size` the rows go through
@@ -83,7 +76,7 @@ def minibatch_gradient(exp, params_R, mb: Batch, devices: int):
     loss_R, vjp_fn, aux = jax.vjp(lambda p: role_losses(exp, p, part_mb, count_R), params_R, has_aux=True)
     return vjp_fn(jnp.ones(R))[0], loss_R, aux
 
-  parts = rows // microbatch_rows(exp.config.rl.microbatch_size, rows)
+  parts = rows // parallel.rows_per_pass(exp.config.rl.microbatch_size, rows)
   if parts == 1:
     return part(mb)
   parts_mb = jax.tree.map(lambda x: x.reshape(parts, rows // parts, *x.shape[1:]), mb)

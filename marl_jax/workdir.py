@@ -15,7 +15,7 @@ from marl_jax import configs, credit, protocols, tasks
 # under one config.json, which the report and archive then label with the new settings.
 MAY_CHANGE = ("total_steps", "eval_every", "log_every", "checkpoint_every", "steps_per_call",
               "eval.data_dir", "distributed", "num_devices", "model_shards", "seeds_at_once",
-              "rl.microbatch_size", "rl.on_nonfinite", "init_from")
+              "rl.microbatch_size", "rl.rollout_batch_size", "eval.batch_size", "rl.on_nonfinite", "init_from")
 # (`init_from` is read only at a run's start, never by a resume: the same base may be spelled another
 # way, relative or absolute, or moved with the workdirs.)
 # What every run's config.json holds.

@@ -47,6 +47,7 @@ def signalled(exp):
       threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGTERM)).start()
     calls.append(1)
     return call(state_S)
+  first_call_signalled.lower = call.lower  # the run checks its memory before training
   return first_call_signalled
 train.make_train_call = signalled
 """
@@ -328,11 +329,12 @@ def test_a_run_that_does_not_fit_the_device_is_refused_before_training(tmp_path,
   assert held < train_need < eval_need  # 1024 evaluation episodes against 32 training ones
   monkeypatch.setattr(loop.memory, "device_limit", lambda: held)
   _refused_untouched(run, resumed, [
-      "the train call needs", ("config.rl.microbatch_size=0 (the update passes 32 rows at a time through "
-                               "the model), config.rl.batch_size=32")])
+      "the train call needs", "config.rl.microbatch_size=0 (the update passes 32 rows at a time through the model)",
+      "config.rl.rollout_batch_size=0 (the rollout samples 32 rows at a time), config.rl.batch_size=32"])
   monkeypatch.setattr(loop.memory, "device_limit", lambda: train_need)
   _refused_untouched(new, big_evaluation, [f"the evaluation needs {memory.readable(eval_need)} on",
-                                           "lower config.eval.size=1024"])
+                                           ("lower config.eval.batch_size=0 (the evaluation runs 1024 "
+                                            "rows at a time), config.eval.size=1024")])
 
 
 def test_resume_refuses_fewer_steps_than_its_checkpoint(tmp_path):
@@ -498,6 +500,10 @@ MALFORMED = [  # (group, overrides, what the message names)
     ("seeds", {"num_seeds": 2, "seeds_at_once": 3}, ["config.seeds_at_once=3", "config.num_seeds=2",
                                                      "allowed: 0 (every seed at once) to 2"]),
     ("rl", {"rl.microbatch_size": -1}, ["config.rl.microbatch_size=-1", "allowed: an integer >= 0"]),
+    ("rl", {"rl.rollout_batch_size": -1}, ["config.rl.rollout_batch_size=-1", "allowed: an integer >= 0"]),
+    ("eval", {"eval.batch_size": -1}, ["config.eval.batch_size=-1", "allowed: an integer >= 0"]),
+    ("eval", {"eval.batch_size": 3}, ["config.eval.batch_size=3", "evaluation set of 64 rows",
+                                      "its divisors", "at least 64 (one pass)"]),
     ("rl", {"rl.microbatch_size": 3}, ["config.rl.microbatch_size=3", "minibatch of 32 rows",
                                        "0 (the whole minibatch), its divisors", "at least 32 (one pass)"]),
     ("rl", {"rl.on_nonfinite": "ignore"}, ["config.rl.on_nonfinite='ignore'", "'skip'", "'stop'"]),

@@ -356,7 +356,7 @@ def test_role_divergence_is_the_mean_over_the_other_roles_of_their_sets_divergen
   exp = types.SimpleNamespace(model=CFG, layout=layout, role_set_R=(0, 0, 1),
                               config=types.SimpleNamespace(rl=types.SimpleNamespace(temperature=TEMP)))
   replicated = jax.sharding.PartitionSpec()  # role_divergence sums over the devices of a data mesh
-  out = jax.jit(jax.shard_map(lambda p, t: evaluate.role_divergence(exp, p, t),
+  out = jax.jit(jax.shard_map(lambda p, t: evaluate.role_divergence(exp, evaluate.divergence_sums(exp, p, t)),
                               mesh=jax.make_mesh((1,), ("data",)), in_specs=replicated,
                               out_specs=replicated))(params_2, tokens_BxT)
   divergence = jax.jit(lambda p, t: sampling.next_token_divergence(CFG, layout, (0, 0, 1), p, t, TEMP))
@@ -369,7 +369,8 @@ def test_role_divergence_is_the_mean_over_the_other_roles_of_their_sets_divergen
     np.testing.assert_allclose(out[f"{role}/next_token_js"], value, rtol=1e-5, err_msg=role)
   # One set for every role: nothing to compare, nothing logged (not a row of zeros).
   shared = types.SimpleNamespace(**{**vars(exp), "role_set_R": (0, 0, 0)})
-  assert evaluate.role_divergence(shared, _params(1), tokens_BxT) == {}
+  assert evaluate.divergence_sums(shared, _params(1), tokens_BxT) is None
+  assert evaluate.role_divergence(shared, None) == {}
 
 
 def test_read_schedule_reads_each_position_once_per_view_that_acts():

@@ -566,3 +566,43 @@ def test_seeds_at_once_computes_the_same_seeds():
   assert np.linalg.norm(flat_2 - flat_0, axis=1).max() < 0.01 * between_seeds
   np.testing.assert_allclose(metrics_2["accuracy"], metrics_0["accuracy"], atol=0.05)
   np.testing.assert_allclose(eval_2["accuracy"], eval_0["accuracy"], atol=0.05)
+
+
+def test_evaluation_in_row_chunks_is_the_evaluation_in_one_pass():
+  """config.eval.batch_size=8 evaluates the 32 problems 8 at a time: each row's episode, the protocol's
+  rates over all 32 and the role-divergence sums are those of one pass, to float rounding; a size that
+  does not divide the set is refused, one at or above it is one pass."""
+  metrics = {}
+  for rows in (0, 8):
+    exp = experiment.build(tiny_config(**{"protocol.name": "solver_verifier", "task.num_ops": 1, "sft.steps": 30,
+                                          "eval.size": 32, "eval.batch_size": rows}))
+    params_S = state.initial_state(exp).params
+    metrics[rows] = {k: np.asarray(v) for k, v in evaluate.make_evaluate(exp)(params_S, greedy=False).items()}
+  assert {"solver/next_token_js", "verifier/next_token_js", "false_accept"} <= set(metrics[0])
+  assert metrics[0]["accuracy"] > 0 and metrics[0]["solver/next_token_js"] > 1e-3  # not all zeros
+  for name, value in metrics[0].items():
+    np.testing.assert_allclose(metrics[8][name], value, rtol=1e-5, atol=1e-7, err_msg=name)
+  with pytest.raises(ValueError, match=r"config.eval.batch_size=5 does not divide the per-device evaluation "
+                                       r"set of 32 rows; allowed: 0 \(the whole evaluation set\), its divisors or at least 32"):
+    experiment.build(tiny_config(**{"eval.size": 32, "eval.batch_size": 5}))
+  experiment.build(tiny_config(**{"eval.size": 32, "eval.batch_size": 64}))
+
+
+def test_a_rollout_in_row_chunks_samples_the_same_episodes():
+  """config.rl.rollout_batch_size=8 samples a 32-row batch 8 rows at a time: each row's episode is the
+  one it gets in one pass (its keys are its own), log-probs to float rounding."""
+  exp = experiment.build(tiny_config(**{"protocol.name": "solver_verifier", "task.num_ops": 1, "sft.steps": 30,
+                                        "rl.batch_size": 32}))
+  params_R = jax.tree.map(lambda p: p[0], state.initial_state(exp).params)
+  problems = jax.vmap(exp.task.sample)(jax.random.split(jax.random.PRNGKey(3), 32))
+  keys_B = jax.random.split(jax.random.PRNGKey(4), 32)
+  sample = jax.jit(lambda rows: rollout.sample(exp, params_R, problems, keys_B, rows_per_pass=rows),
+                   static_argnums=0)
+  whole, chunked = sample(0), sample(8)
+  assert len(np.unique(np.asarray(whole.tokens_BxT), axis=0)) > 8  # the rows differ
+  np.testing.assert_array_equal(chunked.tokens_BxT, whole.tokens_BxT)
+  np.testing.assert_array_equal(chunked.sampled_BxT, whole.sampled_BxT)
+  np.testing.assert_allclose(chunked.logp_BxT, whole.logp_BxT, rtol=1e-5, atol=1e-6)
+  with pytest.raises(ValueError, match=r"config.rl.rollout_batch_size=5 does not divide the per-device batch of "
+                                       r"32 rows; allowed: 0 \(the whole batch\), its divisors or at least 32"):
+    experiment.build(tiny_config(**{"rl.batch_size": 32, "rl.rollout_batch_size": 5}))

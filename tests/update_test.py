@@ -110,7 +110,7 @@ def test_microbatches_sum_to_the_minibatch_gradient():
 def test_a_microbatch_size_of_the_whole_minibatch_or_more_is_one_pass():
   """rl.microbatch_size caps a pass's rows: at or above the per-device minibatch (a config written for
   fewer devices) it runs the minibatch in one pass, the same program as 0; else it must divide it."""
-  assert [update.microbatch_rows(m, 8) for m in (0, 2, 8, 64)] == [8, 2, 8, 8]
+  assert [parallel.rows_per_pass(m, 8) for m in (0, 2, 8, 64)] == [8, 2, 8, 8]
   grads = {}
   for micro in (0, 64):
     exp = experiment.build(tiny_config(**{"protocol.name": "solver_verifier", "task.num_ops": 1,
