@@ -181,41 +181,16 @@ def _check_start(config: ml_collections.ConfigDict, params_S) -> None:
                          f"keeps the warm start finite")
 
 
-def _check_memory(exp: experiment.Experiment, train_call, evaluate_set) -> None:
-  """Refuses a config whose train call or evaluation cannot fit on a device (`memory.check`), naming
-  the keys that shrink each; both programs are compiled here, before the warm start, and their first
-  calls reuse them."""
-  config, rl = exp.config, exp.config.rl
-  abstract = state.abstract_state(exp)
-  held = memory.per_device_bytes(abstract)  # the state stays on the devices while either runs
-  devices = exp.mesh.shape[parallel.DATA]
-  local_batch, eval_rows = rl.batch_size // devices, config.eval.size // devices
-  rows = local_batch // rl.minibatches
-  seeds = f" or config.seeds_at_once={config.seeds_at_once}" if config.num_seeds > 1 else ""
-  programs = {
-      "train call": (memory.need(train_call.lower(abstract), held),
-                     (f"config.rl.microbatch_size={rl.microbatch_size} (the update passes "
-                      f"{parallel.rows_per_pass(rl.microbatch_size, rows)} rows at a time through the model), "
-                      f"config.rl.rollout_batch_size={rl.rollout_batch_size} (the rollout samples "
-                      f"{parallel.rows_per_pass(rl.rollout_batch_size, local_batch)} rows at a time), "
-                      f"config.rl.batch_size={rl.batch_size}{seeds}")),
-      "evaluation": (memory.need(evaluate_set.lower(abstract.params), held),
-                     (f"config.eval.batch_size={config.eval.batch_size} (the evaluation runs "
-                      f"{parallel.rows_per_pass(config.eval.batch_size, eval_rows)} rows at a time), "
-                      f"config.eval.size={config.eval.size}{seeds}"))}
-  try:
-    memory.check(programs, memory.device_limit())
-  except ValueError as e:
-    raise experiment.ConfigError(str(e)) from e
-
-
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   if config.distributed:
     parallel.initialize_distributed()
   exp, start, state_S, init_params_S, eval_problems = _setup(config, workdir)
   train_call = train.make_train_call(exp)
   evaluate_set = evaluate.make_evaluate(exp, eval_problems)
-  _check_memory(exp, train_call, evaluate_set)
+  try:  # before the warm start: a run that cannot fit is refused now, not after it
+    memory.check_run(exp, train_call, evaluate_set)
+  except memory.DoesNotFit as e:
+    raise experiment.ConfigError(str(e)) from e
   _agree_on_start(workdir, start)
   lead = jax.process_index() == 0
   if lead:

@@ -9,6 +9,12 @@ import os
 
 import jax
 
+from marl_jax import parallel, state
+
+
+class DoesNotFit(ValueError):
+  """A program needs more memory than the device allows."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Need:
@@ -23,9 +29,9 @@ class Need:
     return self.resident + self.temporary + self.output
 
 
-def need(lowered: jax.stages.Lowered, resident: int) -> Need | None:
-  """What `lowered` needs once compiled (None where the backend reports no memory analysis)."""
-  analysis = lowered.compile().memory_analysis()
+def need(compiled: jax.stages.Compiled, resident: int) -> Need | None:
+  """What `compiled` needs (None where the backend reports no memory analysis)."""
+  analysis = compiled.memory_analysis()
   if analysis is None:
     return None
   return Need(resident=max(resident, analysis.argument_size_in_bytes),
@@ -61,12 +67,39 @@ def readable(n: int) -> str:
 
 
 def check(programs: dict[str, tuple[Need | None, str]], limit: int | None) -> None:
-  """Raises ValueError for the first program (name -> (its Need, the config keys that shrink it))
+  """Raises DoesNotFit for the first program (name -> (its Need, the config keys that shrink it))
   that needs more than `limit` bytes, naming its parts and those keys."""
   for name, (n, shrink) in programs.items():
     if limit is None or n is None or n.total <= limit:
       continue
-    raise ValueError(
+    raise DoesNotFit(
         f"the {name} needs {readable(n.total)} on each device ({readable(n.resident)} of state and inputs "
         f"held, {readable(n.temporary)} of temporaries, {readable(n.output)} of new outputs), more than the "
         f"{readable(limit)} a program may use on this {jax.default_backend()} device; lower {shrink}")
+
+
+def check_run(exp, train_call, evaluator=None) -> jax.stages.Compiled:
+  """Compiles a run's train call (and its `evaluate.Evaluator`, if given) from the state's shapes and
+  `check`s them against this device's limit, naming the config keys that shrink each; returns the
+  compiled train call (jit reuses both programs at their first calls)."""
+  config, rl = exp.config, exp.config.rl
+  abstract = state.abstract_state(exp)
+  held = per_device_bytes(abstract)  # the state stays on the devices while either runs
+  devices = exp.mesh.shape[parallel.DATA]
+  local_batch, eval_rows = rl.batch_size // devices, config.eval.size // devices
+  passes = lambda size, rows: parallel.rows_per_pass(size, rows)
+  seeds = f" or config.seeds_at_once={config.seeds_at_once}" if config.num_seeds > 1 else ""
+  compiled = train_call.lower(abstract).compile()
+  shrink_train = (f"config.rl.microbatch_size={rl.microbatch_size} (the update passes "
+                  f"{passes(rl.microbatch_size, local_batch // rl.minibatches)} rows at a time through the "
+                  f"model), config.rl.rollout_batch_size={rl.rollout_batch_size} (the rollout samples "
+                  f"{passes(rl.rollout_batch_size, local_batch)} rows at a time), "
+                  f"config.rl.batch_size={rl.batch_size}{seeds}")
+  programs = {"train call": (need(compiled, held), shrink_train)}
+  if evaluator is not None:
+    shrink_eval = (f"config.eval.batch_size={config.eval.batch_size} (the evaluation runs "
+                   f"{passes(config.eval.batch_size, eval_rows)} rows at a time), "
+                   f"config.eval.size={config.eval.size}{seeds}")
+    programs["evaluation"] = (need(evaluator.lower(abstract.params).compile(), held), shrink_eval)
+  check(programs, device_limit())
+  return compiled

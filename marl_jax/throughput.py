@@ -49,7 +49,7 @@ import numpy as np
 
 from jax.sharding import PartitionSpec as P
 
-from marl_jax import (cli, configs, credit, experiment, model as model_lib, parallel, rollout, sampling,
+from marl_jax import (cli, configs, credit, experiment, memory, model as model_lib, parallel, rollout, sampling,
                       state as state_lib, train, workdir)
 
 _JSON = flags.DEFINE_string("json", "", "Also write the rows here as a JSON list, replaced after each row.")
@@ -262,10 +262,13 @@ def measure(config, calls: int, profile: bool = False) -> dict:
   then one more train call traced (`profile_call`, `profile_summary`): `thunk_s`, its seconds per kind
   of thunk, and `matmul_thunks`, the seconds and FLOPs of each thunk that computes dots."""
   exp = experiment.build(config)
-  state = state_lib.initial_state(exp)
+  train_call = train.make_train_call(exp)
   start = time.perf_counter()
-  train_call = train.make_train_call(exp).lower(state).compile()
+  # Compiled from the state's shapes and refused (memory.DoesNotFit) before the state is made if it
+  # cannot fit on the device; the calls below reuse the program.
+  compiled = memory.check_run(exp, train_call)
   compile_s = time.perf_counter() - start
+  state = state_lib.initial_state(exp)
   state, metrics = train_call(state)  # warm-up call
   jax.block_until_ready(state)
   start, tokens = time.perf_counter(), 0.0
@@ -287,7 +290,7 @@ def measure(config, calls: int, profile: bool = False) -> dict:
   rest_s = seconds - rollout_s if seconds > rollout_s else math.nan
   params_per_agent = model_lib.count_params(jax.tree.map(lambda p: p[0, 0], state.params))
   # Last: the traced call consumes (donates) the state.
-  traced = profile_summary(profile_call(train_call, (state,)), train_call.as_text()) if profile else {}
+  traced = profile_summary(profile_call(train_call, (state,)), compiled.as_text()) if profile else {}
   return {"job": "relay", "devices": exp.mesh.size, "roles": len(exp.layout.roles), "seeds": config.num_seeds,
           "sharing": config.roles.sharing, "d_model": config.model.d_model,
           "microbatch_size": config.rl.microbatch_size,
@@ -482,12 +485,19 @@ def row_configs() -> list:
     try:
       experiment.build(config)
     except (ValueError, OSError) as e:
-      given = dict.fromkeys(f"--{holder.name}={holder.value}" for key, holder in _FLAG_OF_KEY.items()
-                            if f"config.{key}" in str(e))
-      sys.exit(f"FATAL ConfigError: the row roles={roles}, seeds={seeds}, sharing={sharing}, credit={name}: "
-               f"{e}" + (f" (from {', '.join(given)})" if given else ""))
+      refuse_row(row, e)
     rows.append((row, config))
   return rows
+
+
+def refuse_row(row, error: Exception):
+  """Ends the command with one line naming the row, what `error` says and the flags that set the
+  config keys it names."""
+  roles, seeds, sharing, name = row
+  given = dict.fromkeys(f"--{holder.name}={holder.value}" for key, holder in _FLAG_OF_KEY.items()
+                        if f"config.{key}" in str(error))
+  sys.exit(f"FATAL ConfigError: the row roles={roles}, seeds={seeds}, sharing={sharing}, credit={name}: "
+           f"{error}" + (f" (from {', '.join(given)})" if given else ""))
 
 
 def main(argv):
@@ -519,7 +529,10 @@ def main(argv):
         f"{'update_tok/s':>12} {'of_matmul':>9} {'compile_s':>9} {'matmul GFLOP/s':>15}")
   for (roles, seeds, sharing, credit_name), config in grid_configs:
     bound_before = matmul_flops_per_s()
-    row = measure(config, _CALLS.value, _PROFILE.value)
+    try:
+      row = measure(config, _CALLS.value, _PROFILE.value)
+    except memory.DoesNotFit as e:
+      refuse_row((roles, seeds, sharing, credit_name), e)
     row["matmul_flops_per_s"] = (bound_before, matmul_flops_per_s())
     bound = float(np.mean(row["matmul_flops_per_s"]))
     for part in ("", "rollout_", "update_"):

@@ -15,12 +15,12 @@ X = jax.ShapeDtypeStruct((128, 128), jnp.float32)  # 64 KiB
 def test_need_counts_held_buffers_temporaries_and_new_outputs():
   # x -> tanh(x @ x) + 1 takes and returns 64 KiB; XLA fuses it into one product and one pass.
   program = jax.jit(lambda x: jnp.tanh(x @ x) + 1)
-  assert memory.need(program.lower(X), 0) == memory.Need(resident=65536, temporary=0, output=65536)
+  assert memory.need(program.lower(X).compile(), 0) == memory.Need(resident=65536, temporary=0, output=65536)
   # Buffers held beside the program (the run's whole state) count in place of its arguments...
-  assert memory.need(program.lower(X), 1 << 20).resident == 1 << 20
+  assert memory.need(program.lower(X).compile(), 1 << 20).resident == 1 << 20
   # ...and an output written over a donated argument is no new memory (the product then needs a
   # temporary: its input is read while it is written).
-  donated = memory.need(jax.jit(lambda x: jnp.tanh(x @ x) + 1, donate_argnums=0).lower(X), 0)
+  donated = memory.need(jax.jit(lambda x: jnp.tanh(x @ x) + 1, donate_argnums=0).lower(X).compile(), 0)
   assert donated == memory.Need(resident=65536, temporary=65536, output=0)
   assert donated.total == 131072
 

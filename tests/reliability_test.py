@@ -324,8 +324,8 @@ def test_a_run_that_does_not_fit_the_device_is_refused_before_training(tmp_path,
   exp = experiment.build(big_evaluation)
   abstract = state.abstract_state(exp)
   held = memory.per_device_bytes(abstract)
-  train_need = memory.need(train.make_train_call(exp).lower(abstract), held).total
-  eval_need = memory.need(loop.evaluate.make_evaluate(exp).lower(abstract.params), held).total
+  train_need = memory.need(train.make_train_call(exp).lower(abstract).compile(), held).total
+  eval_need = memory.need(loop.evaluate.make_evaluate(exp).lower(abstract.params).compile(), held).total
   assert held < train_need < eval_need  # 1024 evaluation episodes against 32 training ones
   monkeypatch.setattr(loop.memory, "device_limit", lambda: held)
   _refused_untouched(run, resumed, [

@@ -111,6 +111,25 @@ def test_the_cli_refuses_a_bad_flag_in_one_line_before_timing(flags, line, tmp_p
   assert _refusal(*(f.format(tmp=tmp_path) for f in flags)) == line.format(tmp=tmp_path)
 
 
+def test_a_row_that_does_not_fit_the_device_is_refused_before_its_state_is_made():
+  # The 0.6B-parameter row was killed on this 2-core CPU without a message; a row is now compiled from
+  # its state's shapes and refused when it needs more than the device allows (here: 1 MiB).
+  code = ("import runpy; from marl_jax import memory; memory.device_limit = lambda: 1 << 20; "
+          "runpy.run_module('marl_jax.throughput', run_name='__main__')")
+  done = subprocess.run([sys.executable, "-c", code, "--grid=1/1", "--credits=team", "--batch_size=8",
+                         "--calls=1"], capture_output=True, text=True, check=False, timeout=600,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+  line = done.stderr.strip().splitlines()[-1]
+  assert line.startswith("FATAL ConfigError: the row roles=1, seeds=1, sharing=isolated, credit=team: the "
+                         "train call needs "), line
+  assert line.endswith("more than the 1 MiB a program may use on this cpu device; lower "
+                       "config.rl.microbatch_size=0 (the update passes 8 rows at a time through the model), "
+                       "config.rl.rollout_batch_size=0 (the rollout samples 8 rows at a time), "
+                       "config.rl.batch_size=8 (from --batch_size=8, --microbatch_size=0)"), line
+  assert "completions/s" in done.stdout and done.stdout.strip().splitlines()[-1].startswith("roles")  # no row
+
+
 def test_an_earlier_json_file_stays_until_a_row_replaces_it(tmp_path):
   # A run stopped before its first row is measured (a crash, ^C) leaves the earlier rows where they
   # were; the old script emptied the file to `[]` before timing anything.
