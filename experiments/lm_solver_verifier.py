@@ -39,9 +39,9 @@ def get_config(arg=None):
   c.model.random_weights = args.random_weights
   c.model.lora.enabled = args.lora  # rank, alpha, targets: --config.model.lora.KEY
   if args.size == "gpu":  # a 0.6B-class model: fewer episodes per step than the built-in model's
-    # 64 rows per pass: on an H200 the whole 128-row minibatch's pass (a 151 936-word vocabulary's
-    # log-probs over 2 views x 25 positions, and 28 layers' activations) ran out of the 105 GiB JAX
-    # takes; 64 rows ran (README, On one GPU).
+    # 64 rows per pass: on an H200 the first train call of a whole 128-row minibatch's pass failed to
+    # allocate 39.66 GiB (with preallocation off); 32 and 64 rows trained, 64 faster (README, On one
+    # GPU).
     c.rl.update(batch_size=512, minibatches=4, microbatch_size=64)
     c.sft.update(steps=200, batch_size=128, learning_rate=1e-5)
     c.optim.learning_rate = 1e-6

@@ -87,18 +87,18 @@ def check_run(exp, train_call, evaluator=None) -> jax.stages.Compiled:
   held = per_device_bytes(abstract)  # the state stays on the devices while either runs
   devices = exp.mesh.shape[parallel.DATA]
   local_batch, eval_rows = rl.batch_size // devices, config.eval.size // devices
-  passes = lambda size, rows: parallel.rows_per_pass(size, rows)
   seeds = f" or config.seeds_at_once={config.seeds_at_once}" if config.num_seeds > 1 else ""
   compiled = train_call.lower(abstract).compile()
+  minibatch_rows = local_batch // rl.minibatches
   shrink_train = (f"config.rl.microbatch_size={rl.microbatch_size} (the update passes "
-                  f"{passes(rl.microbatch_size, local_batch // rl.minibatches)} rows at a time through the "
+                  f"{parallel.rows_per_pass(rl.microbatch_size, minibatch_rows)} rows at a time through the "
                   f"model), config.rl.rollout_batch_size={rl.rollout_batch_size} (the rollout samples "
-                  f"{passes(rl.rollout_batch_size, local_batch)} rows at a time), "
+                  f"{parallel.rows_per_pass(rl.rollout_batch_size, local_batch)} rows at a time), "
                   f"config.rl.batch_size={rl.batch_size}{seeds}")
   programs = {"train call": (need(compiled, held), shrink_train)}
   if evaluator is not None:
     shrink_eval = (f"config.eval.batch_size={config.eval.batch_size} (the evaluation runs "
-                   f"{passes(config.eval.batch_size, eval_rows)} rows at a time), "
+                   f"{parallel.rows_per_pass(config.eval.batch_size, eval_rows)} rows at a time), "
                    f"config.eval.size={config.eval.size}{seeds}")
     programs["evaluation"] = (need(evaluator.lower(abstract.params).compile(), held), shrink_eval)
   check(programs, device_limit())

@@ -19,8 +19,8 @@ def over_seeds(fn, seeds_at_once: int):
 
 
 def rows_per_pass(size: int, rows: int) -> int:
-  """Rows per pass through the model when a setting (`config.rl.microbatch_size`,
-  `config.eval.batch_size`) caps a pass of `rows` rows at `size`: 0 or a size of at least `rows` is
+  """Rows per pass through the model when a setting (`config.rl.rollout_batch_size`,
+  `config.rl.microbatch_size`, `config.eval.batch_size`) caps a pass of `rows` rows at `size`: 0 or a size of at least `rows` is
   one pass, so the same config runs on any device count that leaves whole passes."""
   return min(size or rows, rows)
 
