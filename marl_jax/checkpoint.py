@@ -117,17 +117,30 @@ def restore(workdir: str, abstract_state, step: int | None = None):
       # orbax's message can end in whole TensorStore specs; what failed comes before them.
       cause = (str(e).strip().splitlines() or [type(e).__name__])[0].split(" [tensorstore_spec")[0]
       try:
-        per_layer = per_layer_decoder(saved_shapes(workdir, step)[1])
+        saved = saved_shapes(workdir, step)[1]
       except ValueError:  # its metadata unreadable too (`_reading`): the message below says what to do
-        per_layer = False
-      if per_layer:
+        saved = {}
+      if per_layer_decoder(saved):
         raise ValueError(per_layer_error(f"checkpoint {step} in {workdir}")) from e
+      if jax.tree.leaves(saved.get("ref_params")) and not jax.tree.leaves(abstract_state.ref_params):
+        try:
+          return without_base_model(workdir, abstract_state, step)
+        except ValueError:
+          pass  # more than the base model's copy differs: refused below
       raise ValueError(
           f"checkpoint {step} in {workdir} cannot be restored into this config's state ({cause}). If it "
           f"is corrupt, {fallback}. If it was written by a different model / roles / credit config, or "
           f"by a marl_jax older than the credit-estimator state (TrainState.credit, added after commit "
           f"bbf80e3), start a new workdir: --config.init_from={workdir} starts one from its "
           f"parameters.") from e
+
+
+def without_base_model(workdir: str, abstract_state, step: int):
+  """A checkpoint of a marl_jax that kept the base model's copy (`TrainState.ref_params`) at
+  `rl.kl_coef=0` (commit d3c0371 and earlier), restored into this one's state, which holds none:
+  every other part, as it was saved."""
+  fields = {name: part for name, part in vars(abstract_state).items() if jax.tree.leaves(part)}
+  return abstract_state.replace(**restore_part(workdir, fields, step))
 
 
 def per_layer_decoder(saved) -> bool:

@@ -17,7 +17,7 @@ from marl_jax.experiment import Experiment
 class TrainState:
   step: jax.Array
   params: Any  # params_R: parameter sets stacked on a leading axis
-  ref_params: Any  # the warm-started base model, for the KL penalty
+  ref_params: Any  # the warm-started base model for the KL penalty; () without one (`rl.kl_coef=0`)
   opt_state: Any  # one optimiser state per parameter set (`model.per_set`)
   credit: Any  # the credit estimator's own state (a learned baseline or critic); () when it has none
   key: jax.Array
@@ -31,7 +31,10 @@ def init_state(exp: Experiment, key, params_R=None) -> TrainState:
   opt_state = exp.optimizer.init(params_R)
   # The estimator's own key, folded from the seed's: the parameters' and the run's keys stay as they were.
   credit_state = exp.credit.init(jax.random.fold_in(key, 2), exp.layout)
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params_R, ref_params=params_R,
+  # Only the KL penalty reads the base model: without it, neither the state nor a checkpoint holds a
+  # copy (a quarter of a two-set Qwen3-0.6B run's state with Adam).
+  ref_params = params_R if exp.config.rl.kl_coef > 0 else ()
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params_R, ref_params=ref_params,
                     opt_state=opt_state, credit=credit_state, key=k_run)
 
 

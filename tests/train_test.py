@@ -516,6 +516,32 @@ def test_checkpoint_from_before_the_credit_state(tmp_path):
   chex.assert_trees_all_equal(jax.tree.map(np.asarray, params_S), old_state.params)
 
 
+def test_the_base_model_is_kept_only_for_a_kl_penalty_and_older_checkpoints_resume(tmp_path):
+  """At rl.kl_coef=0 the state holds no copy of the base model (`ref_params` is empty); with a KL
+  penalty it holds the initial parameters.  A checkpoint of a marl_jax that kept the copy at
+  kl_coef=0 (commit d3c0371 and earlier) resumes with every other part as it was saved."""
+  config = tiny_config(**{"sft.steps": 0})
+  exp = experiment.build(config)
+  new_state = state.initial_state(exp)
+  assert new_state.ref_params == ()
+  with_kl = state.initial_state(experiment.build(tiny_config(**{"sft.steps": 0, "rl.kl_coef": 0.1})))
+  chex.assert_trees_all_equal(with_kl.ref_params, with_kl.params)
+  old_state = jax.tree.map(np.asarray, new_state).replace(ref_params=jax.tree.map(np.asarray, new_state.params))
+  old_state = old_state.replace(step=np.full_like(old_state.step, 7))
+  workdir = str(tmp_path / "old")
+  mngr = checkpoint.manager(workdir)
+  checkpoint.save(mngr, 7, old_state)
+  mngr.wait_until_finished()
+  restored = checkpoint.restore(workdir, state.abstract_state(exp))
+  assert restored.ref_params == ()
+  chex.assert_trees_all_equal(jax.tree.map(np.asarray, restored.replace(ref_params=old_state.ref_params)),
+                              old_state)
+  # A checkpoint that differs in more than the copy (another model) is still refused, saying why.
+  other = state.abstract_state(experiment.build(tiny_config(**{"sft.steps": 0, "model.d_model": 16})))
+  with pytest.raises(ValueError, match="cannot be restored into this config's state"):
+    checkpoint.restore(workdir, other)
+
+
 def test_init_from_reads_one_seed_or_as_many_and_refuses_other_runs(tmp_path):
   """`load_params` gives a run of num_seeds=3 the parameters of a 1-seed run on every seed; a 2-seed run,
   a run of another model, or `DIR:best` where no checkpoint was saved with its accuracy, is refused with
