@@ -122,17 +122,23 @@ def restore(workdir: str, abstract_state, step: int | None = None):
         saved = {}
       if per_layer_decoder(saved):
         raise ValueError(per_layer_error(f"checkpoint {step} in {workdir}")) from e
-      if jax.tree.leaves(saved.get("ref_params")) and not jax.tree.leaves(abstract_state.ref_params):
-        try:
-          return without_base_model(workdir, abstract_state, step)
-        except ValueError:
-          pass  # more than the base model's copy differs: refused below
+      if only_the_base_model_copy_differs(saved, abstract_state):
+        return without_base_model(workdir, abstract_state, step)
       raise ValueError(
           f"checkpoint {step} in {workdir} cannot be restored into this config's state ({cause}). If it "
           f"is corrupt, {fallback}. If it was written by a different model / roles / credit config, or "
           f"by a marl_jax older than the credit-estimator state (TrainState.credit, added after commit "
           f"bbf80e3), start a new workdir: --config.init_from={workdir} starts one from its "
           f"parameters.") from e
+
+
+def only_the_base_model_copy_differs(saved: dict, abstract_state) -> bool:
+  """Whether a saved tree is `abstract_state` plus the base model's copy (`ref_params`) that this
+  state does not hold: the same arrays (shapes and dtypes) otherwise."""
+  arrays = lambda tree: sorted((tuple(x.shape), str(x.dtype)) for x in jax.tree.leaves(tree))
+  rest = {name: part for name, part in saved.items() if name != "ref_params"}
+  return (bool(jax.tree.leaves(saved.get("ref_params"))) and not jax.tree.leaves(abstract_state.ref_params)
+          and arrays(rest) == arrays(abstract_state))
 
 
 def without_base_model(workdir: str, abstract_state, step: int):
