@@ -194,6 +194,16 @@ def step_flops(exp: experiment.Experiment) -> float:
   return float(rl.batch_size * np.dot(reads_V, _flops_per_token_V(exp)))
 
 
+HUGE_PAGES = "glibc.malloc.hugetlb=1"  # the setting the README's Throughput recommends on a Linux CPU
+
+
+def huge_pages(environ=os.environ) -> bool:
+  """Whether glibc's malloc puts this process's large blocks on transparent huge pages: GLIBC_TUNABLES
+  (read once, when the process starts) holds `HUGE_PAGES`.  XLA:CPU allocates each call's buffers
+  afresh, and on 4 kB pages the kernel faults every page in on every call."""
+  return HUGE_PAGES in environ.get("GLIBC_TUNABLES", "").split(":")
+
+
 def reference_matmul() -> tuple[int, jnp.dtype]:
   """The matmul every row is a fraction of: float32 1024 x 1024 on a CPU, and on an accelerator one
   that fills it, 8192 x 8192 in the compute dtype of `model.dtype='auto'` there (bfloat16).  A float32
@@ -523,7 +533,7 @@ def main(argv):
   matmul_n, matmul_dtype = reference_matmul()
   print(f"backend={jax.default_backend()} devices={jax.device_count()} batch_size={_BATCH.value} "
         f"microbatch_size={_MICRO.value} model={_CHECKPOINT.value or f'built-in, d_model {_D_MODEL.value}'} "
-        f"matmul={matmul_n}x{matmul_n} {jnp.dtype(matmul_dtype).name}")
+        f"matmul={matmul_n}x{matmul_n} {jnp.dtype(matmul_dtype).name} huge_pages={'on' if huge_pages() else 'off'}")
   print(f"{'roles':>5} {'seeds':>5} {'sharing':>8} {'credit':>10} {'completions/s':>14} "
         f"{'tokens/s':>10} {'GFLOP/s':>8} {'of_matmul':>9} {'rollout_tok/s':>13} {'of_matmul':>9} "
         f"{'update_tok/s':>12} {'of_matmul':>9} {'compile_s':>9} {'matmul GFLOP/s':>15}")
@@ -534,6 +544,7 @@ def main(argv):
     except memory.DoesNotFit as e:
       refuse_row((roles, seeds, sharing, credit_name), e)
     row["matmul_flops_per_s"] = (bound_before, matmul_flops_per_s())
+    row["huge_pages"] = huge_pages()
     bound = float(np.mean(row["matmul_flops_per_s"]))
     for part in ("", "rollout_", "update_"):
       row[f"{part}fraction_of_matmul"] = row[f"{part}flops_per_s"] / bound

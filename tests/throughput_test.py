@@ -284,6 +284,15 @@ def test_the_reference_matmul_fills_the_machine_it_runs_on(monkeypatch):
   assert throughput.reference_matmul() == (8192, jax.numpy.bfloat16)
 
 
+def test_huge_pages_are_read_from_glibc_tunables():
+  # glibc reads GLIBC_TUNABLES once at start: the header says whether this process got huge pages.
+  assert throughput.huge_pages({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"})
+  assert throughput.huge_pages({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0:glibc.malloc.hugetlb=1"})
+  assert not throughput.huge_pages({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"})
+  assert not throughput.huge_pages({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=10"})
+  assert not throughput.huge_pages({})
+
+
 def test_each_view_counts_the_flops_of_its_own_model():
   # A mixed team (experiments/solver_verifier.py team=mixed): solver and verifier on models of two
   # widths, each view's reads at its own model's FLOPs per token.
