@@ -197,11 +197,18 @@ def step_flops(exp: experiment.Experiment) -> float:
 HUGE_PAGES = "glibc.malloc.hugetlb=1"  # the setting the README's Throughput recommends on a Linux CPU
 
 
-def huge_pages(environ=os.environ) -> bool:
+def huge_pages(environ=os.environ, kernel_setting="/sys/kernel/mm/transparent_hugepage/enabled") -> bool:
   """Whether glibc's malloc puts this process's large blocks on transparent huge pages: GLIBC_TUNABLES
-  (read once, when the process starts) holds `HUGE_PAGES`.  XLA:CPU allocates each call's buffers
-  afresh, and on 4 kB pages the kernel faults every page in on every call."""
-  return HUGE_PAGES in environ.get("GLIBC_TUNABLES", "").split(":")
+  (read by glibc when the process starts) holds `HUGE_PAGES` and the kernel's setting is not `never`.
+  XLA:CPU allocates each call's buffers afresh, and on 4 kB pages the kernel faults every page in on
+  every call."""
+  if HUGE_PAGES not in environ.get("GLIBC_TUNABLES", "").split(":"):
+    return False
+  try:
+    with open(kernel_setting) as f:
+      return "[never]" not in f.read()
+  except OSError:  # no such setting (not Linux): glibc's request goes nowhere
+    return False
 
 
 def reference_matmul() -> tuple[int, jnp.dtype]:

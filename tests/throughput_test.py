@@ -284,13 +284,20 @@ def test_the_reference_matmul_fills_the_machine_it_runs_on(monkeypatch):
   assert throughput.reference_matmul() == (8192, jax.numpy.bfloat16)
 
 
-def test_huge_pages_are_read_from_glibc_tunables():
-  # glibc reads GLIBC_TUNABLES once at start: the header says whether this process got huge pages.
-  assert throughput.huge_pages({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"})
-  assert throughput.huge_pages({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0:glibc.malloc.hugetlb=1"})
-  assert not throughput.huge_pages({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"})
-  assert not throughput.huge_pages({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=10"})
-  assert not throughput.huge_pages({})
+def test_huge_pages_are_read_from_glibc_tunables_and_the_kernel(tmp_path):
+  # glibc reads GLIBC_TUNABLES once at start: the header says whether this process got huge pages,
+  # which also takes a kernel that grants them when asked.
+  madvise, never = tmp_path / "madvise", tmp_path / "never"
+  madvise.write_text("always [madvise] never\n")
+  never.write_text("always madvise [never]\n")
+  on = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+  assert throughput.huge_pages(on, madvise)
+  assert throughput.huge_pages({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0:glibc.malloc.hugetlb=1"}, madvise)
+  assert not throughput.huge_pages(on, never)
+  assert not throughput.huge_pages(on, tmp_path / "missing")
+  assert not throughput.huge_pages({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, madvise)
+  assert not throughput.huge_pages({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=10"}, madvise)
+  assert not throughput.huge_pages({}, madvise)
 
 
 def test_each_view_counts_the_flops_of_its_own_model():
