@@ -538,9 +538,10 @@ def main(argv):
                "in a directory that exists")
   rows = []
   matmul_n, matmul_dtype = reference_matmul()
+  on_huge_pages = huge_pages()
   print(f"backend={jax.default_backend()} devices={jax.device_count()} batch_size={_BATCH.value} "
         f"microbatch_size={_MICRO.value} model={_CHECKPOINT.value or f'built-in, d_model {_D_MODEL.value}'} "
-        f"matmul={matmul_n}x{matmul_n} {jnp.dtype(matmul_dtype).name} huge_pages={'on' if huge_pages() else 'off'}")
+        f"matmul={matmul_n}x{matmul_n} {jnp.dtype(matmul_dtype).name} huge_pages={'on' if on_huge_pages else 'off'}")
   print(f"{'roles':>5} {'seeds':>5} {'sharing':>8} {'credit':>10} {'completions/s':>14} "
         f"{'tokens/s':>10} {'GFLOP/s':>8} {'of_matmul':>9} {'rollout_tok/s':>13} {'of_matmul':>9} "
         f"{'update_tok/s':>12} {'of_matmul':>9} {'compile_s':>9} {'matmul GFLOP/s':>15}")
@@ -551,7 +552,7 @@ def main(argv):
     except memory.DoesNotFit as e:
       refuse_row((roles, seeds, sharing, credit_name), e)
     row["matmul_flops_per_s"] = (bound_before, matmul_flops_per_s())
-    row["huge_pages"] = huge_pages()
+    row["huge_pages"] = on_huge_pages
     bound = float(np.mean(row["matmul_flops_per_s"]))
     for part in ("", "rollout_", "update_"):
       row[f"{part}fraction_of_matmul"] = row[f"{part}flops_per_s"] / bound
