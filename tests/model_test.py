@@ -1,7 +1,9 @@
-"""Transformer: KV-cached decoding equals the full pass, causality, key masking, stacked sets."""
+"""Transformer: KV-cached decoding equals the full pass, causality, key masking, stacked sets, the layer
+norm's values and gradient."""
 import functools
 
 import chex
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -149,3 +151,40 @@ def test_take_sets_slices_a_run_of_sets_and_gathers_any_other_order():
       lambda p: cfg.take_sets(p, np.array(index)))(params_R).jaxpr.eqns}
   assert "gather" not in primitives([0, 1, 2]) | primitives([1, 2])
   assert "gather" in primitives([2, 0])
+
+
+def test_layer_norm_gradient_by_hand():
+  # x = (0, 1, 2): mean 1, variance 2/3, x_hat = (-a, 0, a) with a = sqrt(3/2).  With dy = (1, 0, 0) and
+  # scale 1: g = dy, mean(g) = 1/3, mean(g x_hat) = -a/3, so dx = a (g - 1/3 + x_hat a/3)
+  # = a (1 - 1/3 - 1/2, -1/3, 1/2 - 1/3) = a (1/6, -1/3, 1/6); d scale = dy x_hat, d bias = dy.
+  a = np.sqrt(1.5)
+  x, dy = jnp.array([[0.0, 1.0, 2.0]]), jnp.array([[1.0, 0.0, 0.0]])
+  y, vjp = jax.vjp(lambda x, s, b: model_lib.layer_norm(x, s, b, 0.0), x, jnp.ones(3), jnp.zeros(3))
+  np.testing.assert_allclose(y, [[-a, 0.0, a]], rtol=1e-6)
+  dx, dscale, dbias = vjp(dy)
+  np.testing.assert_allclose(dx, [[a / 6, -a / 3, a / 6]], rtol=1e-6)
+  np.testing.assert_allclose(dscale, [-a, 0.0, 0.0], rtol=1e-6)
+  np.testing.assert_allclose(dbias, [1.0, 0.0, 0.0])
+
+
+def test_layer_norm_is_flax_layer_norm_with_its_gradient():
+  """The same parameters and bit for bit the same values as `nn.LayerNorm` (so earlier checkpoints
+  sample as before), in float32 and from bfloat16 inputs; gradients equal float32 autodiff's up to
+  float rounding (the means over features are computed as products, in another order; from bfloat16
+  inputs, against float32 autodiff on the same rounded inputs: the gradient is computed in float32 and
+  rounded once, where flax's adds two bfloat16-rounded parts)."""
+  x = 3.0 + 2.0 * jax.random.normal(jax.random.PRNGKey(0), (2, 3, 5, 16))
+  dy = jax.random.normal(jax.random.PRNGKey(1), x.shape)
+  params = nn.LayerNorm().init(jax.random.PRNGKey(2), x)
+  params = jax.tree.map(lambda p: p + jax.random.uniform(jax.random.PRNGKey(3), p.shape), params)
+  assert jax.tree.structure(model_lib.LayerNorm().init(jax.random.PRNGKey(2), x)) == jax.tree.structure(params)
+  for dtype, tol in ((jnp.float32, 1e-5), (jnp.bfloat16, 1e-2)):
+    inputs, cotangent = x.astype(dtype), dy.astype(dtype)
+    as_f32 = lambda v: v.astype(jnp.float32)
+    flax_grads = jax.vjp(jax.jit(nn.LayerNorm().apply), params, as_f32(inputs))[1](as_f32(cotangent))
+    ours_y, ours_vjp = jax.vjp(jax.jit(model_lib.LayerNorm(dtype=dtype).apply), params, inputs)
+    flax_y = jax.jit(nn.LayerNorm(dtype=dtype).apply)(params, inputs)
+    assert ours_y.dtype == dtype
+    np.testing.assert_array_equal(np.asarray(ours_y, np.float32), np.asarray(flax_y, np.float32))
+    ours_grads = jax.tree.map(as_f32, ours_vjp(cotangent))
+    chex.assert_trees_all_close(ours_grads, flax_grads, rtol=tol, atol=tol)
