@@ -178,11 +178,12 @@ def _normalize_forward(x, scale_D, bias_D, epsilon: float):
 
 
 def _normalize_backward(epsilon: float, residuals, dy):
-  """The textbook gradient, dx = (g - mean(g) - x_hat mean(g x_hat)) / std with g = dy * scale, its two
-  means over the features taken as products with a 1/D vector: XLA:CPU runs those as matrix-vector
-  products, where autodiff's reductions over the feature axis ran slower than the dense layers'
-  products beside them (the relay job's step about 4 % faster on two CPU devices: README,
-  Throughput).  HIGHEST precision: a TPU would round a default-precision float32 product to bfloat16."""
+  """The textbook gradient, dx = (g - mean(g) - x_hat mean(g x_hat)) / std with g = dy * scale (the
+  variance's clip at 0 is not differentiated: it binds only where a row's values are all equal).  Its
+  two means over the features are products with a 1/D vector, which XLA:CPU runs as matrix-vector
+  products, faster than the reductions over the feature axis that autodiff gives (the relay job's step
+  about 4 % faster on two CPU devices: README, Throughput).  HIGHEST precision: a TPU would round a
+  default-precision float32 product to bfloat16."""
   del epsilon
   centred, inv, scale_D = residuals
   x_hat = centred * inv
