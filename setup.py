@@ -28,5 +28,7 @@ setup(
     ],
     extras_require={
         "dev": ["pytest", "pytest-xdist", "nbmake", "ipykernel"],
+        # The documentation site: python -m sphinx -W --keep-going -b html docs docs/_build/html
+        "docs": ["sphinx", "myst-nb", "sphinx-book-theme"],
     },
 )

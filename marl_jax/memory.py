@@ -80,7 +80,7 @@ def check(programs: dict[str, tuple[Need | None, str]], limit: int | None) -> No
 
 def check_run(exp, train_call, evaluator=None) -> jax.stages.Compiled:
   """Compiles a run's train call (and its `evaluate.Evaluator`, if given) from the state's shapes and
-  `check`s them against this device's limit, naming the config keys that shrink each; returns the
+  checks them (`check`) against this device's limit, naming the config keys that shrink each; returns the
   compiled train call (jit reuses both programs at their first calls)."""
   config, rl = exp.config, exp.config.rl
   abstract = state.abstract_state(exp)

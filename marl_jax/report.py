@@ -185,7 +185,7 @@ def defined(values_S) -> np.ndarray:
 
 
 def seed_count(k: int, n: int) -> str:
-  """The suffix ` (K of N seeds)` when only K of N seeds count, else ``."""
+  """The suffix ` (K of N seeds)` when only K of N seeds count, else an empty string."""
   return f" ({k} of {n} seeds)" if k < n else ""
 
 

@@ -1,7 +1,8 @@
 """Credit assignment: who is rewarded for a shared outcome, and by how much.
 
 `config.credit.name` selects an estimator; the other `config.credit` keys are its settings.  One file
-per estimator (see `base.py` for the interface):
+per estimator (see `base.py` for the interface)::
+
   team:          every role gets the group-baseline advantage of the team outcome.
   per_role:      each role gets the group-baseline advantage of its own verifiable signal.
   difference:    outcome advantage + counterfactual credit D_r = R - mean_K R(role r's messages
@@ -13,6 +14,7 @@ per estimator (see `base.py` for the interface):
                  roles outside S absent; exact over 2^R coalitions, Monte Carlo over orders above a limit.
   critic:        outcome advantage + COMA credit A_r = Q(z) - mean_K Q(role r's messages re-drawn, the
                  other turns as they were), Q a learned centralised critic (a stateful estimator).
+
 The pure `shapley_values(value_fn, n)` and `difference_rewards(value_fn, n)` work on any game.
 """
 import dataclasses

@@ -2,6 +2,7 @@
 
 An estimator is a frozen dataclass whose fields are its settings (`config.credit.KEY`), registered by
 name with `@register("name")`.  In the step it:
+
   1. declares, statically, the counterfactual re-runs it needs (`reruns`): which coalitions of roles
      get their messages changed, how (`Reruns.MODES`) and how many times (K);
   2. receives this device's rows of the scored batch (`Outcome`) and what the re-runs gave
@@ -12,6 +13,7 @@ name with `@register("name")`.  In the step it:
      `init(key, layout)` (its own PRNG key, and the canvas layout: roles, length) and `update`;
      `update` runs inside the sharded step, on this device's rows, so batch statistics and gradients
      are averaged over devices with `parallel.mean_over_devices`.
+
 The step never names an estimator: a new one is one file in `credit/` and its test.
 """
 import dataclasses

@@ -1,6 +1,6 @@
 """Exact credit references, to grade estimators against: per episode, from the roles' outcomes (a success
 mask, or a joint action) and a value function of them (e.g. `Contribution.game_value`,
-`MatrixGame.payoffs()`).  Pure jnp, jit- and vmap-friendly.
+`MatrixGame.payoffs()`).  Pure jnp, jit- and vmap-friendly. ::
 
   Shapley (absent semantics): v(S) = value of the outcome with every role outside S failing.
   Expected difference (resample semantics, under the current policy):

@@ -1,8 +1,10 @@
-"""Shapley credit: phi_i = sum over coalitions C without i of |C|!(n-|C|-1)!/n! (v(C + i) - v(C)).
+"""Shapley credit: `phi_i = sum over coalitions C without i of |C|!(n-|C|-1)!/n! (v(C + i) - v(C))`.
 
-The pure API works on any traceable `value_fn(mask_N) -> scalar`:
+The pure API works on any traceable `value_fn(mask_N) -> scalar`::
+
   shapley_values(value_fn, n)                                    exact: all 2^n coalitions, one vmap
   shapley_values(value_fn, n, key=key, num_permutations=P)       Monte Carlo over P random orders
+
 Both evaluate coalition values, then combine them with one of two functions the `shapley` estimator
 shares: `shapley_from_values` (the 2^n coalitions of `coalitions(n)`, in order) and
 `shapley_from_permutations` (the n + 1 prefixes of each order, `prefix_coalitions(perm_PxN)`).

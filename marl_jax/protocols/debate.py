@@ -6,10 +6,12 @@ same round (written before its own on the canvas) nor of older rounds.
 
 Influence-aware rewards, scored by the task's checker (`scorer="checker"`) or by a verifier role
 (`scorer="verifier"`): with c[j, i] = agent i's round-j answer is right (by the checker), or judged
-right by the verifier, agent i's round-j turn earns
+right by the verifier, agent i's round-j turn earns::
+
     alpha * (c[j, i] - c[j-1, i])                    (j >= 1: it fixes / breaks its own answer)
   + beta * sum_{k != i} (c[j+1, k] - c[j, k])        (j < rounds: another agent's next answer, which
                                                       read this one, goes wrong -> right / right -> wrong)
+
 i.e. +alpha for a fix, -alpha for a break, +beta per other agent that goes right after it, -beta per
 one that goes wrong.  These are per-turn rewards (`Scored.turn_NxB`, turn n = j * K + i): the step adds
 them to whatever the credit estimator gives the turn's tokens.  alpha = beta = 0 is plain co-training.

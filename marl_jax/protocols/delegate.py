@@ -10,10 +10,13 @@ writes the final answer; it may ignore the reports and solve alone.
 Training reward (PARL): r_task + lambda1 * r_parallel + lambda2 * r_finish.  The auxiliary terms are
 `Scored.aux_KxB`; their weights at step t are `aux_weights(t)` = (`parallel_weight`,
 `finish_weight`) x an optax schedule (`anneal`: `linear` to 0 at `anneal_steps`, or `never`); weights
-0 switch them off.
+0 switch them off. ::
+
   r_parallel: the fraction of slots holding a well-formed sub-problem that no earlier slot holds;
   r_finish:   the fraction of well-formed assignments (assigned sub-tasks) whose report is right.
-Metrics, rates over the batch:
+
+Metrics, rates over the batch::
+
   critical_steps:       PARL's critical steps, in tokens: every token the orchestrator wrote plus the
                         longest report (the workers are one parallel stage);
   workers_used:         slots given an assignment (anything but EOS first or `<absent>`), per episode;
@@ -22,6 +25,7 @@ Metrics, rates over the batch:
   serial_collapse:      episodes answered without using a correct report: no report is right, or the
                         final answer is not `task.combine` of the well-formed slots' reports;
   coverage:             parts of the problem whose exact tokens some slot holds.
+
 Per-role signals: the orchestrator's is the team outcome, a worker's is that its report is right.
 """
 import dataclasses

@@ -123,15 +123,19 @@ class Protocol:
   """Base workflow: roles, a turn schedule and hidden segments.
 
   A subclass is a frozen dataclass whose extra fields are its knobs (`config.protocol.KEY`), and
-  provides, all pure and vmap-free over a batch of B rows:
+  provides, all pure and vmap-free over a batch of B rows::
+
     build(task, **knobs) -> Protocol       (classmethod) validates knobs, lays out roles and turns;
                                            raises ValueError naming `config.protocol.KEY` when bad
     final_answer(layout, tokens_BxT)       the final-answer message, BxA
     rewards(task, layout, problems, tokens_BxT) -> Scored
     demonstrate(task, layout, problems, key_B) -> tokens_BxT   warm-start transcripts on the canvas
                                            (prompt, headers), noisy; with every `*_rate` knob at 0, right
-  and, when `rewards` returns auxiliary terms (`Scored.aux_KxB`, e.g. PARL's shaping rewards):
+
+  and, when `rewards` returns auxiliary terms (`Scored.aux_KxB`, e.g. PARL's shaping rewards)::
+
     aux_weights(step) -> weights_K         their weights at training step `step` (a traced scalar)
+
   `hidden` lists (segment, role) pairs a role does not read; a `Turn.hidden` hides more from one turn.
   `rewards` does not take the training step: a reward that changes over training (delegate's annealed
   auxiliaries) is returned as terms, and the step weights them where it knows the step

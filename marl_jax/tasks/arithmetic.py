@@ -1,4 +1,4 @@
-"""Multi-step arithmetic: `a op b op c ... =`, evaluated left to right modulo `modulus`."""
+"""Multi-step arithmetic: `a op b op c ...=`, evaluated left to right modulo `modulus`."""
 import dataclasses
 from typing import ClassVar
 

@@ -5,13 +5,15 @@ The prompt is `<bos>` then one digit per role, each its own segment (`digit0`, `
 protocol can hide every digit but its own from each role (protocol `contribution`).  The answer is the
 digits in role order, then EOS.  With m_r = 1 when role r wrote its digit (the first token of its
 message, or position r of a joint answer), the team outcome is `game_value(m)`, in [0, 1] with
-v(nobody) = 0 and v(best) = 1:
+v(nobody) = 0 and v(best) = 1::
+
   additive:    mean_r m_r
   synergy:     prod_r m_r                          (all must succeed)
   redundancy:  max_r m_r                           (any one suffices)
   free_rider:  mean_{r != f} m_r                   (role f = free_rider_index has no effect)
   saboteur:    mean_{r != s} m_r * (1 - m_s)       (role s = saboteur_index's success hurts the team)
   weighted:    sum_r w_r m_r, w_r = (r + 1) / sum_j (j + 1)
+
 The exact Shapley value and the exact expected difference credit of each role follow from `game_value`
 and the success mask (`marl_jax.credit.exact`).
 """

@@ -1,8 +1,10 @@
 """Program synthesis in a tiny stack language: from input->output examples, write the program.
 
-Prompt: `i:o,i:o,...,i:o=` (a few examples).  Answer: a program, one token per instruction, then EOS:
+Prompt: `i:o,i:o,...,i:o=` (a few examples).  Answer: a program, one token per instruction, then EOS::
+
   x       push the input          0-9   push the digit          d   duplicate the top
   s       swap the top two        + - * pop b, pop a, push a op b (everything mod `modulus`)
+
 The program's output is the top of the stack.  `score` runs the written program with `run` (a JAX
 interpreter: `lax.scan` over the tokens, a fixed-size stack) on every input 0..modulus-1, the examples
 and the hidden rest, and pays 1 only when all outputs are right: any program computing the function
