@@ -124,20 +124,19 @@ def test_every_workflow_scores_a_transcript_with_an_absent_role(name):
       assert bool(jnp.all((outcome >= 0) & (outcome <= 1))), (protocol.roles[role], outcome)
 
 
-@pytest.mark.parametrize("path", ["marl_jax/credit/team.py", "marl_jax/protocols/relay.py"])
-def test_the_readme_shows_the_example_files_as_they_are(path):
-  # The README shows these files whole (relay after its docstring) as the examples to copy.
+@pytest.mark.parametrize("path, page", [("marl_jax/credit/team.py", "docs/credit.md"),
+                                        ("marl_jax/protocols/relay.py", "docs/workflows.md")])
+def test_the_docs_show_the_example_files(path, page):
+  # The docs include these files whole (relay after its docstring) as the examples to copy; the
+  # build reads them from the repository, so what they show is the code.
   root = pathlib.Path(__file__).parent.parent
-  source = (root / path).read_text()
-  if path.endswith("relay.py"):
-    source = source[source.index("import dataclasses"):]
-  assert f"```python\n{source}```" in (root / "README.md").read_text()
+  assert f"```{{literalinclude}} ../{path}\n" in (root / page).read_text()
 
 
-@pytest.mark.parametrize("names, settings_of", [(credit.REGISTRY, credit.knobs),
-                                                 (protocols.REGISTRY, protocols.defaults)])
-def test_the_readme_lists_every_estimators_and_workflows_settings_with_their_defaults(names, settings_of):
-  readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+@pytest.mark.parametrize("names, settings_of, page", [(credit.REGISTRY, credit.knobs, "docs/credit.md"),
+                                                       (protocols.REGISTRY, protocols.defaults, "docs/workflows.md")])
+def test_the_docs_list_every_estimators_and_workflows_settings_with_their_defaults(names, settings_of, page):
+  text = (pathlib.Path(__file__).parent.parent / page).read_text()
   for name in sorted(names):
     settings = ", ".join(f"`{key}={value}`" for key, value in settings_of(name).items()) or "none"
-    assert f"\n| `{name}` | {settings} |\n" in readme, name
+    assert f"\n| `{name}` | {settings} |\n" in text, name
