@@ -8,6 +8,7 @@ stacked on a leading role axis (`adapters_R`) and vmapped with the base broadcas
 differentiated and handed to the optimiser, so optimiser state never holds a base-shaped leaf.
 
 Two paths over the one decoder of `lm.model` (not a copy of it):
+
 - `apply` adds the low-rank product beside each target's output through a Flax method interceptor on
   the target `DenseGeneral` modules. It never forms W + dW: a role costs rank * (in + out) parameters
   and multiply-adds per token and target, where merging would hold a full copy of every target kernel
