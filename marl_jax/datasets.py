@@ -1,7 +1,9 @@
 """Datasets as tensorflow-datasets in array_record files (no TensorFlow needed; read with grain).
 
-Fixed evaluation sets, versioned, one config per task, difficulty, seed and size:
+Fixed evaluation sets, versioned, one config per task, difficulty, seed and size::
+
   marl_eval_set/subset_sum-max_number9-num_numbers5-seed1234-n512:1.0.0
+
 `load_eval_set` reads one, building it first when it does not exist; the problems are exactly those of
 `tasks.eval_problems`, so a number measured on either names the same dataset.  `archive.py` writes
 transcript archives with the same machinery.

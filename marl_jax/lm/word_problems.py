@@ -1,11 +1,14 @@
 """Word problems for checkpoint agents: question/answer pairs from local files, exact scoring of final
 answers (GSM8K conventions), prompts encoded for a checkpoint's tokenizer, and procedural tasks in words.
 
-`load(path)` reads one of
+`load(path)` reads one of::
+
   jsonl  one JSON object a line, with a question field and an answer field (names configurable);
   tfds   a TFDS dataset directory in array_record format (e.g. what `tfds build gsm8k
          --file_format=array_record` writes), read with `tfds.builder_from_directory` and grain;
-and takes the final answer from the answer field in one of two styles:
+
+and takes the final answer from the answer field in one of two styles::
+
   gsm8k  a worked solution whose last line is `#### N`;
   plain  the number itself (a JSON string or number).
 """

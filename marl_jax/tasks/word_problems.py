@@ -218,7 +218,7 @@ class WordProblems(Task):
 
   def turn_headers(self, turn_roles: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
     """Each turn opens as the chat layout opens a turn of the role's chat name (`chat_roles`):
-    Qwen3's `<|im_start|>solver\n`, Llama's `<|start_header_id|>solver<|end_header_id|>\n\n`, after the
+    Qwen3's `<|im_start|>solver\\n`, Llama's `<|start_header_id|>solver<|end_header_id|>\\n\\n`, after the
     first turn preceded by the layout's text between turns; the policy's end-of-turn token closes it."""
     data = self._data()
     roles = list(dict.fromkeys(turn_roles))
