@@ -1,6 +1,6 @@
 """Transcript archives: `archive` samples every seed's team on its evaluation set and writes the
 canvases, author of each position, rewards and counterfactual credit per role as
-`marl_transcripts/NAME:1.0.0` (a TFDS array_record dataset, see `datasets.py`); `load_transcripts`
+`marl_transcripts/NAME:1.0.0` (a TFDS array_record dataset, see `array_records.py`); `load_transcripts`
 reads them back as numpy arrays and readable text.
 
   python -m marl_jax.archive --workdir=DIR [--out=DIR] [--greedy] [--data_dir=DIR]
@@ -14,9 +14,13 @@ import os
 import jax
 import numpy as np
 
-from marl_jax import checkpoint, cli, configs, credit, datasets, evaluate, experiment, loop, rollout, tasks, text
+from marl_jax import (array_records, checkpoint, cli, configs, credit, datasets, evaluate, experiment, loop,
+                      rollout, tasks, text)
 from marl_jax.lm import agent as lm_agent
-from marl_jax.datasets import VERSION, MarlTranscripts
+
+
+class MarlTranscripts(array_records.ArrayRows):
+  """Transcripts of a marl_jax team on an evaluation set: tokens, authors, rewards, credit per role."""
 
 
 def difference_estimator(exp: experiment.Experiment) -> credit.Estimator:
@@ -71,8 +75,8 @@ def archive(exp: experiment.Experiment, params_S, out_dir: str, name: str, greed
   The evaluation set is read from (or built in) `data_dir` when given.  Returns the dataset's name;
   an existing archive is never overwritten.
   """
-  if datasets.exists(MarlTranscripts, name, out_dir):
-    raise FileExistsError(f"{os.path.join(out_dir, MarlTranscripts.name, name, VERSION)} exists; "
+  if array_records.exists(MarlTranscripts, name, out_dir):
+    raise FileExistsError(f"{os.path.join(out_dir, MarlTranscripts.name, name, array_records.VERSION)} exists; "
                           f"choose another output directory or name")
   cfg = exp.config.eval
   problems = evaluate.eval_problems(exp, data_dir)
@@ -83,8 +87,8 @@ def archive(exp: experiment.Experiment, params_S, out_dir: str, name: str, greed
               "protocol": exp.config.protocol.to_dict(), "greedy": greedy,
               "credit": "difference" if with_credit else None,
               "config": json.loads(exp.config.to_json()), **(extra_metadata or {})}
-  datasets.write(MarlTranscripts, name, out_dir, rows, metadata)
-  return f"{MarlTranscripts.name}/{name}:{VERSION}"
+  array_records.write(MarlTranscripts, name, out_dir, rows, metadata)
+  return f"{MarlTranscripts.name}/{name}:{array_records.VERSION}"
 
 
 @dataclasses.dataclass
@@ -128,7 +132,7 @@ class Transcripts:
 
 
 def load_transcripts(out_dir: str, name: str) -> Transcripts:
-  return Transcripts(*datasets.read(MarlTranscripts, name, out_dir))
+  return Transcripts(*array_records.read(MarlTranscripts, name, out_dir))
 
 
 def archive_workdir(workdir: str, out_dir: str, greedy: bool = False, data_dir: str = "") -> str:
@@ -156,7 +160,8 @@ def main(argv=None) -> None:
   with cli.refusing_bad_input(parser):
     name = archive_workdir(args.workdir, out, args.greedy, args.data_dir)
   transcripts = load_transcripts(out, name)
-  print(f"wrote {MarlTranscripts.name}/{name}:{VERSION} ({len(transcripts)} transcripts) under {out}; "
+  print(f"wrote {MarlTranscripts.name}/{name}:{array_records.VERSION} ({len(transcripts)} transcripts) "
+        f"under {out}; "
         f"the first:\n{transcripts.text(0)}")
 
 

@@ -1,96 +1,27 @@
-"""Datasets as tensorflow-datasets in array_record files (no TensorFlow needed; read with grain).
-
-Fixed evaluation sets, versioned, one config per task, difficulty, seed and size::
+"""Fixed evaluation sets, as tensorflow-datasets in array_record files (`array_records`), versioned,
+one config per task, difficulty, seed and size::
 
   marl_eval_set/subset_sum-max_number9-num_numbers5-seed1234-n512:1.0.0
 
 `load_eval_set` reads one, building it first when it does not exist; the problems are exactly those of
-`tasks.eval_problems`, so a number measured on either names the same dataset.  `archive.py` writes
-transcript archives with the same machinery.
+`tasks.eval_problems`, so a number measured on either names the same dataset.  `eval_set_in_words`
+poses the same problems in words, for a checkpoint's tokenizer.
 """
-import os
 import re
 
-import grain
 import jax
 import numpy as np
-import tensorflow_datasets as tfds
 
-from marl_jax import tasks
-
-VERSION = "1.0.0"
-SPLIT = "test"
-_CONFIG_NAME = re.compile(r"^[\w+\-.]+$")  # what TFDS accepts in `dataset/config:version`
-
-
-class _ArrayRows(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-  """Writes rows of fixed-shape numpy arrays held in memory: one split, in order."""
-  VERSION = tfds.core.Version(VERSION)
-  RELEASE_NOTES = {str(VERSION): "First release."}
-
-  @tfds.core.utils.classproperty
-  @classmethod
-  def code_path(cls):
-    # No checksum or metadata files live beside this code; and TFDS's own lookup of the code's path
-    # needs `importlib_resources`, which it only declares for Python < 3.9.
-    return None
-
-  def __init__(self, *, rows: dict[str, np.ndarray], metadata: dict, **kwargs):
-    self._rows, self._metadata = rows, metadata
-    super().__init__(file_format="array_record", **kwargs)
-
-  def _info(self) -> tfds.core.DatasetInfo:
-    features = {k: tfds.features.Tensor(shape=v.shape[1:], dtype=v.dtype) for k, v in self._rows.items()}
-    return tfds.core.DatasetInfo(
-        builder=self, description=self.__doc__, features=tfds.features.FeaturesDict(features),
-        metadata=tfds.core.MetadataDict(self._metadata), disable_shuffling=True)
-
-  def _split_generators(self, dl_manager):
-    del dl_manager
-    return {SPLIT: self._generate_examples()}
-
-  def _generate_examples(self):
-    for i in range(len(next(iter(self._rows.values())))):
-      yield i, {k: v[i] for k, v in self._rows.items()}
-
-
-class MarlEvalSet(_ArrayRows):
-  """A fixed evaluation set of one marl_jax task: the problems `tasks.eval_problems` draws."""
-
-
-class MarlTranscripts(_ArrayRows):
-  """Transcripts of a marl_jax team on an evaluation set: tokens, authors, rewards, credit per role."""
-
-
-def write(builder_cls, config: str, data_dir: str, rows: dict, metadata: dict) -> None:
-  if not _CONFIG_NAME.match(config):
-    raise ValueError(f"dataset config name {config!r} may only hold letters, digits and _+-.")
-  rows = {k: np.asarray(v) for k, v in rows.items()}
-  builder = builder_cls(rows=rows, metadata=metadata, data_dir=data_dir,
-                        config=tfds.core.BuilderConfig(name=config, description=builder_cls.__doc__))
-  builder.download_and_prepare()
-
-
-def exists(builder_cls, config: str, data_dir: str) -> bool:
-  return os.path.exists(os.path.join(data_dir, builder_cls.name, config, VERSION, "dataset_info.json"))
-
-
-def read(builder_cls, config: str, data_dir: str) -> tuple[dict[str, np.ndarray], dict]:
-  """Every row, in the dtypes written; and the metadata."""
-  source = tfds.data_source(f"{builder_cls.name}/{config}:{VERSION}", split=SPLIT, data_dir=data_dir)
-  return read_source(source), dict(source.dataset_info.metadata)
-
-
-def read_source(source) -> dict[str, np.ndarray]:
-  """Every row of a TFDS array_record data source, batched by grain, in the dtypes written (text
-  features as bytes objects)."""
-  features = source.dataset_info.features
-  batch = grain.MapDataset.source(source).batch(len(source))[0]
-  return {k: np.asarray(batch[k], features[k].np_dtype) for k in features.keys()}
+from marl_jax import array_records, tasks, text
+from marl_jax.lm import word_problems
 
 
 # ---------------------------------------------------------------------------------------------
 # Fixed evaluation sets.
+
+
+class MarlEvalSet(array_records.ArrayRows):
+  """A fixed evaluation set of one marl_jax task: the problems `tasks.eval_problems` draws."""
 
 
 def task_name(task: tasks.Task) -> str:
@@ -114,13 +45,50 @@ def eval_set_config(task: tasks.Task, seed: int, size: int) -> str:
 
 def eval_set_name(task: tasks.Task, seed: int, size: int) -> str:
   """The name to quote with a number measured on this set: `marl_eval_set/CONFIG:VERSION`."""
-  return f"{MarlEvalSet.name}/{eval_set_config(task, seed, size)}:{VERSION}"
+  return f"{MarlEvalSet.name}/{eval_set_config(task, seed, size)}:{array_records.VERSION}"
 
 
 def load_eval_set(task: tasks.Task, seed: int, size: int, data_dir: str) -> dict[str, np.ndarray]:
   """`tasks.eval_problems(task, seed, size)` as numpy arrays, read from data_dir (built if missing)."""
   config = eval_set_config(task, seed, size)
-  if not exists(MarlEvalSet, config, data_dir):
+  if not array_records.exists(MarlEvalSet, config, data_dir):
     metadata = {"task": task_name(task), "knobs": task_knobs(task), "seed": seed, "size": size}
-    write(MarlEvalSet, config, data_dir, jax.device_get(tasks.eval_problems(task, seed, size)), metadata)
-  return read(MarlEvalSet, config, data_dir)[0]
+    problems = jax.device_get(tasks.eval_problems(task, seed, size))
+    array_records.write(MarlEvalSet, config, data_dir, problems, metadata)
+  return array_records.read(MarlEvalSet, config, data_dir)[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation sets in words, so that a real tokenizer can be posed the same problems.
+
+_STEPS = {"+": "add {}", "-": "subtract {}", "*": "multiply by {}"}
+
+
+def arithmetic_question(task: tasks.Arithmetic, problem: dict) -> tuple[str, str]:
+  """One arithmetic problem (the arrays of `task.sample`) as a question in words, and its answer.
+
+  The chain is told as steps, so its left-to-right order needs no brackets; the modulus is said with
+  its range, so a negative intermediate (3 - 5) has one reading.
+  """
+  operands_ops = re.findall(r"\d+|[+\-*]", text.decode(problem["prompt"]))
+  operands, ops = [int(x) for x in operands_ops[::2]], operands_ops[1::2]
+  steps = [_STEPS[op].format(b) for op, b in zip(ops, operands[1:])]
+  told = steps[0] if len(steps) == 1 else ", ".join(steps[:-1]) + ", then " + steps[-1]
+  question = (f"Start with {operands[0]}, {told}, taking the result modulo {task.modulus} after each "
+              f"step (so it stays between 0 and {task.modulus - 1}). What is the final result?")
+  answer = text.decode(problem["answer"]).split(text.TOKENS[text.EOS])[0]
+  return question, answer
+
+
+_QUESTIONS = {"arithmetic": arithmetic_question}  # task name -> its problems in words
+
+
+def eval_set_in_words(task: tasks.Task, seed: int, size: int) -> word_problems.WordProblems:
+  """The problems of the task's fixed evaluation set (`tasks.eval_problems`), posed in words."""
+  if task.name not in _QUESTIONS:
+    raise ValueError(f"task {task.name!r} has no word form; tasks with one: {sorted(_QUESTIONS)}")
+  problems = jax.device_get(tasks.eval_problems(task, seed, size))
+  pairs = [_QUESTIONS[task.name](task, {k: v[i] for k, v in problems.items()}) for i in range(size)]
+  answers = tuple(a for _, a in pairs)
+  return word_problems.WordProblems(tuple(q for q, _ in pairs), answers, eval_set_name(task, seed, size),
+                                    answers)

@@ -1,14 +1,13 @@
 """Word problems: the readers (jsonl in both answer styles, a TFDS directory built here) and their errors,
-final-answer extraction and scoring by hand, prompts for the fixture tokenizers, arithmetic in words."""
+final-answer extraction and scoring by hand, prompts for the fixture tokenizers.  (Evaluation sets in words:
+datasets_test.py.)"""
 import json
 import pathlib
-import re
 
 import numpy as np
 import pytest
 from tensorflow_datasets.text import gsm8k
 
-from marl_jax import datasets, tasks, text
 from marl_jax.lm import tokenizer as lm_tokenizer
 from marl_jax.lm import word_problems as wp
 
@@ -178,38 +177,3 @@ def test_encode_prompts(family):
   assert kept.prompt_NxP.shape == (4, P) and kept.prompt_len_N.tolist() == [lengths[i] for i in kept.index_N]
   with pytest.raises(ValueError, match="none of the 7 questions fits in max_prompt_len=5"):
     wp.encode_prompts(tok, questions, 5, drop_long=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# Procedural tasks in words.
-
-
-def test_arithmetic_question_by_hand():
-  task = tasks.Arithmetic(num_ops=3, max_operand=12, modulus=10)
-  problem = {"prompt": np.array(text.encode("<bos>03+04*12-05=")),
-             "answer": np.array(text.encode("1<eos><pad>"))}  # ((3 + 4) * 12 - 5) mod 10 = 1
-  assert wp.arithmetic_question(task, problem) == (
-      "Start with 3, add 4, multiply by 12, then subtract 5, taking the result modulo 10 after each step "
-      "(so it stays between 0 and 9). What is the final result?", "1")
-  problem = {"prompt": np.array(text.encode("<bos>7*5=")), "answer": np.array(text.encode("5<eos>"))}
-  assert wp.arithmetic_question(tasks.Arithmetic(num_ops=1), problem)[0].startswith(
-      "Start with 7, multiply by 5, taking")
-
-
-def test_from_task_poses_the_eval_set_in_words():
-  task = tasks.Arithmetic(num_ops=2, modulus=7)
-  problems = wp.from_task(task, seed=3, size=8)
-  assert problems.source == datasets.eval_set_name(task, 3, 8)  # the same problems as that dataset
-  # Each answer is what the question says, worked out from its words.
-  for question, answer in zip(problems.questions, problems.answers):
-    start, *steps = re.findall(r"(?:Start with|add|subtract|multiply by) \d+", question)
-    modulus, top = map(int, re.search(r"modulo (\d+) after each step \(so it stays between 0 and (\d+)\)",
-                                      question).groups())
-    assert (modulus, top) == (7, 6), question
-    value = int(start.split()[-1])
-    for step in steps:
-      verb, b = step.rsplit(" ", 1)
-      value = {"add": value + int(b), "subtract": value - int(b), "multiply by": value * int(b)}[verb] % modulus
-    assert answer == str(value), question
-  with pytest.raises(ValueError, match=r"task 'subset_sum' has no word form; tasks with one: \['arithmetic'\]"):
-    wp.from_task(tasks.make("subset_sum"), seed=3, size=2)

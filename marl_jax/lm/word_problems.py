@@ -1,5 +1,6 @@
 """Word problems for checkpoint agents: question/answer pairs from local files, exact scoring of final
-answers (GSM8K conventions), prompts encoded for a checkpoint's tokenizer, and procedural tasks in words.
+answers (GSM8K conventions), and prompts encoded for a checkpoint's tokenizer.  (The word-problem task
+is `tasks.word_problems`; procedural tasks' evaluation sets in words are `datasets.eval_set_in_words`.)
 
 `load(path)` reads one of::
 
@@ -19,11 +20,10 @@ import os
 import re
 from typing import NamedTuple, Sequence
 
-import jax
 import numpy as np
 import tensorflow_datasets as tfds
 
-from marl_jax import datasets, tasks, text
+from marl_jax import array_records
 from marl_jax.lm import tokenizer as lm_tokenizer
 
 SOURCES = ("auto", "jsonl", "tfds")  # auto: a directory is tfds, a file jsonl
@@ -149,7 +149,7 @@ def _read_tfds(path: str, split: str, keys: tuple[str, str]) -> list[tuple[str, 
   builder = tfds.builder_from_directory(path)
   _check_fields(path, keys, builder.info.features)
   data_source = builder.as_data_source(split=split)  # never empty: TFDS writes no empty split
-  columns = datasets.read_source(data_source)
+  columns = array_records.read_source(data_source)
   where = lambda i: f"{path} split {split!r} row {i}"
   decode = lambda value: value.decode("utf-8") if isinstance(value, bytes) else value
   return [(where(i), *(_text(where(i), key, decode(columns[key][i])) for key in keys))
@@ -218,38 +218,3 @@ def encode_prompts(tok: lm_tokenizer.Tokenizer, questions: Sequence[str], max_pr
   for row, i in enumerate(index_N):
     prompt_NxP[row, max_prompt_len - prompt_len_N[row]:] = ids[i]
   return Prompts(prompt_NxP, prompt_len_N, index_N)
-
-
-# ---------------------------------------------------------------------------------------------
-# Procedural tasks in words, so that a real tokenizer can be posed the same problems.
-
-_STEPS = {"+": "add {}", "-": "subtract {}", "*": "multiply by {}"}
-
-
-def arithmetic_question(task: tasks.Arithmetic, problem: dict) -> tuple[str, str]:
-  """One arithmetic problem (the arrays of `task.sample`) as a question in words, and its answer.
-
-  The chain is told as steps, so its left-to-right order needs no brackets; the modulus is said with
-  its range, so a negative intermediate (3 - 5) has one reading.
-  """
-  operands_ops = re.findall(r"\d+|[+\-*]", text.decode(problem["prompt"]))
-  operands, ops = [int(x) for x in operands_ops[::2]], operands_ops[1::2]
-  steps = [_STEPS[op].format(b) for op, b in zip(ops, operands[1:])]
-  told = steps[0] if len(steps) == 1 else ", ".join(steps[:-1]) + ", then " + steps[-1]
-  question = (f"Start with {operands[0]}, {told}, taking the result modulo {task.modulus} after each "
-              f"step (so it stays between 0 and {task.modulus - 1}). What is the final result?")
-  answer = text.decode(problem["answer"]).split(text.TOKENS[text.EOS])[0]
-  return question, answer
-
-
-_QUESTIONS = {"arithmetic": arithmetic_question}  # task name -> its problems in words
-
-
-def from_task(task: tasks.Task, seed: int, size: int) -> WordProblems:
-  """The problems of the task's fixed evaluation set (`tasks.eval_problems`), posed in words."""
-  if task.name not in _QUESTIONS:
-    raise ValueError(f"task {task.name!r} has no word form; tasks with one: {sorted(_QUESTIONS)}")
-  problems = jax.device_get(tasks.eval_problems(task, seed, size))
-  pairs = [_QUESTIONS[task.name](task, {k: v[i] for k, v in problems.items()}) for i in range(size)]
-  answers = tuple(a for _, a in pairs)
-  return WordProblems(tuple(q for q, _ in pairs), answers, datasets.eval_set_name(task, seed, size), answers)

@@ -24,6 +24,7 @@ import numpy as np
 
 from marl_jax import checks, text
 from marl_jax.lm import agent as lm_agent
+from marl_jax.lm import word_problems
 from marl_jax.tasks.base import Task, register
 
 
@@ -86,8 +87,6 @@ class WordProblems(Task):
 
   @functools.lru_cache(maxsize=4)
   def _data(self) -> _Data:
-    # Imported here: lm.word_problems reads files through marl_jax.datasets, which imports this registry.
-    from marl_jax.lm import word_problems  # pylint: disable=g-import-not-at-top
     if not self.path:
       raise ValueError("config.task.path is empty; allowed: a jsonl file of question/answer pairs or a "
                        "TFDS directory in array_record format")
@@ -212,13 +211,12 @@ class WordProblems(Task):
 
   def score(self, problem: dict, message_A) -> jax.Array:
     """1.0 when the message's final answer is the reference's, on the host (see the module's doc)."""
-    from marl_jax.lm import word_problems  # pylint: disable=g-import-not-at-top
     return self._on_host(lambda data, said, index: word_problems.score(said, data.reference_N[int(index)]),
                          jax.ShapeDtypeStruct((), jnp.float32), message_A, problem["index"])
 
   def turn_headers(self, turn_roles: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
     """Each turn opens as the chat layout opens a turn of the role's chat name (`chat_roles`):
-    Qwen3's `<|im_start|>solver\\n`, Llama's `<|start_header_id|>solver<|end_header_id|>\\n\\n`, after the
+    ChatML's `<|im_start|>solver\\n`, Llama-3's `<|start_header_id|>solver<|end_header_id|>\\n\\n`, after the
     first turn preceded by the layout's text between turns; the policy's end-of-turn token closes it."""
     data = self._data()
     roles = list(dict.fromkeys(turn_roles))
@@ -235,7 +233,6 @@ class WordProblems(Task):
   def vote_key(self, message_A) -> jax.Array:
     """Votes compare final answers: key_2 is a 64-bit digest of the message's final answer (of its
     whole text when it gives none, so only identical such messages agree), on the host."""
-    from marl_jax.lm import word_problems  # pylint: disable=g-import-not-at-top
 
     def digest(data, said):
       del data
