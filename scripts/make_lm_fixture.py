@@ -1,19 +1,22 @@
-"""Builds the tiny Qwen3 and Llama checkpoints under tests/fixtures/lm/ that tests/lm_test.py checks
-marl_jax.lm against.  Run by a developer, never by tests or CI: it needs transformers and torch, which
-marl_jax does not depend on.
+"""Builds the tiny checkpoints under tests/fixtures/lm/ that tests/lm_test.py checks marl_jax.lm against:
+Qwen3 and Llama in their own chat layouts, and a SmolLM-style Llama that speaks ChatML.  Run by a
+developer, never by tests or CI: it needs transformers and torch, which marl_jax does not depend on.
 
   python -m venv ~/venv-ref
   ~/venv-ref/bin/pip install transformers torch safetensors tokenizers
-  ~/venv-ref/bin/python scripts/make_lm_fixture.py
+  ~/venv-ref/bin/python scripts/make_lm_fixture.py [FIXTURE ...]   # default: all of them
 
-Each family gets a randomly initialised model saved by transformers itself (config.json and a bfloat16
+Each fixture gets a randomly initialised model saved by transformers itself (config.json and a bfloat16
 model.safetensors, as real checkpoints are stored), a byte-level BPE tokenizer.json trained on a small
-arithmetic corpus with the family's chat tokens, and reference.npz: the float32 logits transformers
-computes for a left-padded batch of prompts, and each prompt's greedy continuation.
+arithmetic corpus with its chat layout's tokens (and, where it has one, a tokenizer_config.json with
+the chat template, checked to render the hand-written chat prompt), and reference.npz: the float32
+logits transformers computes for a left-padded batch of prompts, and each prompt's greedy continuation.
 """
+import json
 import os
 import random
 import shutil
+import sys
 
 import numpy as np
 import tokenizers
@@ -26,10 +29,11 @@ VOCAB = 384
 NEW_TOKENS = 8
 SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=16, max_position_embeddings=128)
-FAMILIES = {
+CHATML_PROMPT = "<|im_start|>user\nWhat is 4 + 9?<|im_end|>\n<|im_start|>assistant\n"
+FIXTURES = {
     "qwen3": dict(
         specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        chat="<|im_start|>user\nWhat is 4 + 9?<|im_end|>\n<|im_start|>assistant\n",
+        chat=CHATML_PROMPT,
         config=lambda: transformers.Qwen3Config(
             **SHAPE, rms_norm_eps=1e-6, rope_theta=1_000_000.0, tie_word_embeddings=True)),
     "llama": dict(
@@ -42,6 +46,16 @@ FAMILIES = {
             **SHAPE, rms_norm_eps=1e-5, rope_theta=500_000.0, tie_word_embeddings=False,
             rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                               original_max_position_embeddings=64))),
+    # SmolLM-style: the Llama architecture (plain RoPE, tied embeddings) with ChatML turns, which only
+    # the tokenizer files say (SmolLM2's template without its default system prompt).
+    "llama_chatml": dict(
+        specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        chat=CHATML_PROMPT,
+        chat_template=("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+                       "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
+                       "{{ '<|im_start|>assistant\\n' }}{% endif %}"),
+        config=lambda: transformers.LlamaConfig(
+            **SHAPE, rms_norm_eps=1e-5, rope_theta=100_000.0, tie_word_embeddings=True)),
 }
 PROMPTS = ["What is 12 + 7?", "Tom has 3 apples and buys 5 more. How many apples does he have?"]
 
@@ -102,10 +116,25 @@ def reference(model, tok: tokenizers.Tokenizer, prompts: list[str]) -> dict:
               continuation_BxN=np.stack(continuation).astype(np.int32))
 
 
-def main():
+def write_chat_template(tok: tokenizers.Tokenizer, template: str, chat: str, out: str) -> None:
+  """tokenizer_config.json with `template`, which must render the chat prompt `chat` (one user turn,
+  then the assistant's header) as transformers applies it."""
+  hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, chat_template=template)
+  rendered = hf_tok.apply_chat_template([{"role": "user", "content": "What is 4 + 9?"}], tokenize=False,
+                                        add_generation_prompt=True)
+  assert rendered == chat, (rendered, chat)
+  with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+    json.dump({"chat_template": template}, f, indent=2)
+
+
+def main(names: list[str]):
+  unknown = sorted(set(names) - set(FIXTURES))
+  if unknown:
+    raise SystemExit(f"unknown fixtures {unknown}; allowed: {sorted(FIXTURES)}")
   torch.manual_seed(0)
-  for family, spec in FAMILIES.items():
-    out = os.path.join(OUT, family)
+  for fixture in names or FIXTURES:
+    spec = FIXTURES[fixture]
+    out = os.path.join(OUT, fixture)
     shutil.rmtree(out, ignore_errors=True)
     tok = train_tokenizer(spec["specials"])
     config = spec["config"]()
@@ -117,13 +146,15 @@ def main():
       if name not in ("config.json", "model.safetensors"):
         os.remove(os.path.join(out, name))
     tok.save(os.path.join(out, "tokenizer.json"))
+    if "chat_template" in spec:
+      write_chat_template(tok, spec["chat_template"], spec["chat"], out)
     # The reference reads the saved checkpoint back, in float32, with plain (eager) attention.
     model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32,
                                                               attn_implementation="eager")
-    print(f"{family}: vocab {tok.get_vocab_size()}")
+    print(f"{fixture}: vocab {tok.get_vocab_size()}")
     np.savez_compressed(os.path.join(out, "reference.npz"),
                         **reference(model.eval(), tok, PROMPTS + [spec["chat"]]))
 
 
 if __name__ == "__main__":
-  main()
+  main(sys.argv[1:])

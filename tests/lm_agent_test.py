@@ -28,7 +28,7 @@ from marl_jax.lm import tokenizer as lm_tokenizer
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "lm"
-FAMILIES = ["qwen3", "llama"]
+FAMILIES = ["qwen3", "llama", "llama_chatml"]  # llama_chatml: the Llama architecture speaking ChatML
 
 
 def _model_config(family, **overrides):
@@ -43,7 +43,8 @@ def test_symbol_table(family):
   ids_V = lm_agent.symbol_ids(tok)
   assert len(ids_V) == text.VOCAB_SIZE
   assert ids_V[text.EOS] == tok.end_of_turn_id
-  assert ids_V[text.BOS] == tok.tok.token_to_id({"qwen3": "<|im_start|>", "llama": "<|begin_of_text|>"}[family])
+  bos = {"qwen3": "<|im_start|>", "llama": "<|begin_of_text|>", "llama_chatml": "<|im_start|>"}[family]
+  assert ids_V[text.BOS] == tok.tok.token_to_id(bos)
   for symbol in "0123456789+-*=az":
     assert ids_V[text.TOKEN_ID[symbol]] == tok.encode(symbol)[0]
   assert [tok.decode([ids_V[text.role_marker(k)]]) for k in range(3)] == ["A", "B", "C"]
@@ -75,8 +76,8 @@ def test_two_symbols_on_one_token_are_refused(monkeypatch):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_agent_logits_are_the_decoders_at_the_symbols(family):
-  """Tied (Qwen3) and untied (Llama) unembeddings: the agent's logits over symbols are the decoder's
-  logits of those symbols' tokens, through prefill and one cached decoding step."""
+  """Tied (Qwen3, ChatML Llama) and untied (Llama) unembeddings: the agent's logits over symbols are the
+  decoder's logits of those symbols' tokens, through prefill and one cached decoding step."""
   agent = lm_agent.from_config(_model_config(family))
   params = agent.pretrained_stack(1)
   params = jax.tree.map(lambda p: jnp.asarray(p[0]), params)
@@ -284,10 +285,11 @@ def test_export_refuses_what_it_cannot_write_before_reading_checkpoints(tmp_path
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family, lora, verifier", [("qwen3", False, "llama"), ("llama", True, "")])
+@pytest.mark.parametrize("family, lora, verifier", [("qwen3", False, "llama"), ("llama", True, ""),
+                                                    ("llama_chatml", False, "")])
 def test_tiny_solver_verifier_through_the_cli_and_export(family, lora, verifier, tmp_path):
   """A full run of each family (Llama with LoRA adapters; a mixed team of a Qwen3 solver and a Llama
-  verifier), then its verifier exported and read back."""
+  verifier; a Llama speaking ChatML), then its verifier exported and read back."""
   workdir, out = tmp_path / "run", tmp_path / "verifier_hf"
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   arg = f"size=tiny,checkpoint={FIXTURES / family},lora={str(lora).lower()}"
@@ -305,8 +307,9 @@ def test_tiny_solver_verifier_through_the_cli_and_export(family, lora, verifier,
                            "--role=verifier", f"--out={out}"], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
   assert export.returncode == 0, export.stderr[-3000:]
-  assert (out / "tokenizer.json").exists()
-  if not lora:  # bad input is refused in one line (it was a traceback): once is enough
+  # The exported tokenizer files choose the source's chat layout.
+  assert lm_tokenizer.load(str(out)).layout == lm_tokenizer.load(str(FIXTURES / (verifier or family))).layout
+  if verifier:  # bad input is refused in one line (it was a traceback): once is enough, on the mixed team
     for args, refusal in [(["--role=judge", f"--out={tmp_path / 'judge'}"],
                            "--role='judge' is not a role of this run; allowed: ['solver', 'verifier']"),
                           (["--role=verifier", f"--out={out}"], f"--out={out} holds ['config.json', "),

@@ -3,6 +3,7 @@ and the logits and greedy continuations transformers computed for them."""
 import functools
 import json
 import pathlib
+import re
 import shutil
 
 import chex
@@ -17,7 +18,8 @@ from marl_jax.lm import model as lm_model
 from marl_jax.lm import tokenizer as lm_tokenizer
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures" / "lm"
-FAMILIES = ["qwen3", "llama"]
+FAMILIES = ["qwen3", "llama", "llama_chatml"]  # llama_chatml: the Llama architecture speaking ChatML
+LAYOUT = {"qwen3": "chatml", "llama": "llama3", "llama_chatml": "chatml"}  # as its tokenizer files say
 _apply = jax.jit(lm_model.apply, static_argnums=0)
 
 
@@ -321,6 +323,7 @@ def test_bad_checkpoint_errors_name_the_file_or_key(case, tmp_path):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_tokenizer_matches_the_fixture_and_renders_chat(family):
   tok = lm_tokenizer.load(str(FIXTURES / family))
+  assert tok.layout == lm_tokenizer.LAYOUTS[LAYOUT[family]]
   ref = _reference(family)
   prompts = [ids[ok] for ids, ok in zip(ref["tokens_BxP"], ref["mask_BxP"])]
   for text, ids in zip(ref["prompts_B"][:2], prompts):
@@ -329,16 +332,16 @@ def test_tokenizer_matches_the_fixture_and_renders_chat(family):
   # The third prompt was written out by hand in the fixture script: one user turn, then the
   # assistant's header.
   assert tok.render_chat([("user", "What is 4 + 9?")], next_role="assistant") == list(prompts[2])
-  eot = {"qwen3": "<|im_end|>", "llama": "<|eot_id|>"}[family]
+  eot = {"chatml": "<|im_end|>", "llama3": "<|eot_id|>"}[LAYOUT[family]]
   assert tok.end_of_turn_id == tok.tok.token_to_id(eot)
   turns = [("system", "Add."), ("user", "1 + 2"), ("assistant", "3")]
   ids = tok.render_chat(turns)
   assert ids.count(tok.end_of_turn_id) == 3
   # The layouts as the issue states them, written out independently of tokenizer.py.
-  turn = {"qwen3": "<|im_start|>{r}\n{t}<|im_end|>\n",
-          "llama": "<|start_header_id|>{r}<|end_header_id|>\n\n{t}<|eot_id|>"}[family]
+  turn = {"chatml": "<|im_start|>{r}\n{t}<|im_end|>\n",
+          "llama3": "<|start_header_id|>{r}<|end_header_id|>\n\n{t}<|eot_id|>"}[LAYOUT[family]]
   expected = "".join(turn.format(r=r, t=t) for r, t in turns)
-  assert tok.decode(ids) == ("<|begin_of_text|>" if family == "llama" else "") + expected
+  assert tok.decode(ids) == ("<|begin_of_text|>" if LAYOUT[family] == "llama3" else "") + expected
 
 
 def test_an_unreadable_tokenizer_is_refused_naming_it(tmp_path):
@@ -348,12 +351,94 @@ def test_an_unreadable_tokenizer_is_refused_naming_it(tmp_path):
     lm_tokenizer.load(str(tmp_path))
 
 
-@pytest.mark.parametrize("token,message", [
-    ("<|im_start|>", r"tokenizer.json lacks the token '<\|im_start\|>' that the qwen3 chat layout needs"),
-    ("<|im_end|>", r"tokenizer.json lacks the token '<\|im_end\|>' that the qwen3 chat layout needs")])
-def test_tokenizer_without_a_chat_token_is_refused(token, message, tmp_path):
-  # The fixture's tokenizer with one special token of the layout renamed, the others kept.
+def test_llama_architecture_with_chatml_tokens_renders_a_chatml_turn():
+  """SmolLM's case: nothing in config.json (model_type llama) says ChatML, its tokenizer files do."""
+  directory = FIXTURES / "llama_chatml"
+  assert json.loads((directory / "config.json").read_text())["model_type"] == "llama"
+  tok = lm_tokenizer.load(str(directory))
+  start, end = tok.tok.token_to_id("<|im_start|>"), tok.tok.token_to_id("<|im_end|>")
+  ids = tok.render_chat([("user", "What is 4 + 9?")], next_role="assistant")
+  assert ids == [start, *tok.encode("user\nWhat is 4 + 9?"), end, *tok.encode("\n"), start,
+                 *tok.encode("assistant\n")]
+  assert tok.tok.id_to_token(ids[0]) == "<|im_start|>" and tok.end_of_turn_id == end
+  assert tok.decode(ids) == "<|im_start|>user\nWhat is 4 + 9?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_qwen3_architecture_with_llama3_tokens_loads_in_the_llama3_layout(tmp_path):
+  _copy(tmp_path, "qwen3", ("config.json", "model.safetensors"))
+  _copy(tmp_path, "llama", ("tokenizer.json",))
+  tok = lm_tokenizer.load(str(tmp_path))
+  assert tok.layout == lm_tokenizer.LAYOUTS["llama3"] and tok.end_of_turn_id == tok.tok.token_to_id("<|eot_id|>")
+  assert checkpoint.load(str(tmp_path), max_len=40)[0].model_type == "qwen3"
+
+
+CHATML_TEMPLATE = "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' }}"
+LLAMA3_TEMPLATE = ("{{ bos_token }}{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' "
+                   "+ message['content'] + '<|eot_id|>' }}")
+BOTH = (r"it holds the tokens of the layouts \['chatml', 'llama3'\] and no chat template singles one out")
+
+
+def _both_layouts(tmp_path, **files):
+  """The ChatML fixture's tokenizer with Llama-3's special tokens added, and `files` (name: text)."""
+  tok = lm_tokenizer.load(str(FIXTURES / "llama_chatml")).tok
+  tok.add_special_tokens(lm_tokenizer.needed_tokens(lm_tokenizer.LAYOUTS["llama3"]))
+  tok.save(str(tmp_path / "tokenizer.json"))
+  for name, text in files.items():
+    (tmp_path / name).write_text(text)
+  return str(tmp_path)
+
+
+@pytest.mark.parametrize("files, layout", [
+    ({"tokenizer_config.json": json.dumps({"chat_template": CHATML_TEMPLATE})}, "chatml"),
+    ({"tokenizer_config.json": json.dumps({"chat_template": LLAMA3_TEMPLATE})}, "llama3"),
+    # Named templates (a default and a tool-use one) are read together.
+    ({"tokenizer_config.json": json.dumps({"chat_template": [{"name": "default", "template": LLAMA3_TEMPLATE},
+                                                             {"name": "tool_use", "template": "{{ tools }}"}]})},
+     "llama3"),
+    # Newer transformers write chat_template.jinja, which comes before tokenizer_config.json's.
+    ({"chat_template.jinja": LLAMA3_TEMPLATE,
+      "tokenizer_config.json": json.dumps({"chat_template": CHATML_TEMPLATE})}, "llama3"),
+    # A template in a layout marl_jax does not know leaves the choice to the tokens: here both, refused.
+    ({"tokenizer_config.json": json.dumps({"chat_template": "{{ '<start_of_turn>' + message['role'] }}"})}, BOTH),
+    ({}, BOTH),
+], ids=["chatml template", "llama3 template", "named templates", "jinja file first", "unknown template",
+        "no template"])
+def test_the_chat_template_decides_between_layouts_the_tokenizer_holds(files, layout, tmp_path):
+  directory = _both_layouts(tmp_path, **files)
+  if layout in lm_tokenizer.LAYOUTS:
+    assert lm_tokenizer.load(directory).layout == lm_tokenizer.LAYOUTS[layout]
+  else:
+    with pytest.raises(ValueError, match=r"tokenizer.json: " + layout):
+      lm_tokenizer.load(directory)
+
+
+def test_a_tokenizer_of_no_known_layout_is_refused_naming_the_layouts_and_their_tokens(tmp_path):
+  # The Qwen3 fixture's tokenizer with <|im_end|> renamed: ChatML lacks it, Llama-3 lacks all four.
   text = (FIXTURES / "qwen3" / "tokenizer.json").read_text()
-  _write(tmp_path, "tokenizer.json", text.replace(token, "<|renamed|>"))
+  _write(tmp_path, "tokenizer.json", text.replace("<|im_end|>", "<|renamed|>"))
+  message = ("tokenizer.json: it holds the tokens of no known chat layout; known layouts and the tokens each "
+             "needs: chatml needs ['<|im_start|>', '<|im_end|>'] (lacks ['<|im_end|>']); llama3 needs "
+             "['<|begin_of_text|>', '<|start_header_id|>', '<|end_header_id|>', '<|eot_id|>'] (lacks "
+             "['<|begin_of_text|>', '<|start_header_id|>', '<|end_header_id|>', '<|eot_id|>'])")
+  with pytest.raises(ValueError, match=re.escape(message)):
+    lm_tokenizer.load(str(tmp_path))
+
+
+def test_a_template_of_a_layout_the_tokenizer_lacks_is_refused(tmp_path):
+  shutil.copy(FIXTURES / "llama_chatml" / "tokenizer.json", tmp_path)
+  (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": LLAMA3_TEMPLATE}))
+  with pytest.raises(ValueError, match=r"its chat template writes the llama3 layout, which it lacks tokens of; "
+                                       r"known layouts .* llama3 needs .* \(lacks \['<\|begin_of_text\|>'"):
+    lm_tokenizer.load(str(tmp_path))
+
+
+@pytest.mark.parametrize("tokenizer_config, message", [
+    ({"chat_template": {"default": CHATML_TEMPLATE}},
+     r"tokenizer_config.json chat_template is dict; allowed: a string or a list of \{'name': ..., 'template': "
+     r"string\}"),
+    ([CHATML_TEMPLATE], r"tokenizer_config.json is a JSON list; allowed: a JSON object")])
+def test_a_tokenizer_config_of_another_shape_is_refused_naming_the_key(tokenizer_config, message, tmp_path):
+  shutil.copy(FIXTURES / "llama_chatml" / "tokenizer.json", tmp_path)
+  (tmp_path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
   with pytest.raises(ValueError, match=message):
     lm_tokenizer.load(str(tmp_path))

@@ -146,7 +146,7 @@ def test_reader_errors(tmp_path):
 # Prompts.
 
 
-@pytest.mark.parametrize("family", ["qwen3", "llama"])
+@pytest.mark.parametrize("family", ["qwen3", "llama", "llama_chatml"])
 def test_encode_prompts(family):
   tok = lm_tokenizer.load(str(FIXTURES / "lm" / family))
   questions = wp.load(GSM8K_TINY).questions
@@ -158,11 +158,13 @@ def test_encode_prompts(family):
   for row, x in zip(prompts.prompt_NxP, ids):
     np.testing.assert_array_equal(row[P - len(x):], x)  # ends at column P, where the answer starts
     assert not row[:P - len(x)].any()
-  # The user turn, then the assistant's header, in the family's layout.
+  # The user turn, then the assistant's header, in the layout of the checkpoint's tokenizer files.
+  chatml = f"<|im_start|>user\n{questions[0]}<|im_end|>\n<|im_start|>assistant\n"
   assert tok.decode(prompts.prompt_NxP[0, P - prompts.prompt_len_N[0]:]) == {
-      "qwen3": f"<|im_start|>user\n{questions[0]}<|im_end|>\n<|im_start|>assistant\n",
+      "qwen3": chatml,
       "llama": (f"<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n{questions[0]}<|eot_id|>"
                 "<|start_header_id|>assistant<|end_header_id|>\n\n"),
+      "llama_chatml": chatml,  # the Llama architecture, ChatML tokens
   }[family]
 
   # Too long: an error naming the first prompt over, or with drop_long the rest.

@@ -49,7 +49,7 @@ FREE_TEXT["<absent>"] = (chr(0x1A), *SPECIAL_TEXT["<absent>"])
 def symbol_ids(tok: lm_tokenizer.Tokenizer, free_text: bool = False) -> tuple[int, ...]:
   """The tokenizer's id of every engine symbol, ids_V (V = text.VOCAB_SIZE).
 
-  `<eos>` is the end-of-turn token and `<bos>` the first special token of the chat layout (Qwen3's
+  `<eos>` is the end-of-turn token and `<bos>` the first special token of the chat layout (ChatML's
   `<|im_start|>`, Llama-3's `<|begin_of_text|>`); single characters are their own token; the rest
   follow `SPECIAL_TEXT`.  A symbol with no single-token text, or two readable symbols on one token, is
   an error naming the symbol."""

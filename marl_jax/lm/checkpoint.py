@@ -35,10 +35,11 @@ def read_hf_config(directory: str) -> dict:
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{path} is missing: a checkpoint directory holds {CONFIG} and {WEIGHTS} "
                             f"(or {INDEX} and its shards)")
-  return _read_json(path)
+  return read_json(path)
 
 
-def _read_json(path: str) -> dict:
+def read_json(path: str) -> dict:
+  """A JSON file of a checkpoint; one that does not parse is a ValueError naming it."""
   try:
     with open(path) as f:
       return json.load(f)
@@ -97,7 +98,7 @@ def _weight_files(directory: str) -> dict[str, str]:
       return dict.fromkeys(f.keys(), single)
   if not os.path.isfile(index):
     raise FileNotFoundError(f"{directory} holds no weights: expected {WEIGHTS}, or {INDEX} and its shards")
-  index_json = _read_json(index)
+  index_json = read_json(index)
   if "weight_map" not in index_json:
     raise ValueError(f"{index} has no weight_map (tensor name -> shard file)")
   weight_map = index_json["weight_map"]
