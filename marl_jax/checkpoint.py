@@ -3,12 +3,14 @@
 Orbax writes a step into a temporary directory and renames it when complete, so a process killed
 mid-save leaves the previous steps intact and an unfinished temporary directory, which the next run's
 manager removes.  Besides the latest steps, the one with the best evaluation accuracy is kept (its
-`BEST` value is saved with it)."""
+`BEST` value is saved with it).  A warm start stopped by a signal saves its progress (`sft.Progress`)
+under DIR/warm_start, which a rerun resumes; it is removed once checkpoint 0 holds the warm start."""
 import contextlib
 import json
 import math
 import os
 import re
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -17,21 +19,23 @@ from etils import epath
 
 BEST = "eval_accuracy"  # mean over seeds; ranks the checkpoints saved with it
 _TMP = ".orbax-checkpoint-tmp"  # how orbax names a step that is still being written
+WARM_START = "warm_start"  # DIR/warm_start: a stopped warm start's progress, by its step
 
 
 def _best_value(metrics) -> float:
   return (metrics or {}).get(BEST, -math.inf)
 
 
-def manager(workdir: str, max_to_keep: int = 3, read_only: bool = False) -> ocp.CheckpointManager:
-  """The run's own manager removes unfinished saves of a killed run and keeps the `max_to_keep`
-  latest steps and the best-evaluated one.  A `read_only` one (for reading, e.g. another run's
-  workdir through `init_from`) creates and removes nothing."""
+def manager(workdir: str, max_to_keep: int = 3, read_only: bool = False,
+            folder: str = "checkpoints") -> ocp.CheckpointManager:
+  """The run's own manager of DIR/`folder` removes unfinished saves of a killed run and keeps the
+  `max_to_keep` latest steps and the best-evaluated one.  A `read_only` one (for reading, e.g. another
+  run's workdir through `init_from`) creates and removes nothing."""
   policies = ocp.checkpoint_managers
   keep = policies.AnyPreservationPolicy([
       policies.LatestN(max_to_keep),
       policies.BestN(get_metric_fn=_best_value, n=1, keep_checkpoints_without_metrics=False)])
-  directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+  directory = os.path.abspath(os.path.join(workdir, folder))
   try:
     return ocp.CheckpointManager(
         directory,
@@ -114,8 +118,7 @@ def restore(workdir: str, abstract_state, step: int | None = None):
       earlier = [s for s in mngr.all_steps() if s < step]
       fallback = (f"moving {os.path.join(workdir, 'checkpoints', str(step))} out of the workdir resumes "
                   f"from step {earlier[-1]}" if earlier else "the run starts again in a new workdir")
-      # orbax's message can end in whole TensorStore specs; what failed comes before them.
-      cause = (str(e).strip().splitlines() or [type(e).__name__])[0].split(" [tensorstore_spec")[0]
+      cause = _cause(e)
       try:
         saved = saved_shapes(workdir, step)[1]
       except ValueError:  # its metadata unreadable too (`_reading`): the message below says what to do
@@ -130,6 +133,51 @@ def restore(workdir: str, abstract_state, step: int | None = None):
           f"by a marl_jax older than the credit-estimator state (TrainState.credit, added after commit "
           f"bbf80e3), start a new workdir: --config.init_from={workdir} starts one from its "
           f"parameters.") from e
+
+
+def _cause(error: Exception) -> str:
+  """What failed in an orbax error, whose message can end in whole TensorStore specs."""
+  return (str(error).strip().splitlines() or [type(error).__name__])[0].split(" [tensorstore_spec")[0]
+
+
+def save_warm_start(workdir: str, progress) -> None:
+  """Saves a stopped warm start's `sft.Progress` under DIR/warm_start; the one saved before there is
+  removed only once this one is complete."""
+  step = int(progress.step.addressable_data(0))
+  with manager(workdir, max_to_keep=1, folder=WARM_START) as mngr:
+    if mngr.latest_step() != step:  # stopped again before its first call: saved already
+      save(mngr, step, progress)
+
+
+def restore_warm_start(workdir: str, abstract_progress, steps: int):
+  """The `sft.Progress` a stopped warm start saved under DIR/warm_start, restored into
+  `abstract_progress` (shapes and shardings); None when none is saved there.  A save that is corrupt,
+  of another config, or past `steps` (config.sft.steps) is refused, naming the directory to move aside."""
+  path = os.path.join(workdir, WARM_START)
+  if not os.path.exists(path):
+    return None
+  refused = lambda why: ValueError(
+      f"the warm-start progress saved in {path} {why}; moving {path} out of the workdir starts the warm "
+      f"start again from step 0")
+  try:
+    with manager(workdir, read_only=True, folder=WARM_START) as mngr:
+      step = mngr.latest_step()
+      progress = None if step is None else mngr.restore(step, args=ocp.args.StandardRestore(abstract_progress))
+  except Exception as e:  # orbax raises several types for missing/corrupt/mismatched files
+    raise refused(f"cannot be restored into this config's warm start ({_cause(e)}): it is corrupt or "
+                  f"was not written by this run") from e
+  if progress is None:  # only an unfinished save, which the next save removes
+    return None
+  done = int(progress.step.addressable_data(0))
+  if done != step or not 0 <= done <= steps:
+    raise refused(f"is at step {done} (saved as step {step}), which config.sft.steps={steps} does "
+                  f"not allow: it was not written by this run")
+  return progress
+
+
+def remove_warm_start(workdir: str) -> None:
+  """Removes DIR/warm_start once checkpoint 0 holds the finished warm start."""
+  shutil.rmtree(os.path.join(workdir, WARM_START), ignore_errors=True)
 
 
 def only_the_base_model_copy_differs(saved: dict, abstract_state) -> bool:

@@ -141,13 +141,18 @@ def base_config() -> ml_collections.ConfigDict:
       name="adam", learning_rate=3e-4, schedule="constant", warmup_steps=0, max_grad_norm=1.0,
       weight_decay=0.0, b1=0.9, b2=0.99))
   # The warm start's optimiser is config.optim with these keys replacing its own (warmup_steps 0: a
-  # tenth of the steps, at most 100).
+  # tenth of the steps, at most 100).  steps_per_call: steps per compiled call; a signal stops the
+  # warm start between two calls (about 2 s each at the quickstart's size on 2 CPU cores), and a rerun
+  # resumes it.
   c.sft = ml_collections.ConfigDict(dict(steps=600, batch_size=128, learning_rate=1e-3,
-                                         schedule="cosine", warmup_steps=0, b2=0.999))
+                                         schedule="cosine", warmup_steps=0, b2=0.999, steps_per_call=50))
   # data_dir: read the fixed evaluation set as a versioned TFDS dataset there (built if missing).
   # batch_size: at most this many evaluation rows per pass through the model on each device, the
   # passes in sequence (0: the device's whole share at once).
-  c.eval = ml_collections.ConfigDict(dict(size=512, seed=1234, data_dir="", batch_size=0))
+  # divergence_every: the role-collapse diagnostic `eval_ROLE/next_token_js` (a teacher-forced pass of
+  # every parameter set, about twice an evaluation's time) at every k-th evaluation: the steps that are
+  # multiples of k * eval_every, and the last (0: never).
+  c.eval = ml_collections.ConfigDict(dict(size=512, seed=1234, data_dir="", batch_size=0, divergence_every=2))
   return c
 
 

@@ -1,5 +1,6 @@
 """Evaluation on the fixed evaluation set, sharded over the `data` axis like training: each device
-samples its rows, and the protocol's metrics are computed on the gathered set."""
+samples its rows, and the protocol's metrics are computed on the gathered set; at some evaluations
+(`config.eval.divergence_every`) the role-collapse diagnostic too."""
 import dataclasses
 from collections.abc import Callable
 
@@ -27,15 +28,30 @@ def eval_problems(exp: Experiment, data_dir: str) -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class Evaluator:
-  """`evaluator(params_S, greedy=True) -> metrics_S`: greedy or sampled, `greedy` is an argument of
-  one compiled program (`program(params_S, greedy)`), not a second program."""
+  """`evaluator(params_S, greedy=True, divergence=False) -> metrics_S`: greedy or sampled, `greedy` is
+  an argument of one compiled program (`program(params_S, greedy)`), not a second program; with
+  `divergence` also the role-collapse diagnostic (`role_divergence`), by a second program
+  (`with_divergence`), which exists only where the run computes the diagnostic.  Under jit a value not
+  returned is not computed, so each program computes only what it returns; each compiles at its first
+  call."""
   program: Callable
+  with_divergence: Callable | None  # None: one parameter set, or config.eval.divergence_every=0
 
-  def __call__(self, params_S, greedy=True):
-    return self.program(params_S, jnp.asarray(greedy))
+  def __call__(self, params_S, greedy=True, divergence=False):
+    program = self.with_divergence if divergence and self.with_divergence else self.program
+    return program(params_S, jnp.asarray(greedy))
 
   def lower(self, params_S) -> jax.stages.Lowered:
-    return self.program.lower(params_S, jnp.asarray(True))
+    """The largest program the run calls (for its memory check)."""
+    return (self.with_divergence or self.program).lower(params_S, jnp.asarray(True))
+
+
+def diagnosed(config, step: int) -> bool:
+  """Whether the evaluation at `step` computes the role-collapse diagnostic: at every
+  `config.eval.divergence_every`-th evaluation (the steps that are multiples of it times `eval_every`,
+  step 0 included), and the last step's, whose values the report reads."""
+  every = config.eval.divergence_every
+  return every > 0 and (step % (every * config.eval_every) == 0 or step == config.total_steps)
 
 
 def make_evaluate(exp: Experiment, problems: dict | None = None) -> Evaluator:
@@ -44,21 +60,25 @@ def make_evaluate(exp: Experiment, problems: dict | None = None) -> Evaluator:
   problems = eval_problems(exp, cfg.data_dir) if problems is None else problems
   keys = jax.random.split(jax.random.PRNGKey(cfg.seed + 1), cfg.size)
 
-  def local(params_S, greedy, problems, key_B):
-    def one_seed(params_R):
-      def chunk(problems, key_B):
-        tokens_BxT = rollout.sample(exp, params_R, problems, key_B, greedy).tokens_BxT
-        return tokens_BxT, divergence_sums(exp, params_R, tokens_BxT)
-      # `config.eval.batch_size` rows at a time; the protocol's rates are then of every row.
-      tokens_CxBxT, sums_C = parallel.in_row_chunks(chunk, cfg.batch_size, problems, key_B)
-      tokens_BxT = tokens_CxBxT.reshape(-1, tokens_CxBxT.shape[-1])
-      scored = exp.protocol.rewards(exp.task, exp.layout, *parallel.gather_rows((problems, tokens_BxT)))
-      return {**scored.metrics, **role_divergence(exp, jax.tree.map(lambda x: x.sum(0), sums_C))}
-    return parallel.over_seeds(one_seed, exp.config.seeds_at_once)(params_S)
+  def program(divergence: bool):
+    def local(params_S, greedy, problems, key_B):
+      def one_seed(params_R):
+        def chunk(problems, key_B):
+          tokens_BxT = rollout.sample(exp, params_R, problems, key_B, greedy).tokens_BxT
+          return tokens_BxT, (divergence_sums(exp, params_R, tokens_BxT) if divergence else None)
+        # `config.eval.batch_size` rows at a time; the protocol's rates are then of every row.
+        tokens_CxBxT, sums_C = parallel.in_row_chunks(chunk, cfg.batch_size, problems, key_B)
+        tokens_BxT = tokens_CxBxT.reshape(-1, tokens_CxBxT.shape[-1])
+        scored = exp.protocol.rewards(exp.task, exp.layout, *parallel.gather_rows((problems, tokens_BxT)))
+        return {**scored.metrics, **role_divergence(exp, jax.tree.map(lambda x: x.sum(0), sums_C))}
+      return parallel.over_seeds(one_seed, exp.config.seeds_at_once)(params_S)
 
-  rows = P(parallel.DATA)
-  sharded = parallel.shard_map(local, exp.mesh, in_specs=(P(), P(), rows, rows), out_specs=P())
-  return Evaluator(jax.jit(lambda params_S, greedy: sharded(params_S, greedy, problems, keys)))
+    rows = P(parallel.DATA)
+    sharded = parallel.shard_map(local, exp.mesh, in_specs=(P(), P(), rows, rows), out_specs=P())
+    return jax.jit(lambda params_S, greedy: sharded(params_S, greedy, problems, keys))
+
+  diverges = cfg.divergence_every > 0 and len(set(exp.role_set_R)) > 1
+  return Evaluator(program(False), program(True) if diverges else None)
 
 
 def divergence_sums(exp: Experiment, params_R, tokens_BxT):

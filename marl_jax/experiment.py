@@ -33,7 +33,8 @@ _AT_LEAST = {"num_seeds": 1, "seeds_at_once": 0, "total_steps": 0, "steps_per_ca
              "eval_every": 1, "checkpoint_every": 1, "num_devices": 0, "model_shards": 1, "model.max_len": 1,
              "rl.batch_size": 1, "rl.group_size": 1, "rl.epochs": 1, "rl.minibatches": 1, "rl.microbatch_size": 0,
              "rl.rollout_batch_size": 0, "optim.warmup_steps": 0, "sft.steps": 0, "sft.batch_size": 1,
-             "sft.warmup_steps": 0, "eval.size": 1, "eval.batch_size": 0}
+             "sft.warmup_steps": 0, "sft.steps_per_call": 1, "eval.size": 1, "eval.batch_size": 0,
+             "eval.divergence_every": 0}
 # The built-in model's shapes are checked where it is made (`make_model`), for each model of a team.
 # Real settings that must be above a bound.
 _ABOVE = {"rl.temperature": 0.0, "rl.clip_eps": 0.0, "optim.learning_rate": 0.0, "optim.max_grad_norm": 0.0,

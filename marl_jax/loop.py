@@ -1,6 +1,6 @@
-"""The host loop: check the config and workdir, initialise or resume, run compiled calls, evaluate,
-log, checkpoint (the latest and the best); stop cleanly on SIGTERM / SIGINT, and skip or stop at a
-non-finite update."""
+"""The host loop: check the config and workdir, initialise or resume (a stopped warm start too), run
+compiled calls, evaluate, log, checkpoint (the latest and the best); stop cleanly on SIGTERM / SIGINT,
+and skip or stop at a non-finite update."""
 import contextlib
 import math
 import os
@@ -16,7 +16,8 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from marl_jax import checkpoint, evaluate, experiment, memory, metrics as metrics_lib, parallel, state, train
+from marl_jax import checkpoint, evaluate, experiment, memory, metrics as metrics_lib, parallel, sft, state
+from marl_jax import train
 from marl_jax import model as model_lib
 from marl_jax import workdir as workdir_lib
 
@@ -71,9 +72,9 @@ def summarize(metrics_SxN) -> dict:
 
 def _setup(config: ml_collections.ConfigDict, workdir: str):
   """Everything that can refuse the run, before anything is compiled or written: the config, the
-  workdir, its latest checkpoint (restored), the warm start `init_from` (for a new run) and the
-  evaluation set.  Returns (exp, start, state_S, init_params_S, eval_problems) with start None for a
-  new run; raises ConfigError."""
+  workdir, its latest checkpoint (restored), the warm start `init_from` or a stopped warm start's
+  progress (for a new run) and the evaluation set.  Returns (exp, start, state_S, init_params_S,
+  progress, eval_problems) with start None for a new run; raises ConfigError."""
   try:
     exp = experiment.build(config)
     workdir_lib.check(config, workdir)
@@ -96,10 +97,13 @@ def _setup(config: ml_collections.ConfigDict, workdir: str):
           f"{config.total_steps - start} steps left)")
     state_S = None if start is None else checkpoint.restore(workdir, state.abstract_state(exp))
     init_params_S = load_params(exp, config.init_from) if config.init_from and start is None else None
+    progress = (checkpoint.restore_warm_start(workdir, sft.abstract_progress(exp, state.seed_keys(config)),
+                                              config.sft.steps)
+                if start is None and init_params_S is None and config.sft.steps else None)
     eval_problems = evaluate.eval_problems(exp, config.eval.data_dir)
   except (ValueError, OSError) as e:
     raise experiment.ConfigError(str(e)) from e
-  return exp, start, state_S, init_params_S, eval_problems
+  return exp, start, state_S, init_params_S, progress, eval_problems
 
 
 @contextlib.contextmanager
@@ -184,7 +188,7 @@ def _check_start(config: ml_collections.ConfigDict, params_S) -> None:
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   if config.distributed:
     parallel.initialize_distributed()
-  exp, start, state_S, init_params_S, eval_problems = _setup(config, workdir)
+  exp, start, state_S, init_params_S, progress, eval_problems = _setup(config, workdir)
   train_call = train.make_train_call(exp)
   evaluate_set = evaluate.make_evaluate(exp, eval_problems)
   try:  # before the warm start: a run that cannot fit is refused now, not after it
@@ -207,11 +211,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   peak = checkpoint.best_value(mngr)
   writer = metrics_lib.Writer(workdir, config.total_steps, start, enabled=lead)
 
-  def evaluation(state_S) -> tuple[dict, float]:
-    """Greedy evaluation scalars with the drop of their mean accuracy from the best so far (the best
-    checkpoint's), and that mean accuracy."""
+  def evaluation(step, state_S) -> tuple[dict, float]:
+    """Greedy evaluation scalars (the role-collapse diagnostic at the steps `evaluate.diagnosed` names)
+    with the drop of their mean accuracy from the best so far (the best checkpoint's), and that mean
+    accuracy."""
     nonlocal peak
-    scalars = {f"eval_{k}": v for k, v in state.to_host(evaluate_set(state_S.params)).items()}
+    metrics_S = evaluate_set(state_S.params, divergence=evaluate.diagnosed(config, step))
+    scalars = {f"eval_{k}": v for k, v in state.to_host(metrics_S).items()}
     accuracy = float(np.mean(scalars["eval_accuracy"]))
     peak = max(peak, accuracy)  # a NaN accuracy leaves the peak as it was
     return {**scalars, "eval_drop_from_peak": np.asarray(peak - accuracy)}, accuracy
@@ -236,13 +242,27 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
     try:
       if start is None:
         start = 0
+        if init_params_S is None and config.sft.steps:
+          progress = sft.run(exp, state.seed_keys(config), progress, stop=lambda: _stop_agreed(requested))
+          if _stop_agreed(requested):  # what it did is kept, for a rerun to resume
+            _check_start(config, progress.params)
+            checkpoint.save_warm_start(workdir, progress)
+            logging.warning("stopped the warm start at step %d of %d by a signal, its progress written to "
+                            "%s; run again with the same --workdir=%s to resume it",
+                            int(progress.step.addressable_data(0)), config.sft.steps,
+                            os.path.join(workdir, checkpoint.WARM_START), workdir)
+            return
+          init_params_S = progress.params
         state_S = state.initial_state(exp, init_params_S)
         _check_start(config, state_S.params)
-        sampled = state.to_host(evaluate_set(state_S.params, greedy=False))
-        evals, accuracy = evaluation(state_S)
+        sampled = state.to_host(evaluate_set(state_S.params, greedy=False))  # only its accuracy is kept
+        evals, accuracy = evaluation(0, state_S)
         log(0, {"accuracy": sampled["accuracy"], **evals, "skipped_updates": skipped_S})
         save(0, state_S, accuracy)  # the base model, reusable through config.init_from
-      if _stop_agreed(requested):  # signalled before training (during the warm start, say)
+        mngr.wait_until_finished()  # checkpoint 0 holds the warm start: a stopped one's progress can go
+        if lead:
+          checkpoint.remove_warm_start(workdir)
+      if _stop_agreed(requested):  # signalled before training (during the evaluations of step 0, say)
         stopped(start)
         return
 
@@ -268,7 +288,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
             row["tokens_per_s"] = np.asarray(tokens / train_seconds)
           if evaluating:
             before = peak
-            evals, accuracy = evaluation(state_S)
+            evals, accuracy = evaluation(step, state_S)
             best = accuracy > before
             row.update(evals)
           log(step, row)

@@ -1,17 +1,33 @@
 """Warm start: supervised training on protocol demonstrations (every role's messages), producing the
 "base model" that RL starts from.  Demonstrations are noisy on purpose (`task.demo_error_rate`, and the
 protocol's own knobs), so the base team starts weak but not random.  The optimiser is
-`experiment.make_optimizer` over `config.optim` with `config.sft`'s keys replacing its own."""
-import functools
+`experiment.make_optimizer` over `config.optim` with `config.sft`'s keys replacing its own.
 
+The steps run `config.sft.steps_per_call` at a time, one compiled call after another with the
+`Progress` carried between them, so that a run can stop between two calls (a signal) and save its
+progress, which a rerun resumes (`marl_jax.loop`)."""
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import tqdm
 
 from marl_jax import experiment
 from marl_jax import model as model_lib
 from marl_jax import parallel, sampling, text
+
+
+@flax.struct.dataclass
+class Progress:
+  """A warm start so far, for every seed: what a stopped run saves and a rerun resumes."""
+  step: jax.Array  # steps done, the same for every seed
+  params: Any  # params_S
+  opt_state: Any  # the warm-start optimiser's state of each seed; its step count drives the schedule
 
 
 def demonstration_loss(exp, params_R, tokens_BxT):
@@ -21,12 +37,18 @@ def demonstration_loss(exp, params_R, tokens_BxT):
   return -jnp.sum(logp_BxT * mask_BxT) / jnp.maximum(mask_BxT.sum(), 1)
 
 
-def warm_start(exp, keys_S):
-  """params_S: `config.sft.steps` steps on fresh demonstrations, one model per seed, from random
-  parameters or from the model's pretrained ones (a checkpoint)."""
+def _programs(exp, keys_S) -> tuple[Callable, Callable]:
+  """(begin, chunk), compiled at their first calls: `begin(keys_S, pretrained_R)` the Progress at step 0
+  (random parameters, or the model's pretrained ones), and `chunk(progress, keys_S)` (progress donated)
+  the next `config.sft.steps_per_call` steps with each step's demonstration loss, loss_SxC.  Steps
+  past `config.sft.steps` are skipped (a loss of 0), so that one program serves every call."""
   cfg = exp.config.sft
   tx = model_lib.trainable(exp.model, experiment.make_optimizer(experiment.sft_optim(exp.config), cfg.steps,
                                                                 "sft"))
+  C = min(cfg.steps_per_call, cfg.steps)
+  # A seed's keys: its initial parameters', and the one its step keys are split from (as many as
+  # config.sft.steps, whatever the calls: a chunked warm start is the same as one scan).
+  init_and_data_keys = lambda key: jax.random.split(jax.random.fold_in(key, 7))
 
   def demonstrations(key):
     k_problem, k_demo = jax.random.split(key)
@@ -34,36 +56,87 @@ def warm_start(exp, keys_S):
     return exp.protocol.demonstrate(exp.task, exp.layout, problems,
                                     jax.random.split(k_demo, cfg.batch_size))
 
-  def one_seed(key, pretrained_R):
-    k_init, k_data = jax.random.split(jax.random.fold_in(key, 7))
-    params = (model_lib.init_stack(exp.model, k_init, exp.num_sets) if pretrained_R is None
+  def begin_seed(key, pretrained_R):
+    params = (model_lib.init_stack(exp.model, init_and_data_keys(key)[0], exp.num_sets) if pretrained_R is None
               else pretrained_R)
+    return params, tx.init(params)
 
-    def sgd_step(carry, k):
-      params, opt_state = carry
-      loss, grads = jax.value_and_grad(functools.partial(demonstration_loss, exp))(
-          params, demonstrations(k))
-      updates, opt_state = tx.update(grads, opt_state, params)
-      return (optax.apply_updates(params, updates), opt_state), loss
+  def chunk_seed(key, params, opt_state, first):
+    keys_N = jax.random.split(init_and_data_keys(key)[1], cfg.steps)
 
-    (params, _), loss = jax.lax.scan(sgd_step, (params, tx.init(params)),
-                                     jax.random.split(k_data, cfg.steps))
-    return params, loss[-10:].mean()
+    def sgd_step(carry, step):
+      def update(carry):
+        params, opt_state = carry
+        loss, grads = jax.value_and_grad(functools.partial(demonstration_loss, exp))(
+            params, demonstrations(keys_N[jnp.minimum(step, cfg.steps - 1)]))
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), loss.astype(jnp.float32)
+      # The step is the same for every seed, so this stays a branch under vmap: a skipped step costs nothing.
+      return jax.lax.cond(step < cfg.steps, update, lambda carry: (carry, jnp.float32(0)), carry)
 
-  # A checkpoint's parameters enter as an argument (shared by the seeds), not as constants of the
-  # program.  On a mesh with a `model` axis they and the result are split as the run's parameters
-  # are, so that the warm start runs split too (random initial weights included: they are made where
-  # they will live).
-  pretrained_R = model_lib.pretrained_stack(exp.model, exp.num_sets)
-  def every_seed(keys_S, pretrained_R):
-    return parallel.over_seeds(lambda key: one_seed(key, pretrained_R), exp.config.seeds_at_once)(keys_S)
+    (params, opt_state), loss_C = jax.lax.scan(sgd_step, (params, opt_state), first + jnp.arange(C))
+    return params, opt_state, loss_C
 
-  split = {}
-  if exp.splits_parameters:
-    if pretrained_R is not None:
+  def begin(keys_S, pretrained_R):
+    params_S, opt_state_S = parallel.over_seeds(lambda key: begin_seed(key, pretrained_R),
+                                                exp.config.seeds_at_once)(keys_S)
+    return Progress(step=jnp.zeros((), jnp.int32), params=params_S, opt_state=opt_state_S)
+
+  def chunk(progress, keys_S):
+    params_S, opt_state_S, loss_SxC = parallel.over_seeds(
+        lambda key, params, opt_state: chunk_seed(key, params, opt_state, progress.step),
+        exp.config.seeds_at_once)(keys_S, progress.params, progress.opt_state)
+    return Progress(jnp.minimum(progress.step + C, cfg.steps), params_S, opt_state_S), loss_SxC
+
+  if not exp.splits_parameters:
+    return jax.jit(begin), jax.jit(chunk, donate_argnums=0)
+  # On a mesh with a `model` axis the progress is split as the run's parameters are, so that the warm
+  # start runs split too (random initial weights included: they are made where they will live).
+  progress = jax.eval_shape(begin, keys_S, None)
+  chunk_out = jax.eval_shape(chunk, progress, keys_S)
+  return (jax.jit(begin, out_shardings=exp.shardings(progress)),
+          jax.jit(chunk, donate_argnums=0, out_shardings=exp.shardings(chunk_out)))
+
+
+def abstract_progress(exp, keys_S) -> Progress:
+  """Shapes, dtypes and shardings of the Progress of the seeds of `keys_S`, for restoring a saved one."""
+  begin, _ = _programs(exp, keys_S)
+  return exp.abstract(jax.eval_shape(begin, keys_S, None))
+
+
+def run(exp, keys_S, progress: Progress | None = None, stop: Callable[[], bool] = lambda: False) -> Progress:
+  """The warm start of the seeds of `keys_S` from `progress` (None: from step 0), one call after
+  another until `config.sft.steps` or until `stop()` (asked after each call) is true, with a progress
+  bar; returns where it ended."""
+  cfg = exp.config.sft
+  begin, chunk = _programs(exp, keys_S)
+  if progress is None:
+    # A checkpoint's parameters enter as an argument (shared by the seeds), not as constants of the
+    # program, placed as the run's are.
+    pretrained_R = model_lib.pretrained_stack(exp.model, exp.num_sets)
+    if pretrained_R is not None and exp.splits_parameters:
       pretrained_R = jax.device_put(pretrained_R, exp.shardings(pretrained_R))
-    split["out_shardings"] = exp.shardings(jax.eval_shape(every_seed, keys_S, pretrained_R))
-  params_S, loss_S = jax.jit(every_seed, **split)(keys_S, pretrained_R)
-  print(f"warm start: {cfg.steps} steps, final demonstration loss per seed "
-        f"{np.round(np.asarray(loss_S), 3).tolist()}")
-  return params_S
+    progress = begin(keys_S, pretrained_R)
+  first = step = int(progress.step.addressable_data(0))
+  if first:
+    print(f"warm start: resuming at step {first} of {cfg.steps}")
+  loss_SxN = [np.zeros((len(keys_S), 0), np.float32)]
+  with tqdm.tqdm(total=cfg.steps, initial=first, desc="warm start", dynamic_ncols=True,
+                 disable=jax.process_index() != 0) as bar:
+    while step < cfg.steps and not stop():
+      progress, loss_SxC = chunk(progress, keys_S)
+      done = min(cfg.steps - step, loss_SxC.shape[-1])  # the steps this call ran (the last may skip some)
+      loss_SxN.append(np.asarray(loss_SxC.addressable_data(0))[:, :done])
+      step += done
+      bar.set_postfix(loss=f"{loss_SxN[-1][:, -1].mean():.3f}", refresh=False)
+      bar.update(done)
+  if step == cfg.steps and step > first:
+    print(f"warm start: {cfg.steps} steps, final demonstration loss per seed "
+          f"{np.round(np.concatenate(loss_SxN, 1)[:, -10:].mean(1), 3).tolist()}")
+  return progress
+
+
+def warm_start(exp, keys_S):
+  """params_S: `config.sft.steps` steps on fresh demonstrations, one model per seed, from random
+  parameters or from the model's pretrained ones (a checkpoint)."""
+  return run(exp, keys_S).params

@@ -55,11 +55,16 @@ def place(exp: Experiment, tree):
   return jax.tree.map(to_global, tree, exp.shardings(tree))
 
 
+def seed_keys(config) -> jax.Array:
+  """keys_S: each seed's key, split from `config.seed`; its warm start's and its run's."""
+  return jax.random.split(jax.random.PRNGKey(config.seed), config.num_seeds)
+
+
 def initial_state(exp: Experiment, params_S=None) -> TrainState:
-  """State for all seeds: `params_S` (e.g. from `init_from`), else an inline warm start, else the
-  model's pretrained parameters, else random ones."""
+  """State for all seeds: `params_S` (e.g. from `init_from`, or a warm start the loop ran), else an
+  inline warm start, else the model's pretrained parameters, else random ones."""
   config = exp.config
-  keys_S = jax.random.split(jax.random.PRNGKey(config.seed), config.num_seeds)
+  keys_S = seed_keys(config)
   if params_S is None and config.sft.steps > 0:
     params_S = sft.warm_start(exp, keys_S)
   if params_S is None:  # no warm start: a checkpoint's parameters for every seed, or random ones

@@ -7,7 +7,7 @@ import os
 
 import ml_collections
 
-from marl_jax import configs, credit, protocols, tasks
+from marl_jax import checkpoint, configs, credit, protocols, tasks
 
 # The settings a resumed run may change: how far it runs, how often it records, where its evaluation
 # set is stored, and how its computation is laid out on the machine (the same updates, to float
@@ -15,12 +15,13 @@ from marl_jax import configs, credit, protocols, tasks
 # under one config.json, which the report and archive then label with the new settings.
 MAY_CHANGE = ("total_steps", "eval_every", "log_every", "checkpoint_every", "steps_per_call",
               "eval.data_dir", "distributed", "num_devices", "model_shards", "seeds_at_once",
-              "rl.microbatch_size", "rl.rollout_batch_size", "eval.batch_size", "rl.on_nonfinite", "init_from")
+              "rl.microbatch_size", "rl.rollout_batch_size", "eval.batch_size", "rl.on_nonfinite", "init_from",
+              "sft.steps_per_call", "eval.divergence_every")
 # (`init_from` is read only at a run's start, never by a resume: the same base may be spelled another
 # way, relative or absolute, or moved with the workdirs.)
 # What every run's config.json holds.
 REQUIRED = ("task.name", "protocol.name", "model", "roles", "seed", "num_seeds", "eval.seed", "eval.size")
-FILES = ("config.json", "metrics.jsonl", "tensorboard", "checkpoints")
+FILES = ("config.json", "metrics.jsonl", "tensorboard", "checkpoints", checkpoint.WARM_START)
 
 
 def write_atomically(path: str, text: str) -> None:

@@ -6,9 +6,11 @@ import json
 import math
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
+import time
 
 import chex
 import jax
@@ -17,7 +19,7 @@ import numpy as np
 import pytest
 from tensorboardX.proto import event_pb2
 
-from marl_jax import checkpoint, configs, experiment, loop, memory, state, train
+from marl_jax import checkpoint, configs, experiment, loop, memory, sft, state, train
 from marl_jax import metrics as metrics_lib
 from marl_jax import workdir as workdir_lib
 from main_test import _snapshot, _steps
@@ -50,6 +52,22 @@ def signalled(exp):
   first_call_signalled.lower = call.lower  # the run checks its memory before training
   return first_call_signalled
 train.make_train_call = signalled
+"""
+# SIGTERM during the warm start's second call, its time printed.
+SIGTERM_IN_SECOND_WARM_START_CALL = """
+import os, signal, threading, time
+from marl_jax import sft
+programs, calls = sft._programs, []
+def signalled(exp, keys_S):
+  begin, chunk = programs(exp, keys_S)
+  def second_call_signalled(progress, keys_S):
+    calls.append(1)
+    if len(calls) == 2:  # from another thread, so the signal lands while the main thread is in the call
+      print(f"signalled at {time.time()}", flush=True)
+      threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGTERM)).start()
+    return chunk(progress, keys_S)
+  return begin, second_call_signalled
+sft._programs = signalled
 """
 # Saving step 4 hangs just before orbax renames its finished temporary directory: the test kills
 # the process there with SIGKILL.
@@ -177,6 +195,50 @@ def test_sigterm_then_kill_during_a_save_resume_exactly(tmp_path):
   assert rows[-1]["eval_drop_from_peak"] == pytest.approx(best["eval_accuracy"] - rows[-1]["eval_accuracy"])
   chex.assert_trees_all_equal(jax.tree.map(np.asarray, loop.load_params(exp, f"{workdir}:best")),
                               _restore(workdir, best["step"], CRITIC_OVERRIDES).params)
+
+
+@pytest.mark.slow
+def test_sigterm_during_the_warm_start_stops_within_seconds_and_a_rerun_resumes_it(tmp_path):
+  workdir = tmp_path / "run"
+  warm_start = ("--config.sft.steps=40", "--config.sft.steps_per_call=4")
+  # Signalled in the second of its 10 calls: the run ends after that call, with its progress saved
+  # (step 8) and nothing else: no evaluation, no checkpoint, no metrics row.
+  stopped = _run(workdir, *warm_start, patch=SIGTERM_IN_SECOND_WARM_START_CALL)
+  seconds = time.time() - float(re.search(r"signalled at ([0-9.]+)", stopped.stdout)[1])
+  assert stopped.returncode == 0, stopped.stderr[-3000:]
+  assert seconds < 10, seconds  # the process's exit included
+  assert "SIGTERM: finishing the current call" in stopped.stderr
+  assert (f"stopped the warm start at step 8 of 40 by a signal, its progress written to {workdir}/warm_start; "
+          f"run again with the same --workdir={workdir} to resume it") in stopped.stderr
+  assert checkpoint.latest_step(str(workdir)) is None and _steps(workdir) == []
+  assert [p.name for p in (workdir / "warm_start").iterdir()] == ["8"]
+  corrupt, foreign = tmp_path / "corrupt", tmp_path / "foreign"
+  for copy in (corrupt, foreign):
+    shutil.copytree(workdir, copy)
+
+  # Rerun: the warm start resumes at step 8 and ends as one uninterrupted warm start would; the run
+  # then trains, and its saved progress goes once checkpoint 0 holds the warm start.
+  resumed = _run(workdir, *warm_start)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert "warm start: resuming at step 8 of 40" in resumed.stdout
+  assert _steps(workdir) == [0, 2, 4] and not (workdir / "warm_start").exists()
+  config = tiny_config(**{**OVERRIDES, "sft.steps": 40, "sft.steps_per_call": 4})
+  exp = experiment.build(config)
+  whole_S = jax.tree.map(np.asarray, sft.warm_start(exp, state.seed_keys(config)))
+  base_S = loop.load_params(exp, str(workdir), step=0)
+  for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(whole_S), jax.tree.leaves(base_S)):
+    if "['key']['bias']" not in jax.tree_util.keystr(path):  # see sft_test: its gradient is rounding
+      np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-6, err_msg=jax.tree_util.keystr(path))
+
+  # A saved progress that is corrupt (its arrays gone) or another program's (a checkpoint of the
+  # training state) is refused, naming what to move aside, with nothing written.
+  shutil.rmtree(next((corrupt / "warm_start" / "8").glob("*/d")))
+  shutil.rmtree(foreign / "warm_start" / "8")
+  shutil.copytree(workdir / "checkpoints" / "0", foreign / "warm_start" / "8")
+  for copy in (corrupt, foreign):
+    _refused_untouched(copy, config, [
+        f"the warm-start progress saved in {copy}/warm_start cannot be restored into this config's warm start",
+        f"moving {copy}/warm_start out of the workdir starts the warm start again from step 0"])
 
 
 # quantity: (flags, patch, the first update it skips).  A learning rate past float32's range turns
@@ -435,9 +497,10 @@ def test_best_checkpoints_are_saved_off_the_grid_and_their_peak_survives_a_resum
 
   def make_evaluate(exp, problems=None):
     class Scripted(loop.evaluate.Evaluator):  # compiled (its memory checked) as the real one
-      def __call__(self, params_S, greedy=True):
+      def __call__(self, params_S, greedy=True, divergence=False):
         return {"accuracy": jnp.full(exp.config.num_seeds, next(scripted) if greedy else 0.1)}
-    return Scripted(make_real(exp, problems).program)
+    real = make_real(exp, problems)
+    return Scripted(real.program, real.with_divergence)
   monkeypatch.setattr(loop.evaluate, "make_evaluate", make_evaluate)
   saves, save = [], checkpoint.save
   monkeypatch.setattr(checkpoint, "save", lambda mngr, step, state_S, values: (
@@ -525,6 +588,8 @@ MALFORMED = [  # (group, overrides, what the message names)
     ("sft", {"sft.learning_rate": math.nan}, ["config.sft.learning_rate=nan", "allowed: a number > 0.0"]),
     ("sft", {"sft.warmup_steps": -5}, ["config.sft.warmup_steps=-5", "allowed: an integer >= 0"]),
     ("sft", {"sft.b2": 1.0}, ["config.sft.b2=1.0", "allowed: a number in [0, 1)"]),
+    ("sft", {"sft.steps_per_call": 0}, ["config.sft.steps_per_call=0", "allowed: an integer >= 1"]),
+    ("eval", {"eval.divergence_every": -1}, ["config.eval.divergence_every=-1", "allowed: an integer >= 0"]),
     ("task", {"task.num_ops": 0}, ["config.task.num_ops=0", "allowed: an integer >= 1"]),
     ("task", {"task.demo_error_rate": 2.0}, ["config.task.demo_error_rate=2.0", "a probability in [0, 1]"]),
     ("task", {"task.demo_error_rate": math.nan},

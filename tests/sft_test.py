@@ -1,11 +1,15 @@
-"""sft.demonstration_loss: the cross-entropy of exactly the tokens a role wrote, padding left out."""
+"""sft.demonstration_loss: the cross-entropy of exactly the tokens a role wrote, padding left out;
+sft.run: a warm start in several compiled calls is one scan, and resumes where it stopped."""
 import types
 
+import chex
+import jax
 import jax.numpy as jnp
 import numpy as np
 from sampling_test import CFG, _layout, _params, _prompts, _token_log_probs
+from train_test import tiny_config
 
-from marl_jax import sft, text
+from marl_jax import experiment, sft, state, text
 from marl_jax.protocols import engine
 
 
@@ -30,3 +34,32 @@ def test_demonstration_loss_averages_role_authored_non_padding_tokens():
   written_2xT = np.array(tokens_2xT != text.PAD)
   written_2xT[:, 0] = False  # the first token has no prediction
   assert not np.isclose(loss, -logp_2xT[written_2xT].mean(), rtol=1e-2)
+
+
+def _warm_start(steps_per_call, stop_after=None, progress=None):
+  """The tiny warm start of 2 seeds over 8 steps, `steps_per_call` at a time; stopped after
+  `stop_after` calls, or resumed from `progress`."""
+  exp = experiment.build(tiny_config(**{"num_seeds": 2, "sft.steps": 8, "sft.steps_per_call": steps_per_call}))
+  calls = []
+  stop = lambda: calls.append(1) is None and stop_after is not None and len(calls) > stop_after
+  return sft.run(exp, state.seed_keys(exp.config), progress, stop)
+
+
+def test_a_warm_start_in_calls_is_one_scan_and_resumes_where_it_stopped():
+  # 8 steps in one call, or 3 at a time (the last call skips the step past 8), stopped after the
+  # first call and resumed from there: the same parameters and Adam moments to float rounding, and
+  # the cosine schedule at the same step (the optimiser's count).  Not the key's bias, which the
+  # softmax ignores: its gradient is rounding noise, which Adam scales to whole steps.
+  whole = _warm_start(8)
+  stopped = _warm_start(3, stop_after=1)
+  assert int(stopped.step) == 3
+  resumed = _warm_start(3, progress=stopped)
+  assert int(resumed.step) == int(whole.step) == 8
+  leaves = lambda progress: {jax.tree_util.keystr(path): np.asarray(x) for path, x in
+                             jax.tree_util.tree_leaves_with_path(progress) if "['key']['bias']" not in
+                             jax.tree_util.keystr(path)}
+  chex.assert_trees_all_close(leaves(resumed), leaves(whole), rtol=1e-5, atol=1e-7)
+  counts = [np.asarray(c) for c in jax.tree.leaves(resumed.opt_state) if c.dtype == jnp.int32]
+  assert counts and all((c == 8).all() for c in counts)
+  initial = state.initial_state(experiment.build(tiny_config(**{"num_seeds": 2, "sft.steps": 0})))
+  assert not np.allclose(whole.params["embed"]["embedding"][0], initial.params["embed"]["embedding"][0])

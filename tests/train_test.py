@@ -603,7 +603,8 @@ def test_evaluation_in_row_chunks_is_the_evaluation_in_one_pass():
     exp = experiment.build(tiny_config(**{"protocol.name": "solver_verifier", "task.num_ops": 1, "sft.steps": 30,
                                           "eval.size": 32, "eval.batch_size": rows}))
     params_S = state.initial_state(exp).params
-    metrics[rows] = {k: np.asarray(v) for k, v in evaluate.make_evaluate(exp)(params_S, greedy=False).items()}
+    metrics[rows] = {k: np.asarray(v) for k, v in
+                     evaluate.make_evaluate(exp)(params_S, greedy=False, divergence=True).items()}
   assert {"solver/next_token_js", "verifier/next_token_js", "false_accept"} <= set(metrics[0])
   assert metrics[0]["accuracy"] > 0 and metrics[0]["solver/next_token_js"] > 1e-3  # not all zeros
   for name, value in metrics[0].items():
@@ -612,6 +613,50 @@ def test_evaluation_in_row_chunks_is_the_evaluation_in_one_pass():
                                        r"set of 32 rows; allowed: 0 \(the whole evaluation set\), its divisors or at least 32"):
     experiment.build(tiny_config(**{"eval.size": 32, "eval.batch_size": 5}))
   experiment.build(tiny_config(**{"eval.size": 32, "eval.batch_size": 64}))
+
+
+def test_the_diagnosed_evaluation_adds_the_role_divergence_of_its_transcripts():
+  """`divergence=True` adds `ROLE/next_token_js` to the evaluation, the rest unchanged: the divergence
+  of the greedy transcripts, as the evaluation computed it on every call before it had a setting.
+  Where it cannot exist (one parameter set) or is never asked for (config.eval.divergence_every=0),
+  there is no program for it."""
+  config = {"protocol.name": "solver_verifier", "task.num_ops": 1, "sft.steps": 30, "eval.size": 32}
+  exp = experiment.build(tiny_config(**config))
+  params_S = state.initial_state(exp).params
+  evaluator = evaluate.make_evaluate(exp)
+  plain, diagnosed = evaluator(params_S), evaluator(params_S, divergence=True)
+  js = {"solver/next_token_js", "verifier/next_token_js"}
+  assert set(diagnosed) == set(plain) | js and not js & set(plain)
+  for name, value in plain.items():
+    np.testing.assert_array_equal(diagnosed[name], value, err_msg=name)
+  # The same transcripts, sampled and scored here: each role's divergence from the other role's set.
+  params_R = jax.tree.map(lambda p: p[0], params_S)
+  keys_B = jax.random.split(jax.random.PRNGKey(exp.config.eval.seed + 1), exp.config.eval.size)
+  problems = evaluate.eval_problems(exp, "")
+  tokens_BxT = jax.jit(lambda p: rollout.sample(exp, p, problems, keys_B, True).tokens_BxT)(params_R)
+  js_sum_RxS, count_R = jax.jit(lambda p, t: sampling.next_token_divergence(
+      exp.model, exp.layout, exp.role_set_R, p, t, exp.config.rl.temperature))(params_R, tokens_BxT)
+  js_RxS = np.asarray(js_sum_RxS) / np.asarray(count_R)[:, None]
+  assert js_RxS[0, 1] > 1e-3
+  np.testing.assert_allclose(diagnosed["solver/next_token_js"][0], js_RxS[0, 1], rtol=1e-4)
+  np.testing.assert_allclose(diagnosed["verifier/next_token_js"][0], js_RxS[1, 0], rtol=1e-4)
+  for overrides in ({"roles.sharing": "shared"}, {"eval.divergence_every": 0}):
+    evaluator = evaluate.make_evaluate(experiment.build(tiny_config(**config, **overrides)))
+    assert evaluator.with_divergence is None and not js & set(evaluator(params_S, divergence=True))
+
+
+def test_the_role_collapse_diagnostic_runs_at_every_kth_evaluation_and_the_last(tmp_path):
+  """Evaluated every 2 steps over 6: config.eval.divergence_every=2 computes the diagnostic at the
+  multiples of 4 (step 0 included) and at the last step, 0 at none."""
+  cadence = {"protocol.name": "solver_verifier", "task.num_ops": 1, "sft.steps": 0, "eval.size": 16,
+             "total_steps": 6, "steps_per_call": 2, "log_every": 2, "eval_every": 2, "checkpoint_every": 6}
+  for every, diagnosed in ((2, [0, 4, 6]), (0, [])):
+    workdir = str(tmp_path / str(every))
+    loop.train_and_evaluate(tiny_config(**cadence, **{"eval.divergence_every": every}), workdir)
+    rows = metrics.read(workdir)
+    assert [r["step"] for r in rows if "eval_accuracy" in r] == [0, 2, 4, 6]
+    for role in ("solver", "verifier"):
+      assert [r["step"] for r in rows if f"eval_{role}/next_token_js" in r] == diagnosed, (every, role)
 
 
 def test_a_rollout_in_row_chunks_samples_the_same_episodes():
