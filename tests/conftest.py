@@ -1,7 +1,7 @@
-"""Shared test setup: JAX on CPU with its default (single) device; `slow` marks end-to-end tests.
+"""Shared test setup: JAX on CPU with its default (single) device, fast compiles and a shared cache.
 
 Tests that need several CPU devices add the device count to XLA_FLAGS (see parallel_test.py).
-`pytest -m "not slow"` skips the end-to-end runs.
+`pytest.ini` runs the fast tier by default; `-m slow` runs the slow tier, `-m ""` both.
 """
 import importlib.metadata
 import os
@@ -26,10 +26,6 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # cache, shared by the test processes and their subprocesses, compiles each once per machine.
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                       str(pathlib.Path(__file__).resolve().parents[1] / ".pytest_cache" / "jax"))
-
-
-def pytest_configure(config):
-  config.addinivalue_line("markers", "slow: end-to-end test that compiles a training run (seconds+)")
 
 
 def pytest_collection_modifyitems(session, config, items):

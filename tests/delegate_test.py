@@ -199,6 +199,7 @@ def test_the_step_and_its_reruns_score_with_the_weighted_terms():
   np.testing.assert_allclose(rerun_team_B, expected_B, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_the_training_step_weights_the_terms_at_its_own_step(monkeypatch):
   # `local_step` must hand its state's step to the scoring of its episodes and of difference credit's
   # re-runs.  Under a linear anneal over 2 steps r_parallel counts in full at step 0 and not at all at

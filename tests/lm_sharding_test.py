@@ -152,6 +152,7 @@ def _measured() -> dict:
   return json.loads(done.stdout.splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("data,model", MESHES)
 def test_sharded_logits_equal_single_device(family, data, model):
@@ -159,6 +160,7 @@ def test_sharded_logits_equal_single_device(family, data, model):
   assert _measured()["logits"][f"{family} {data}x{model}"] < 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("data,model", MESHES)
 def test_each_parameter_is_placed_as_its_rule_says(family, data, model):
@@ -186,12 +188,14 @@ def test_each_parameter_is_placed_as_its_rule_says(family, data, model):
     assert shard["lm_head/kernel"] == (D, V // model)
 
 
+@pytest.mark.slow
 def test_stacked_sets_keep_the_role_axis_whole():
   stacked = _measured()["stacked"]
   assert stacked["q_proj"] == [None, None, sharding.MODEL, None, None]
   assert stacked["diff"] < 1e-5
 
 
+@pytest.mark.slow
 def test_shard_rows_splits_the_batch_over_data():
   # 8 rows on a (data 2, model 4) mesh: each device holds 4 whole rows, the same 4 on every `model`
   # device of its `data` slice.
@@ -200,6 +204,7 @@ def test_shard_rows_splits_the_batch_over_data():
   assert _measured()["rows"] == [[[sharding.DATA], [4, L]]] * 2
 
 
+@pytest.mark.slow
 def test_impossible_mesh_and_non_dividing_dimension_are_refused():
   errors = _measured()["errors"]
   assert "data=3 x model=2 needs 6 devices, but 8 are visible" in errors["mesh"]
@@ -227,6 +232,7 @@ def test_rules_from_config_and_rule_errors():
     sharding.partition_specs(params, sizes, ((".*", (None,)),))
 
 
+@pytest.mark.slow
 def test_training_step_with_split_parameter_sets():
   """`config.model_shards=4` on 8 devices: every parameter set, the base model and the Adam moments
   stay split over `model` through the step (the rest replicated), and training is the one-device
@@ -250,6 +256,7 @@ def test_training_step_with_split_parameter_sets():
   assert step["apart_model_only"] < 1e-2 * step["moved"]
 
 
+@pytest.mark.slow
 def test_impossible_model_sharding_is_refused_before_compiling():
   errors = _measured()["step"]["errors"]
   assert "config.model_shards=3 does not divide the 8 devices" in errors["divide"]

@@ -6,6 +6,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from marl_jax import model as model_lib
 from marl_jax import evaluate, protocols, sampling, text
@@ -105,6 +106,7 @@ def test_policy_log_probs_excludes_env_tokens_and_scales_by_temperature():
   chex.assert_trees_all_close(logp_2xV[:, allowed], expected, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_generate_log_probs_equal_teacher_forced():
   # The sampler computes each view on its own; teacher forcing scores compatible views in one pass
   # (`scoring_passes`: the voters, each debate round, the solvers), which must not change a log-prob.

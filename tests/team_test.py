@@ -31,6 +31,7 @@ def _sv_config(arg="size=tiny"):
   return config
 
 
+@pytest.mark.slow
 def test_each_set_runs_at_its_groups_model():
   small = model_lib.ModelConfig(d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=8)
   large = model_lib.ModelConfig(d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=8)

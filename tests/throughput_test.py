@@ -111,6 +111,7 @@ def test_the_cli_refuses_a_bad_flag_in_one_line_before_timing(flags, line, tmp_p
   assert _refusal(*(f.format(tmp=tmp_path) for f in flags)) == line.format(tmp=tmp_path)
 
 
+@pytest.mark.slow
 def test_a_row_that_does_not_fit_the_device_is_refused_before_its_state_is_made():
   # The 0.6B-parameter row was killed on this 2-core CPU without a message; a row is now compiled from
   # its state's shapes and refused when it needs more than the device allows (here: 1 MiB).
