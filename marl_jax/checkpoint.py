@@ -145,7 +145,7 @@ def save_warm_start(workdir: str, progress) -> None:
   removed only once this one is complete."""
   step = int(progress.step.addressable_data(0))
   with manager(workdir, max_to_keep=1, folder=WARM_START) as mngr:
-    if mngr.latest_step() != step:  # stopped again before its first call: saved already
+    if mngr.latest_step() != step:  # a finished warm start resumed and stopped again: saved already
       save(mngr, step, progress)
 
 

@@ -2,6 +2,7 @@
 samples its rows, and the protocol's metrics are computed on the gathered set; at some evaluations
 (`config.eval.divergence_every`) the role-collapse diagnostic too."""
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import jax
@@ -28,22 +29,19 @@ def eval_problems(exp: Experiment, data_dir: str) -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class Evaluator:
-  """`evaluator(params_S, greedy=True, divergence=False) -> metrics_S`: greedy or sampled, `greedy` is
-  an argument of one compiled program (`program(params_S, greedy)`), not a second program; with
-  `divergence` also the role-collapse diagnostic (`role_divergence`), by a second program
-  (`with_divergence`), which exists only where the run computes the diagnostic.  Under jit a value not
-  returned is not computed, so each program computes only what it returns; each compiles at its first
-  call."""
+  """`evaluator(params_S, greedy=True, divergence=False) -> metrics_S`: greedy or sampled, with or
+  without the role-collapse diagnostic (`role_divergence`); both are arguments of one compiled program
+  (`program(params_S, greedy, divergence) -> (metrics_S, divergence_S)`), not more programs.  The
+  diagnostic is a branch taken only when asked for; where it cannot exist (one parameter set) or
+  never runs (`config.eval.divergence_every=0`) the program lacks it."""
   program: Callable
-  with_divergence: Callable | None  # None: one parameter set, or config.eval.divergence_every=0
 
   def __call__(self, params_S, greedy=True, divergence=False):
-    program = self.with_divergence if divergence and self.with_divergence else self.program
-    return program(params_S, jnp.asarray(greedy))
+    metrics_S, divergence_S = self.program(params_S, jnp.asarray(greedy), jnp.asarray(divergence))
+    return {**metrics_S, **divergence_S} if divergence else metrics_S
 
   def lower(self, params_S) -> jax.stages.Lowered:
-    """The largest program the run calls (for its memory check)."""
-    return (self.with_divergence or self.program).lower(params_S, jnp.asarray(True))
+    return self.program.lower(params_S, jnp.asarray(True), jnp.asarray(True))
 
 
 def diagnosed(config, step: int) -> bool:
@@ -59,26 +57,29 @@ def make_evaluate(exp: Experiment, problems: dict | None = None) -> Evaluator:
   cfg = exp.config.eval
   problems = eval_problems(exp, cfg.data_dir) if problems is None else problems
   keys = jax.random.split(jax.random.PRNGKey(cfg.seed + 1), cfg.size)
+  diagnoses = cfg.divergence_every > 0 and len(set(exp.role_set_R)) > 1
 
-  def program(divergence: bool):
-    def local(params_S, greedy, problems, key_B):
-      def one_seed(params_R):
-        def chunk(problems, key_B):
-          tokens_BxT = rollout.sample(exp, params_R, problems, key_B, greedy).tokens_BxT
-          return tokens_BxT, (divergence_sums(exp, params_R, tokens_BxT) if divergence else None)
-        # `config.eval.batch_size` rows at a time; the protocol's rates are then of every row.
-        tokens_CxBxT, sums_C = parallel.in_row_chunks(chunk, cfg.batch_size, problems, key_B)
-        tokens_BxT = tokens_CxBxT.reshape(-1, tokens_CxBxT.shape[-1])
-        scored = exp.protocol.rewards(exp.task, exp.layout, *parallel.gather_rows((problems, tokens_BxT)))
-        return {**scored.metrics, **role_divergence(exp, jax.tree.map(lambda x: x.sum(0), sums_C))}
-      return parallel.over_seeds(one_seed, exp.config.seeds_at_once)(params_S)
+  def local(params_S, greedy, divergence, problems, key_B):
+    def one_seed(params_R):
+      def chunk(problems, key_B):
+        tokens_BxT = rollout.sample(exp, params_R, problems, key_B, greedy).tokens_BxT
+        if not diagnoses:
+          return tokens_BxT, None
+        # A teacher-forced pass of every set, about as long as the sampling: computed only when asked.
+        sums = functools.partial(divergence_sums, exp, params_R)
+        unused = lambda t: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(sums, t))
+        return tokens_BxT, jax.lax.cond(divergence, sums, unused, tokens_BxT)
+      # `config.eval.batch_size` rows at a time; the protocol's rates are then of every row.
+      tokens_CxBxT, sums_C = parallel.in_row_chunks(chunk, cfg.batch_size, problems, key_B)
+      tokens_BxT = tokens_CxBxT.reshape(-1, tokens_CxBxT.shape[-1])
+      scored = exp.protocol.rewards(exp.task, exp.layout, *parallel.gather_rows((problems, tokens_BxT)))
+      return scored.metrics, role_divergence(exp, jax.tree.map(lambda x: x.sum(0), sums_C))
+    return parallel.over_seeds(one_seed, exp.config.seeds_at_once)(params_S)
 
-    rows = P(parallel.DATA)
-    sharded = parallel.shard_map(local, exp.mesh, in_specs=(P(), P(), rows, rows), out_specs=P())
-    return jax.jit(lambda params_S, greedy: sharded(params_S, greedy, problems, keys))
-
-  diverges = cfg.divergence_every > 0 and len(set(exp.role_set_R)) > 1
-  return Evaluator(program(False), program(True) if diverges else None)
+  rows = P(parallel.DATA)
+  sharded = parallel.shard_map(local, exp.mesh, in_specs=(P(), P(), P(), rows, rows), out_specs=P())
+  return Evaluator(jax.jit(lambda params_S, greedy, divergence: sharded(params_S, greedy, divergence, problems,
+                                                                       keys)))
 
 
 def divergence_sums(exp: Experiment, params_R, tokens_BxT):

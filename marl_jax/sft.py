@@ -106,8 +106,8 @@ def abstract_progress(exp, keys_S) -> Progress:
 
 def run(exp, keys_S, progress: Progress | None = None, stop: Callable[[], bool] = lambda: False) -> Progress:
   """The warm start of the seeds of `keys_S` from `progress` (None: from step 0), one call after
-  another until `config.sft.steps` or until `stop()` (asked after each call) is true, with a progress
-  bar; returns where it ended."""
+  another until `config.sft.steps` or until `stop()` (asked after each call, so that a stopped warm
+  start has something to keep) is true, with a progress bar; returns where it ended."""
   cfg = exp.config.sft
   begin, chunk = _programs(exp, keys_S)
   if progress is None:
@@ -123,13 +123,15 @@ def run(exp, keys_S, progress: Progress | None = None, stop: Callable[[], bool] 
   loss_SxN = [np.zeros((len(keys_S), 0), np.float32)]
   with tqdm.tqdm(total=cfg.steps, initial=first, desc="warm start", dynamic_ncols=True,
                  disable=jax.process_index() != 0) as bar:
-    while step < cfg.steps and not stop():
+    while step < cfg.steps:
       progress, loss_SxC = chunk(progress, keys_S)
       done = min(cfg.steps - step, loss_SxC.shape[-1])  # the steps this call ran (the last may skip some)
       loss_SxN.append(np.asarray(loss_SxC.addressable_data(0))[:, :done])
       step += done
       bar.set_postfix(loss=f"{loss_SxN[-1][:, -1].mean():.3f}", refresh=False)
       bar.update(done)
+      if stop():
+        break
   if step == cfg.steps and step > first:
     print(f"warm start: {cfg.steps} steps, final demonstration loss per seed "
           f"{np.round(np.concatenate(loss_SxN, 1)[:, -10:].mean(1), 3).tolist()}")

@@ -499,8 +499,7 @@ def test_best_checkpoints_are_saved_off_the_grid_and_their_peak_survives_a_resum
     class Scripted(loop.evaluate.Evaluator):  # compiled (its memory checked) as the real one
       def __call__(self, params_S, greedy=True, divergence=False):
         return {"accuracy": jnp.full(exp.config.num_seeds, next(scripted) if greedy else 0.1)}
-    real = make_real(exp, problems)
-    return Scripted(real.program, real.with_divergence)
+    return Scripted(make_real(exp, problems).program)
   monkeypatch.setattr(loop.evaluate, "make_evaluate", make_evaluate)
   saves, save = [], checkpoint.save
   monkeypatch.setattr(checkpoint, "save", lambda mngr, step, state_S, values: (

@@ -41,7 +41,7 @@ def _warm_start(steps_per_call, stop_after=None, progress=None):
   `stop_after` calls, or resumed from `progress`."""
   exp = experiment.build(tiny_config(**{"num_seeds": 2, "sft.steps": 8, "sft.steps_per_call": steps_per_call}))
   calls = []
-  stop = lambda: calls.append(1) is None and stop_after is not None and len(calls) > stop_after
+  stop = lambda: calls.append(1) is None and stop_after is not None and len(calls) >= stop_after
   return sft.run(exp, state.seed_keys(exp.config), progress, stop)
 
 

@@ -619,7 +619,7 @@ def test_the_diagnosed_evaluation_adds_the_role_divergence_of_its_transcripts():
   """`divergence=True` adds `ROLE/next_token_js` to the evaluation, the rest unchanged: the divergence
   of the greedy transcripts, as the evaluation computed it on every call before it had a setting.
   Where it cannot exist (one parameter set) or is never asked for (config.eval.divergence_every=0),
-  there is no program for it."""
+  the program lacks it."""
   config = {"protocol.name": "solver_verifier", "task.num_ops": 1, "sft.steps": 30, "eval.size": 32}
   exp = experiment.build(tiny_config(**config))
   params_S = state.initial_state(exp).params
@@ -642,7 +642,7 @@ def test_the_diagnosed_evaluation_adds_the_role_divergence_of_its_transcripts():
   np.testing.assert_allclose(diagnosed["verifier/next_token_js"][0], js_RxS[1, 0], rtol=1e-4)
   for overrides in ({"roles.sharing": "shared"}, {"eval.divergence_every": 0}):
     evaluator = evaluate.make_evaluate(experiment.build(tiny_config(**config, **overrides)))
-    assert evaluator.with_divergence is None and not js & set(evaluator(params_S, divergence=True))
+    assert not js & set(evaluator(params_S, divergence=True))
 
 
 def test_the_role_collapse_diagnostic_runs_at_every_kth_evaluation_and_the_last(tmp_path):
