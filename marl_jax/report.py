@@ -6,7 +6,9 @@
   python -m marl_jax.report --split SINGLE MULTI    gain split: base → single-agent RL → multi-agent RL
   python -m marl_jax.report --seeds DIR             one row per seed, diverged seeds and the spread
 
-Each DIR is a workdir; its seeds are the vmapped runs (`NAME/seedI` in metrics.jsonl), labelled
+The team's accuracy (base, final, peak, drop) stands beside each member's own (`ROLE/member_accuracy`,
+where the workflow's members answer) and the average member's (`member_accuracy`), so --compare puts a
+team's average member against a single agent (its own only member).  Each DIR is a workdir; its seeds are the vmapped runs (`NAME/seedI` in metrics.jsonl), labelled
 config.seed + I: seed I's key is split(PRNGKey(config.seed), num_seeds)[I], so a seed is rerun with its
 whole set, not with --config.seed=config.seed + I.  Intervals of a mean are Student t with n − 1 dof; of
 a difference of two runs' means, Welch (unequal variances, Welch–Satterthwaite dof), or with --paired
@@ -18,6 +20,7 @@ interval is undefined and prints as n/a.  Accuracies print in %, drops and gains
 import argparse
 import math
 import os
+import warnings
 
 import numpy as np
 from scipy import stats
@@ -100,6 +103,10 @@ DIAGNOSTICS = ("false_accept", "false_reject", "same_message_rate", "agreement",
                "readable_pick", "fix_rate", "break_rate", "workers_used", "serial_collapse", "spurious_parallelism",
                "critical_steps")
 COUNTS = ("workers_used", "critical_steps")
+# Each member's own accuracy (`ROLE/member_accuracy`, `protocols.engine.member_accuracy`: a candidate's,
+# a voter's, a debater's, a worker's answer, or a single agent's, its only member's), and the average
+# member (`member_accuracy`: the mean over a run's members per seed), beside the team's accuracy.
+MEMBER = "member_accuracy"
 
 
 def read_config(workdir: str) -> dict | None:
@@ -123,6 +130,14 @@ def summarize(workdir: str) -> dict:
   out = {"workdir": workdir, "seeds": acc_NxS.shape[1], "first_seed": first_seed, "steps": rows[-1]["step"],
          "base": acc_NxS[0], "final": acc_NxS[-1], "peak": after_base.max(0)}
   out["drop"] = out["peak"] - out["final"]
+  members = [k[len("eval_"):] for k in dict.fromkeys(k.rsplit("/seed", 1)[0] for k in rows[-1])
+             if k.startswith("eval_") and k.endswith(f"/{MEMBER}")]
+  for name in members:
+    out[name] = seed_values(rows[-1], f"eval_{name}")
+  if members:
+    with warnings.catch_warnings():  # a seed where no member's accuracy is defined: NaN
+      warnings.simplefilter("ignore", RuntimeWarning)
+      out[MEMBER] = np.nanmean(np.stack([out[name] for name in members]), 0)
   for name in DIAGNOSTICS:
     if f"eval_{name}" in rows[-1]:
       out[name] = seed_values(rows[-1], f"eval_{name}")
@@ -198,8 +213,14 @@ def row(*cells) -> str:
   return "| " + " | ".join(map(str, cells)) + " |\n"
 
 
+def member_columns(summaries: list[dict]) -> list[str]:
+  """The average member, then each member of the runs (`ROLE/member_accuracy`), in the order logged."""
+  names = dict.fromkeys(k for s in summaries for k in s if k.endswith(f"/{MEMBER}"))
+  return ([MEMBER] if names else []) + list(names)
+
+
 def table(summaries: list[dict]) -> str:
-  cols = ["base", "final", "peak", "drop"]
+  cols = ["base", "final", *member_columns(summaries), "peak", "drop"]
   cols += [c for c in DIAGNOSTICS if any(c in s for s in summaries)]
   head = row("run", "seeds", "steps", *cols) + "|---" * (3 + len(cols)) + "|\n"
 
@@ -231,8 +252,10 @@ def compare(a: dict, b: dict, paired: bool = False) -> str:
            f"B = {b['workdir']} (seeds: {b['seeds']}); {LEVEL:.0%} {method}; established when the "
            "interval excludes 0:\n",
            row("metric", "A", "B", "B − A", "interval", "dof", "verdict"), "|---" * 7 + "|\n"]
-  # Accuracy, then the diagnostics both runs log (e.g. two delegate runs' serial-collapse rates).
-  for c in ("final", "peak", "drop", *(c for c in DIAGNOSTICS if c in a and c in b)):
+  # Accuracy, the members' (a team's average member against a single agent, itself its only member)
+  # and the diagnostics both runs log (e.g. two delegate runs' serial-collapse rates).
+  both = lambda names: [c for c in names if c in a and c in b]
+  for c in ("final", *both(member_columns([a, b])), "peak", "drop", *both(DIAGNOSTICS)):
     if paired:  # A, B and B − A over the seeds that both define
       both_S = np.isfinite(a[c]) & np.isfinite(b[c])
       a_S, b_S = a[c][both_S], b[c][both_S]

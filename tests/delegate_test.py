@@ -120,6 +120,9 @@ def test_rewards_and_metrics_by_hand():
       # 4+4+2+2, b 1+1+2 (no worker spawned: no parallel stage), d 3+4+2+2
       "critical_steps": (4 * 12 + 4 + 11) / 6,
       "coverage": (1 + 0 + .5 + .5 + .5 + 1) / 6,  # e's rewrite covers chain1 only
+      # Each slot's right reports among its well-formed assignments: slot 0 has them in a c e f, all
+      # right; slot 1 in a c d e f, f's wrong: 4/5 (together, worker_accuracy's 8/9).
+      "worker0/member_accuracy": 1.0, "worker1/member_accuracy": 4 / 5,
   }
   assert set(scored.metrics) == set(expected)
   for name, value in expected.items():

@@ -177,6 +177,32 @@ def test_a_diagnostic_undefined_on_some_seeds_averages_the_others(tmp_path, caps
   assert "| judge_precision, A (0 of 3 seeds) | n/a | 80.0 | n/a ± n/a | n/a | n/a | n/a |" in capsys.readouterr().out
 
 
+def test_members_beside_the_team_and_against_a_single_agent(tmp_path, capsys):
+  """Each member's own accuracy (`ROLE/member_accuracy`) and the average member's stand beside the
+  team's; --compare puts the average member against a single agent, itself its only member."""
+  single, team = str(tmp_path / "single"), str(tmp_path / "team")
+  write_run(single, {0: [0.3, 0.3, 0.3], 50: [0.4, 0.5, 0.6]}, extra={"eval_agent/member_accuracy": [0.4, 0.5, 0.6]})
+  # The average member per seed: (0.3 + 0.5) / 2, (0.4 + 0.4) / 2, (0.5 + 0.3) / 2 = 0.4 each.
+  write_run(team, {0: [0.3, 0.3, 0.3], 50: [0.5, 0.6, 0.7]},
+            extra={"eval_solver0/member_accuracy": [0.3, 0.4, 0.5], "eval_solver1/member_accuracy": [0.5, 0.4, 0.3]})
+  np.testing.assert_allclose(report.summarize(team)["member_accuracy"], [0.4, 0.4, 0.4])
+  report.main([single, team])
+  out = capsys.readouterr().out
+  assert ("| run | seeds | steps | base | final | member_accuracy | agent/member_accuracy | solver0/member_accuracy "
+          "| solver1/member_accuracy | peak | drop |") in out
+  assert f"| {team} | 3 | 50 | 30.0 ± 0.0 | 60.0 ± 24.8 | 40.0 ± 0.0 | – | 40.0 ± 24.8 | 40.0 ± 24.8 |" in out
+  report.main(["--compare", single, team])
+  out = capsys.readouterr().out
+  # B − A = 40 − 50; only A varies (s = 10): half t_{0.975, 2} 4.3027 * 10 / sqrt(3) = 24.8, dof 2.
+  assert "| member_accuracy | 50.0 | 40.0 | -10.0 ± 24.8 | [-34.8, +14.8] | 2.0 | not established |" in out
+  assert "solver0/member_accuracy |" not in out  # a member only one run has
+  # A member undefined on a seed (a delegate worker given no sub-problem) leaves the average to the others.
+  nan = str(tmp_path / "nan")
+  write_run(nan, {0: [0.3, 0.3], 50: [0.4, 0.5]},
+            extra={"eval_worker0/member_accuracy": [0.2, float("nan")], "eval_worker1/member_accuracy": [0.4, 0.6]})
+  np.testing.assert_allclose(report.summarize(nan)["member_accuracy"], [0.3, 0.6])
+
+
 def test_the_writer_keeps_nan_in_the_jsonl_and_out_of_tensorboard(tmp_path):
   writer = metrics.Writer(str(tmp_path), total_steps=2, resume_step=None)
   logged = []

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from marl_jax import checkpoint, configs, experiment, protocols, sampling, state, text, train
+from marl_jax import checkpoint, configs, experiment, protocols, sampling, state, tasks, text, train
 from marl_jax import model as model_lib
 from marl_jax.protocols import debate, engine, vote
 from marl_jax.tasks import Arithmetic
@@ -32,6 +32,33 @@ def _transcript(name, targets, messages, **knobs):
   problems = {"prompt": prompt_BxP, "answer": jnp.array([D(t) for t in targets])}
   turns = [jnp.array([row[i] for row in messages]) for i in range(len(messages[0]))]
   return protocol, layout, problems, engine.assemble(layout, prompt_BxP, turns)
+
+
+def test_a_single_agent_is_its_own_only_member():
+  protocol, layout, problems, canvas_BxT = _transcript("single", [3, 3, 3, 3], [[D(3)], [D(5)], [D(3)], [ABSENT]])
+  m = protocol.rewards(TASK, layout, problems, canvas_BxT).metrics
+  np.testing.assert_allclose([m["accuracy"], m["agent/member_accuracy"]], [0.5, 0.5])
+
+
+def test_orchestrator_workers_member_accuracy_by_hand():
+  # '<bos>3+4,2*3=': parts 7 and 6, answer 3.  Each worker's report against its own part's answer:
+  #          worker0  worker1  final  team
+  rows = [("7", "6", "3"),  # right    right    3      1
+          ("7", "5", "2"),  # right    wrong    2      0
+          ("1", "5", "3")]  # wrong    wrong    3      1 (the orchestrator solved it alone)
+  task = tasks.make("multi_chain", num_chains=2, num_ops=1)
+  protocol = protocols.make("orchestrator", task)
+  layout = protocol.layout(task, (0, 1, 2))
+  prompt_BxP = jnp.array([text.encode("<bos>3+4,2*3=")] * 3)
+  problems = {"prompt": prompt_BxP, "answer": jnp.array([text.encode("3<eos>")] * 3),
+              "part_values": jnp.array([[7, 6]] * 3)}
+  messages = [jnp.array([text.encode(row[i] + "<eos>") + [text.PAD] * (stop - start - 2) for row in rows])
+              for i, (start, stop) in enumerate(layout.turn_slices)]
+  m = protocol.rewards(task, layout, problems, engine.assemble(layout, prompt_BxP, messages)).metrics
+  np.testing.assert_allclose(m["accuracy"], 2 / 3)
+  np.testing.assert_allclose([m["worker0/member_accuracy"], m["worker1/member_accuracy"]], [2 / 3, 1 / 3])
+  np.testing.assert_allclose(m["worker_accuracy"], 1 / 2)  # their mean
+  assert "orchestrator/member_accuracy" not in m
 
 
 def test_relay_rewards_by_hand():
@@ -140,6 +167,9 @@ def test_vote_rewards_by_hand():
   np.testing.assert_allclose(out.metrics["accuracy"], 0.5)
   np.testing.assert_allclose(out.metrics["majority_right"], 0.5)
   np.testing.assert_allclose(out.metrics["voter_accuracy"], 5 / 12)
+  # Each voter's own answer (the absent one is not right): 3/4, 1/4, 1/4, their mean voter_accuracy.
+  for role, value in (("voter0", 3 / 4), ("voter1", 1 / 4), ("voter2", 1 / 4)):
+    np.testing.assert_allclose(out.metrics[f"{role}/member_accuracy"], value, err_msg=role)
   # Agreeing pairs: 1, 1, 0, 0 of 3 per row.
   np.testing.assert_allclose(out.metrics["agreement"], 2 / 12, rtol=1e-6)
   assert out.metrics["same_message_rate"] == out.metrics["agreement"]
@@ -219,6 +249,11 @@ def test_best_of_n_pick_and_rewards_by_hand():
   # a right first candidate, but an unreadable pick is no pick.
   np.testing.assert_allclose(m["judge_precision"], 1 / 5)
   np.testing.assert_allclose(m["candidate_accuracy"], 5 / 21, rtol=1e-6)
+  # Each candidate: solver0 right in rows 2 and 3, solver1 in rows 0, 1 and 4, solver2 never (the
+  # judge is no member: it answers no problem).
+  for role, value in (("solver0", 2 / 7), ("solver1", 3 / 7), ("solver2", 0.0)):
+    np.testing.assert_allclose(m[f"{role}/member_accuracy"], value, rtol=1e-6, err_msg=role)
+  assert "judge/member_accuracy" not in m
   np.testing.assert_allclose(m["readable_pick"], 3 / 7)
   np.testing.assert_allclose(m["same_message_rate"], 0.0)
 
@@ -322,6 +357,9 @@ def test_debate_rewards_by_hand():
   np.testing.assert_allclose(m["break_rate"], 1 / 4)  # 1 break of 4 right ones
   np.testing.assert_allclose(m["round0_accuracy"], 0.5)  # row 0's round-0 majority is 5
   np.testing.assert_allclose(m["round1_accuracy"], 1.0)
+  # Each agent's last-round answer: agent0 3, 3; agent1 3, 3; agent2 5, 7.
+  for role, value in (("agent0", 1.0), ("agent1", 1.0), ("agent2", 0.0)):
+    np.testing.assert_allclose(m[f"{role}/member_accuracy"], value, err_msg=role)
   np.testing.assert_allclose(m["agreement"], (1 / 3 + 1 / 3) / 2, rtol=1e-6)
   np.testing.assert_allclose(m["same_message_rate"], (1 / 3 + 1) / 2, rtol=1e-6)
   # Agreement is over answers as the majority counts them (the task's vote_key: here every message is

@@ -5,7 +5,7 @@ the first candidate.  Roles `solver0..solvern-1`, `judge`: the default role map 
 experiments/best_of_n.py gives the solvers one parameter set and the judge its own.  Checking is easier
 than solving on subset_sum and stack_program, so this is where a judge's edge over a solver shows.
 
-Per-role signals: a solver's own answer is right; the judge's is that its pick is readable and right
+Per-role signals (and `solverI/member_accuracy`): a solver's own answer is right; the judge's is that its pick is readable and right
 where some candidate is right, readable where none is (no pick could be right: the judge is not
 blamed for its solvers, but a malformed pick is its own fault).
 """
@@ -63,6 +63,7 @@ class BestOfN(engine.Protocol):
         "judge_precision": engine.rate(readable_B & (team_B > 0), oracle_B > 0),
         "readable_pick": readable_B.mean(),
         "same_message_rate": engine.same_message_rate(answers_KxBxA),
+        **engine.member_accuracy(self.roles[:self.candidates], right_KxB),  # candidate_accuracy's terms
     }
     return engine.Scored(team_B=team_B, role_RxB=jnp.concatenate([right_KxB, judge_B[None]]),
                          metrics=metrics)

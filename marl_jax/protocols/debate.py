@@ -25,7 +25,7 @@ parameter set after the warm start, where it learns from the checker's verdicts,
 the truth; `fix_rate`, `break_rate` stay the checker's, and `verdict_accuracy`, `false_accept`,
 `false_reject` say how far the two differ.
 
-Per-role signals: an agent's last-round answer is right; the verifier's, the fraction of its verdicts
+Per-role signals: an agent's last-round answer is right (also its `agentI/member_accuracy`); the verifier's, the fraction of its verdicts
 that agree with the checker.  An `<absent>` answer (a counterfactual) counts as a wrong vote left out
 of the majority; an `<absent>` verifier judges every answer wrong, so no turn earns a bonus.
 """
@@ -119,6 +119,8 @@ class Debate(engine.Protocol):
         "turn_bonus": turn_NxB[:J * K].mean(),  # per debater turn
         **{f"round{j}_accuracy": majority_right_JxB[j].mean() for j in range(J)},  # round j's majority
         **judged,
+        # Each agent's last-round answer, the one its vote is: after reading the others.
+        **engine.member_accuracy(self.roles[:K], right_JxKxB[-1]),
     }
     return engine.Scored(team_B=team_B, role_RxB=role_RxB, metrics=metrics, turn_NxB=turn_NxB)
 

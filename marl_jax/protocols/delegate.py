@@ -27,6 +27,7 @@ Metrics, rates over the batch::
   coverage:             parts of the problem whose exact tokens some slot holds.
 
 Per-role signals: the orchestrator's is the team outcome, a worker's is that its report is right.
+`workerS/member_accuracy`: slot S's right reports among its well-formed assignments (NaN when it got none).
 """
 import dataclasses
 
@@ -154,6 +155,8 @@ class Delegate(engine.Protocol):
         "serial_collapse": serial_B.mean(),
         "critical_steps": critical_B.mean(),
         "coverage": covered_CxB.mean(),
+        # Each slot's report against its own assignment's answer, among the rows it got a sub-problem.
+        **engine.member_accuracy(self.roles[1:], right_WxB, ok_WxB),
     }
     role_RxB = jnp.concatenate([team_B[None], right_WxB.astype(jnp.float32)])
     return engine.Scored(team_B=team_B, role_RxB=role_RxB, metrics=metrics,

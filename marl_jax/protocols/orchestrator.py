@@ -4,7 +4,7 @@ parallel (none reads another's part or report); then the orchestrator reads ever
 final answer.  Critical path (PARL's "critical steps", in tokens): the longest worker report plus the
 orchestrator's answer, against one agent's single answer.
 
-Per-role verifiable signals: a worker's report is its part's answer; the orchestrator's answer is the
+Per-role verifiable signals: a worker's report is its part's answer (its `workerI/member_accuracy`); the orchestrator's answer is the
 combination (`task.combine`) of the reports it got, or, when a report is unreadable, the right answer.
 """
 import dataclasses
@@ -65,6 +65,7 @@ class Orchestrator(engine.Protocol):
         "worker_accuracy": worker_right_CxB.mean(),
         "aggregation_accuracy": orchestrator_B.mean(),  # the orchestrator's own signal
         "critical_tokens": (jnp.stack([written(r) for r in reports]).max(0) + written(final_BxA)).mean(),
+        **engine.member_accuracy(self.roles[1:], worker_right_CxB),  # each report against its part's answer
     }
     role_RxB = jnp.concatenate([orchestrator_B[None], worker_right_CxB])
     return engine.Scored(team_B=team_B, role_RxB=role_RxB, metrics=metrics)

@@ -20,7 +20,7 @@ class Single(engine.Protocol):
   def rewards(self, task, layout, problems, tokens_BxT):
     team_B = jax.vmap(task.score)(problems, self.final_answer(layout, tokens_BxT))
     return engine.Scored(team_B=team_B, role_RxB=team_B[None],
-                         metrics={"accuracy": team_B.mean()})
+                         metrics={"accuracy": team_B.mean(), **engine.member_accuracy(self.roles, team_B[None])})
 
   def demonstrate(self, task, layout, problems, key_B):
     answers_BxA = jax.vmap(task.demonstrate)(problems, key_B)

@@ -5,7 +5,7 @@ voter1, ...).  With `aggregator=True` an extra role reads all K answers and writ
 absent aggregator leaves the majority).  Roles `voter0..voterK-1` (+ `aggregator`), so a role map
 such as `--config.roles.sharing=0,0,0,1` gives three voters one parameter set and the aggregator its own.
 
-Per-role signals: a voter's own answer is right; the aggregator gets the team outcome.
+Per-role signals (and `voterI/member_accuracy`): a voter's own answer is right; the aggregator gets the team outcome.
 """
 import dataclasses
 from collections.abc import Callable
@@ -91,6 +91,7 @@ class Vote(engine.Protocol):
         "majority_right": score(problems, majority(answers_KxBxA, self.vote_key)).mean(),
         "agreement": agreement,  # voter pairs writing the same answer: here also the collapse rate
         "same_message_rate": agreement,
+        **engine.member_accuracy(self.roles[:self.voters], voter_KxB),  # voter_accuracy's terms
     }
     role_RxB = jnp.concatenate([voter_KxB, team_B[None]] if self.aggregator else [voter_KxB])
     return engine.Scored(team_B=team_B, role_RxB=role_RxB, metrics=metrics)
