@@ -19,6 +19,7 @@ A finished cell is not re-run: rerunning the command resumes the grid.  `DIR/rep
 `fidelity.csv`, `learning.csv`, `report.md` and the plots (learning curves with 95% bands; fidelity
 against cost).
 """
+import ast
 import contextlib
 import csv
 import dataclasses
@@ -68,9 +69,8 @@ def check(config: ml_collections.ConfigDict) -> None:
   tasks.base.check_rates("fidelity", {"demo_error_rate": fid.demo_error_rate})
   checks.integer("fidelity.adapt_steps", fid.adapt_steps, 0)
   checks.check("learning.target", learn.target, lambda v: 0 < v <= 1, "a training accuracy in (0, 1]")
-  for name in names(config.estimators):
-    if name not in credit.REGISTRY:
-      raise ValueError(f"config.estimators has {name!r}; allowed: {sorted(credit.REGISTRY)}")
+  for entry in names(config.estimators):
+    estimator_group(entry)
   for game in names(config.fidelity.games):
     if game not in tasks.contribution.GAMES:
       raise ValueError(f"config.fidelity.games has {game!r}; allowed: {list(tasks.contribution.GAMES)}")
@@ -80,6 +80,31 @@ def check(config: ml_collections.ConfigDict) -> None:
 
 
 # Fidelity.
+
+def estimator_group(entry: str, like=None) -> ml_collections.ConfigDict:
+  """The `config.credit` group of one `config.estimators` entry: an estimator's name, then any of its
+  settings as `:KEY=VALUE` (`shapley:centre=dr_grpo`, a Python literal or a word), the others at
+  their defaults (or `like`'s, `configs.named_group`); the entry as written names its cells and rows."""
+  name, *settings = entry.split(":")
+  if name not in credit.REGISTRY:
+    raise ValueError(f"config.estimators has {entry!r}; allowed: {sorted(credit.REGISTRY)}, each with "
+                     f"optional :KEY=VALUE settings")
+  group = configs.named_group("credit", name, like=like)
+  for setting in settings:
+    key, equals, value = setting.partition("=")
+    if not equals or key == "name" or key not in group:
+      raise ValueError(f"config.estimators has {entry!r}: {setting!r} is not KEY=VALUE of a setting of "
+                       f"{name!r}; allowed keys: {sorted(k for k in group if k != 'name')}")
+    try:
+      value = ast.literal_eval(value)
+    except (ValueError, SyntaxError):  # a word: a string setting
+      pass
+    try:
+      group[key] = value
+    except TypeError as e:  # ml_collections keeps each setting's type
+      raise ValueError(f"config.estimators has {entry!r}: {e}") from None
+  return group
+
 
 def fidelity_config(config, num_roles: int, estimator: str) -> ml_collections.ConfigDict:
   """A `contribution` run config whose credit term stands alone (`outcome_weight` 0 where it exists).
@@ -96,7 +121,7 @@ def fidelity_config(config, num_roles: int, estimator: str) -> ml_collections.Co
   c.model.max_len = max(c.model.max_len, layout.length)
   c.rl.batch_size = fid.batch_size
   c.sft.steps = fid.sft_steps
-  c.credit = configs.named_group("credit", estimator, like={"outcome_weight": 0.0})  # where it takes one
+  c.credit = estimator_group(estimator, like={"outcome_weight": 0.0})  # where it takes one
   return c
 
 
@@ -299,7 +324,7 @@ def learning_config(config, scenario: str, estimator: str) -> ml_collections.Con
   # One step per call, logged: steps-to-target reads the per-step curve (evaluating that often would
   # cost more than training; one compiled call per step costs ~nothing next to a step on CPU).
   c.steps_per_call = c.log_every = 1
-  c.credit = configs.credit_config(estimator)
+  c.credit = estimator_group(estimator)
   c.init_from = ""  # the scenario's base, for a learning cell (`run_learning_cell`)
   return c
 

@@ -5,6 +5,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -105,6 +106,18 @@ def test_unknown_names_are_refused_before_compiling(key, value, allowed, tmp_pat
   assert allowed in str(error.value)
   assert f"config.{key}" in str(error.value) or key.startswith("learning.")
   assert not (tmp_path / "bench").exists()
+
+
+def test_an_estimator_entry_may_carry_settings():
+  config = benchmark.learning_config(_config(), "free_rider", "shapley:centre=dr_grpo:credit_weight=0.5")
+  assert (config.credit.name, config.credit.centre, config.credit.credit_weight) == ("shapley", "dr_grpo", 0.5)
+  fidelity = benchmark.fidelity_config(_config(), 2, "shapley:centre=rloo").credit
+  assert (fidelity.centre, fidelity.outcome_weight) == ("rloo", 0.0)
+  for entry, says in (("shapley:centre", "'centre' is not KEY=VALUE of a setting of 'shapley'"),
+                      ("team:centre=rloo", "allowed keys: ['baseline']"),
+                      ("shapley:centre=3", "config.estimators has 'shapley:centre=3'")):
+    with pytest.raises(ValueError, match=re.escape(says)):
+      benchmark.estimator_group(entry)
 
 
 def test_keys_the_benchmark_sets_are_not_settable_per_scenario():

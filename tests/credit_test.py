@@ -475,6 +475,44 @@ def test_shapley_estimator_by_hand():
   assert metrics["reruns_per_episode"] == 3
 
 
+@pytest.mark.parametrize("R, value_BxC, centred_RxB", [
+    # 2 roles, coalitions {}, {0}, {1}, {0,1}; rows 0-1 are one group, rows 2-3 another.
+    #   row 0: role 0 alone decides: phi = 1, 0;  row 1: role 1 alone wins, together they lose:
+    #   phi_0 = (0-0)/2 + (0-1)/2 = -1/2, phi_1 = 1/2.  Group mean 1/4, 1/4: centred 3/4, -1/4 (sum
+    #   1/2 = v(all) 1 - the group's mean 1/2) and -3/4, 1/4 (sum 0 - 1/2).  Rows 2-3: every coalition
+    #   0.7: 0.
+    (2, [[0, 1, 0, 1], [0, 0, 1, 0], [.7] * 4, [.7] * 4],
+     [[.75, -.75, 0, 0], [-.25, .25, 0, 0]]),
+    # 3 roles, coalition c = sum of 2^r over its roles.  Row 0: majority (two suffice): phi = 1/3 each.
+    #   Row 1: only {0} alone wins: phi_0 = 1/3 (joining nobody), phi_1 = phi_2 = -1/6 (joining {0},
+    #   weight 1!1!/3!).  Group mean 1/3, 1/12, 1/12: centred 0, 1/4, 1/4 (sum 1/2 = 1 - 1/2) and 0,
+    #   -1/4, -1/4 (sum -1/2 = 0 - 1/2): role 0 did the same in both.  Rows 2-3: every coalition 1: 0.
+    (3, [[0, 0, 0, 1, 0, 1, 1, 1], [0, 1, 0, 0, 0, 0, 0, 0], [1] * 8, [1] * 8],
+     [[0, 0, 0, 0], [.25, -.25, 0, 0], [.25, -.25, 0, 0]]),
+])
+def test_centred_shapley_by_hand(R, value_BxC, centred_RxB):
+  value_BxC, centred_RxB = jnp.array(value_BxC, jnp.float32), jnp.array(centred_RxB)
+  estimator = credit.make("shapley", outcome_weight=0.0, centre="dr_grpo")
+  phi_RxB, _ = shapley_credit(estimator, value_BxC)
+  chex.assert_trees_all_close(phi_RxB, centred_RxB, atol=1e-6)
+  # Efficiency: the credits add up to v(all) minus the group's mean of v(all).
+  team_B = value_BxC[:, -1]
+  chex.assert_trees_all_close(phi_RxB.sum(0), team_B - jnp.repeat(team_B.reshape(-1, 2).mean(1), 2), atol=1e-6)
+  # rloo: the other sample's values, here centred x 2; the sum is v(all) - the other's v(all).
+  phi_RxB, _ = shapley_credit(dataclasses.replace(estimator, centre="rloo"), value_BxC)
+  chex.assert_trees_all_close(phi_RxB, 2 * centred_RxB, atol=1e-6)
+  chex.assert_trees_all_close(phi_RxB.sum(0), team_B - team_B.reshape(-1, 2)[:, ::-1].ravel(), atol=1e-6)
+
+
+def test_centred_shapley_refuses_grpo_and_groups_of_one():
+  with pytest.raises(ValueError, match=r"config.credit.centre='grpo' is unknown; allowed: \['none', "
+                                       r"'dr_grpo', 'rloo'\]"):
+    credit.make("shapley", centre="grpo").check(2, 2)
+  with pytest.raises(ValueError, match=r"config.credit.centre='dr_grpo' needs config.rl.group_size >= 2"):
+    credit.make("shapley", centre="dr_grpo").check(2, 1)
+  credit.make("shapley").check(2, 1)
+
+
 def test_shapley_estimator_monte_carlo_reruns_only_the_prefixes():
   # 4 roles above max_exact_roles=3: one order, so the re-runs are its prefixes of size 0..3 and
   # phi is each role's marginal contribution along it.

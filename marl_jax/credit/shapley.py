@@ -13,6 +13,19 @@ The estimator's coalition value v(S) is the team outcome with the roles outside 
 coalition but the full one is one re-run (the full one is the sampled episode).  Exact up to
 `max_exact_roles` roles (2^R - 1 re-runs); above it, the distinct prefixes of `num_permutations`
 orders drawn with numpy from `permutation_seed` (static, since the re-runs are), at most P(R-1) + 1.
+
+Its credits add up to v(all) - v(nobody): uncentred, every role of a winning episode gets credit however
+often the team wins that problem.  `centre` (a group baseline of `baselines.py` that only subtracts:
+`dr_grpo`, `rloo`) centres it on the group of samples of the same problem: phi'_r is the Shapley value
+of the centred game v'(S) = v(S) - b(S), b(S) the group's mean of v(S) (`rloo`: of the other samples),
+which by linearity is phi_r minus that baseline of phi_r::
+
+  phi'_r = phi_r - b(phi_r),   sum_r phi'_r = v(all) - b(all)
+
+(efficiency: sum_r phi'_r = v'(all) - v'(nobody), and v(nobody), every role absent, is the same in the
+whole group: it depends on the problem alone).  A role that is a null player in every sample of the
+group still gets 0, and a group whose coalitions all score the same gets 0 everywhere; splitting the
+baseline equally instead (phi_r - (b(all) - v(nobody)) / R) would give every null player a share of it.
 """
 import dataclasses
 import functools
@@ -23,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from marl_jax import checks
-from marl_jax.credit import base, difference
+from marl_jax.credit import base, baselines, difference
 
 
 def coalitions(num_agents: int) -> np.ndarray:
@@ -89,6 +102,9 @@ def shapley_values(value_fn, num_agents: int, *, key=None, num_permutations: int
   return shapley_from_permutations(values_PxK, perm_PxN)
 
 
+CENTRES = ("none", "dr_grpo", "rloo")
+
+
 @dataclasses.dataclass(frozen=True)
 class _Plan:
   """The coalitions the estimator re-runs (changed_CxR: the roles outside each coalition) and, for
@@ -117,9 +133,16 @@ class Shapley(difference.OutcomeAndCredit):
   max_exact_roles: int = 6  # exact over all 2^R coalitions up to this many roles
   num_permutations: int = 16  # Monte Carlo orders above it (0: exact only)
   permutation_seed: int = 0
+  centre: str = "none"  # none | dr_grpo | rloo: the group baseline phi_r is centred with (module doc)
 
   def check(self, num_roles, group_size):
     super().check(num_roles, group_size)
+    if self.centre not in CENTRES:
+      raise ValueError(f"config.credit.centre={self.centre!r} is unknown; allowed: {list(CENTRES)} (grpo's "
+                       f"division by the group's spread would break the credits' sum)")
+    if self.centre != "none" and group_size < 2:
+      raise ValueError(f"config.credit.centre={self.centre!r} needs config.rl.group_size >= 2 (a group of one "
+                       f"sample is its own baseline: every credit 0); allowed with group_size 1: 'none'")
     checks.integer("credit.max_exact_roles", self.max_exact_roles, 0)
     checks.integer("credit.num_permutations", self.num_permutations, 0,
                    note="0: exact only; Monte Carlo above config.credit.max_exact_roles")
@@ -144,5 +167,6 @@ class Shapley(difference.OutcomeAndCredit):
       phi_RxB = shapley_from_values(values_CxB)
     else:
       phi_RxB = shapley_from_permutations(values_CxB[plan.index_PxK], plan.perm_PxR)
+    phi_RxB = baselines.group_advantage(phi_RxB, outcome.group_size, self.centre)
     adv_RxB, metrics = self.mix(outcome, phi_RxB)
     return adv_RxB, {**metrics, "reruns_per_episode": jnp.float32(len(plan.changed_CxR))}
