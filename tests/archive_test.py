@@ -31,6 +31,7 @@ def random_params(exp: experiment.Experiment, seeds: int = 2):
   return jax.jit(jax.vmap(lambda k: state.init_state(exp, k)))(keys_S).params
 
 
+@pytest.mark.slow
 def test_transcripts_round_trip(tmp_path):
   exp = tiny_experiment("hidden_sum")  # exchange: sender and receiver
   params_S = random_params(exp)
@@ -75,6 +76,7 @@ def test_transcripts_without_credit_read_from_a_stored_eval_set(tmp_path):
   assert len({text.decode(t) for t in archive.arrays["tokens"][:5]}) == 1
 
 
+@pytest.mark.slow
 def test_archived_rewards_and_credit_are_the_protocols(tmp_path):
   # A warm-started team plays actions (a random one writes no joint action: every value below 0),
   # and the matrix game's payoffs vary between them.

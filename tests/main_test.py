@@ -117,6 +117,7 @@ def test_train_resume_and_refuse_bad_input(tmp_path):
   assert _snapshot(workdir) == before
 
 
+@pytest.mark.slow
 def test_name_flags_select_their_settings(tmp_path):
   """`--config.credit.name=NAME` (or task, protocol) makes config.credit that estimator's group, so its
   own settings can be set by the flags beside it and the file's estimator's others do not follow it;

@@ -283,6 +283,7 @@ def test_nonfinite_value_skips_the_update_or_stops_the_run(tmp_path, quantity):
   assert checkpoint.latest_step(str(stop)) == first - 1 and _steps(stop) == list(range(0, first, 2))
 
 
+@pytest.mark.slow
 def test_nonfinite_warm_start_stops_before_any_checkpoint(tmp_path):
   config = tiny_config(**{**OVERRIDES, "sft.steps": 2, "sft.learning_rate": 1e39})
   with pytest.raises(loop.NonFiniteError, match=r"^non-finite parameters before the first update \(after "
@@ -374,6 +375,7 @@ def _refused_untouched(workdir, config, expected):
   assert _snapshot(workdir) == before
 
 
+@pytest.mark.slow
 def test_a_run_that_does_not_fit_the_device_is_refused_before_training(tmp_path, monkeypatch):
   # A train call or evaluation that needs more memory than the device allows is refused once compiled,
   # before the warm start or any write, naming what shrinks it (on an H200 a run failed only at its
@@ -476,6 +478,7 @@ def test_a_workdir_that_is_a_file_is_refused(tmp_path):
   assert (tmp_path / "a_file").read_text() == "notes\n"
 
 
+@pytest.mark.slow
 def test_the_last_step_is_evaluated_off_the_eval_every_grid(tmp_path):
   # 6 steps with eval_every 4: the report's final accuracy must be the saved model's (step 6).
   loop.train_and_evaluate(tiny_config(**{**OVERRIDES, "total_steps": 6, "eval_every": 4, "log_every": 4,
@@ -484,6 +487,7 @@ def test_the_last_step_is_evaluated_off_the_eval_every_grid(tmp_path):
   assert checkpoint.latest_step(str(tmp_path)) == 6
 
 
+@pytest.mark.slow
 def test_best_checkpoints_are_saved_off_the_grid_and_their_peak_survives_a_resume(tmp_path, monkeypatch):
   # The greedy evaluation is scripted per call (binary fractions, exact in float32; the sampled one at
   # step 0 reads 0.1), so that the loop's bookkeeping is checked whatever the tiny untrained model
@@ -626,6 +630,7 @@ def test_an_unusable_eval_data_dir_is_refused_before_the_workdir_is_touched(tmp_
   assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_command_line_config_errors_are_one_line(tmp_path):
   """A config error from the config file, an unknown key or a bad value: one line naming the flag,
   exit status 1, no traceback, nothing compiled, the workdir untouched."""

@@ -139,6 +139,7 @@ def test_solver_verifier_demonstrations_flip_verdicts_at_their_error_rate(error_
   np.testing.assert_array_equal(protocol.rewards(task, layout, problems, tokens_BxT).team_B, 1)
 
 
+@pytest.mark.slow
 def test_absent_verifier_counterfactual_lets_the_answer_stand():
   # Absent counterfactuals of the verifier re-sample nothing (its turn is the last), so its
   # difference credit is exact: D_verifier = team - score(solver's answer).
@@ -160,6 +161,7 @@ def test_absent_verifier_counterfactual_lets_the_answer_stand():
   np.testing.assert_array_equal(credit.difference_credit(team_B, cf_team_RxKxB)[1], [0, 0, -1, 1])
 
 
+@pytest.mark.slow
 def test_counterfactual_keeps_the_turns_that_cannot_react():
   # Orchestrator-workers on two chains: worker0's counterfactual re-draws worker0 and the orchestrator
   # (who reads worker0's report) but keeps worker1's report, which never reads worker0.
@@ -187,6 +189,7 @@ def test_counterfactual_keeps_the_turns_that_cannot_react():
   np.testing.assert_array_equal(cf_RxKxBxT[..., :P], np.broadcast_to(tokens_BxT[:, :P], (3, 2, B, P)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [1.0, 1e-4])
 def test_reruns_are_independent_draws_at_the_run_temperature(temperature):
   # Role 1's K = 4 re-runs of each row: at temperature 1 (random parameters, so the policy is
@@ -459,6 +462,7 @@ def test_per_turn_advantages_go_to_each_turns_tokens():
   np.testing.assert_array_equal(adv_BxT[:, layout.env_T], 0)  # prompt and role markers
 
 
+@pytest.mark.slow
 def test_update_batch_scores_the_kl_reference_under_the_base_model_at_the_run_temperature():
   # With a KL term the reference log-probs are the warm-started base model's (state.ref_params, not the
   # parameters being trained: against those the KL would be 0 on the first epoch), at the temperature
@@ -572,6 +576,7 @@ def test_init_from_reads_one_seed_or_as_many_and_refuses_other_runs(tmp_path):
     loop.load_params(exp, f"{one}:best")
 
 
+@pytest.mark.slow
 def test_seeds_at_once_computes_the_same_seeds():
   """config.seeds_at_once=2 over 3 seeds (a group of two, then one: lax.map's batches and remainder)
   gives each seed the warm start, update and evaluation it gets with every seed vmapped at once, to
@@ -594,6 +599,7 @@ def test_seeds_at_once_computes_the_same_seeds():
   np.testing.assert_allclose(eval_2["accuracy"], eval_0["accuracy"], atol=0.05)
 
 
+@pytest.mark.slow
 def test_evaluation_in_row_chunks_is_the_evaluation_in_one_pass():
   """config.eval.batch_size=8 evaluates the 32 problems 8 at a time: each row's episode, the protocol's
   rates over all 32 and the role-divergence sums are those of one pass, to float rounding; a size that
@@ -615,6 +621,7 @@ def test_evaluation_in_row_chunks_is_the_evaluation_in_one_pass():
   experiment.build(tiny_config(**{"eval.size": 32, "eval.batch_size": 64}))
 
 
+@pytest.mark.slow
 def test_the_diagnosed_evaluation_adds_the_role_divergence_of_its_transcripts():
   """`divergence=True` adds `ROLE/next_token_js` to the evaluation, the rest unchanged: the divergence
   of the greedy transcripts, as the evaluation computed it on every call before it had a setting.
@@ -645,6 +652,7 @@ def test_the_diagnosed_evaluation_adds_the_role_divergence_of_its_transcripts():
     assert not js & set(evaluator(params_S, divergence=True))
 
 
+@pytest.mark.slow
 def test_the_role_collapse_diagnostic_runs_at_every_kth_evaluation_and_the_last(tmp_path):
   """Evaluated every 2 steps over 6: config.eval.divergence_every=2 computes the diagnostic at the
   multiples of 4 (step 0 included) and at the last step, 0 at none."""
@@ -659,6 +667,7 @@ def test_the_role_collapse_diagnostic_runs_at_every_kth_evaluation_and_the_last(
       assert [r["step"] for r in rows if f"eval_{role}/next_token_js" in r] == diagnosed, (every, role)
 
 
+@pytest.mark.slow
 def test_a_rollout_in_row_chunks_samples_the_same_episodes():
   """config.rl.rollout_batch_size=8 samples a 32-row batch 8 rows at a time: each row's episode is the
   one it gets in one pass (its keys are its own), log-probs to float rounding."""
