@@ -55,7 +55,7 @@ def get_config(arg=None):
   c.total_steps, c.eval_every = 600, 100
   configs.apply_size(c, args.size)
   if args.size == "cpu":
-    # 10 vmapped seeds (the README's results scale) but 100 steps, not 300: the canvas is twice a
+    # 10 vmapped seeds (the results pages' scale) but 100 steps, not 300: the canvas is twice a
     # solver-verifier's and every worker slot samples through its own view (measured on 2 cores
     # shared with a second run: the warm start 22 minutes, then 100 steps 16 minutes).
     c.num_seeds, c.total_steps, c.eval_every, c.checkpoint_every = 10, 100, 20, 100

@@ -1,7 +1,7 @@
 r"""Solver-verifier on multi-step arithmetic with language-model agents: a local Qwen3/Llama checkpoint
 (Hugging Face format) instead of the built-in transformer, one parameter set per role stacked as usual.
 The step, the warm start and every credit estimator are the solver-verifier experiment's; only the
-model differs (README, Language-model agents).
+model differs (docs/language_models.md).
 
   python -m marl_jax.main --config=experiments/lm_solver_verifier.py:size=tiny --workdir=/tmp/lm_sv
   python -m marl_jax.main --config=experiments/lm_solver_verifier.py:size=gpu,checkpoint=/models/Qwen3-0.6B \
@@ -40,8 +40,8 @@ def get_config(arg=None):
   c.model.lora.enabled = args.lora  # rank, alpha, targets: --config.model.lora.KEY
   if args.size == "gpu":  # a 0.6B-class model: fewer episodes per step than the built-in model's
     # 64 rows per pass: on an H200 the first train call of a whole 128-row minibatch's pass failed to
-    # allocate 39.66 GiB (with preallocation off); 32 and 64 rows trained, 64 faster (README, On one
-    # GPU).
+    # allocate 39.66 GiB (with preallocation off); 32 and 64 rows trained, 64 faster
+    # (docs/language_models.md).
     c.rl.update(batch_size=512, minibatches=4, microbatch_size=64)
     c.sft.update(steps=200, batch_size=128, learning_rate=1e-5)
     c.optim.learning_rate = 1e-6

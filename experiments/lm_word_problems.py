@@ -1,6 +1,6 @@
 r"""Word problems in free text with language-model agents: questions and answers from a local jsonl file
 or TFDS directory (GSM8K's layout by default), posed in the checkpoint's chat layout, answered over the
-model's whole vocabulary and scored by the final answer (README, Language-model agents).
+model's whole vocabulary and scored by the final answer (docs/language_models.md).
 
   python -m marl_jax.main --config=experiments/lm_word_problems.py:size=tiny --workdir=/tmp/lm_wp
   python -m marl_jax.main --config=experiments/lm_word_problems.py:size=tiny,protocol=solver_verifier \
@@ -59,7 +59,7 @@ def get_config(arg=None):
     c.sft.update(steps=50, batch_size=16)
     c.num_devices = 1  # seven questions do not split over more
   else:  # a 0.6B-class model on an accelerator
-    # Passes small enough for one 141 GB GPU (README, Language-model agents): canvases of ~500 tokens
+    # Passes small enough for one 141 GB GPU (docs/language_models.md): canvases of ~500 tokens
     # over a 151 936-word vocabulary, whose key-value caches, attention maps and log-probs all grow
     # with the rows in a pass.  The programs' planned memory (compiled for this 2-core CPU, float32,
     # Qwen3-0.6B's shapes), solver-verifier: train call 511 -> 73 GiB, evaluation 309 -> 43 GiB.

@@ -11,7 +11,7 @@ def get_config(arg=None):
   c = configs.base_config()
   c.total_steps, c.eval_every = 600, 100
   configs.apply_size(c, args.size)
-  if args.size == "cpu":  # the README's results scale: 10 vmapped seeds, about 3 minutes on 2 cores
+  if args.size == "cpu":  # the results pages' scale: 10 vmapped seeds, about 3 minutes on 2 cores
     c.num_seeds, c.total_steps, c.eval_every, c.checkpoint_every = 10, 300, 50, 300
   if args.size == "gpu":
     c.task.num_ops = 4

@@ -107,12 +107,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.init_from = ""  # a workdir whose latest checkpoint gives the starting parameters
   c.num_devices = 0  # 0: every visible device
   # Devices each parameter set is split over (a `model` mesh axis; the batch is split over the rest):
-  # for language models too large for one device, by config.model.sharding_rules (README).
+  # for language models too large for one device, by config.model.sharding_rules (docs/devices.md).
   c.model_shards = 1
   c.distributed = False  # call jax.distributed.initialize() first (multi-host)
 
   # checkpoint: a local Hugging Face-format Qwen3/Llama directory to use instead of the built-in model
-  # (README, Language-model agents); random_weights: its shapes, randomly initialised.
+  # (docs/language_models.md); random_weights: its shapes, randomly initialised.
   # lora: train low-rank adapters on the checkpoint's frozen weights instead of the weights themselves.
   c.model = ml_collections.ConfigDict(dict(
       d_model=64, n_layers=2, n_heads=4, d_ff=256, max_len=32, dtype="auto", checkpoint="",
@@ -128,7 +128,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.roles = ml_collections.ConfigDict(dict(sharing="isolated", trainable="", models=""))
   # algorithm: a registered loss (marl_jax/losses.py); G = group_size samples of each problem;
   # on_nonfinite: 'skip' or 'stop' at a non-finite reward, advantage, loss, gradient or updated state
-  # (README).
+  # (docs/reliability.md).
   # microbatch_size: at most this many rows per forward/backward pass on each device, their gradients
   # summed over the minibatch before the optimiser step (0: the whole minibatch in one pass);
   # rollout_batch_size: at most this many rows sampled at once on each device (0: all of them).

@@ -182,7 +182,7 @@ def _normalize_backward(epsilon: float, residuals, dy):
   variance's clip at 0 is not differentiated: it binds only where a row's values are all equal).  Its
   two means over the features are products with a 1/D vector, which XLA:CPU runs as matrix-vector
   products, faster than the reductions over the feature axis that autodiff gives (the relay job's step
-  about 4 % faster on two CPU devices: README, Throughput).  HIGHEST precision: a TPU would round a
+  about 4 % faster on two CPU devices: docs/throughput.md).  HIGHEST precision: a TPU would round a
   default-precision float32 product to bfloat16."""
   del epsilon
   centred, inv, scale_D = residuals

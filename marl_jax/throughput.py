@@ -194,7 +194,7 @@ def step_flops(exp: experiment.Experiment) -> float:
   return float(rl.batch_size * np.dot(reads_V, _flops_per_token_V(exp)))
 
 
-HUGE_PAGES = "glibc.malloc.hugetlb=1"  # the setting the README's Throughput recommends on a Linux CPU
+HUGE_PAGES = "glibc.malloc.hugetlb=1"  # the setting docs/throughput.md recommends on a Linux CPU
 
 
 def huge_pages(environ=os.environ, kernel_setting="/sys/kernel/mm/transparent_hugepage/enabled") -> bool:

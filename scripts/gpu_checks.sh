@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The checks of README "On one GPU", for a machine with one accelerator and marl_jax's dependencies:
+# The checks of docs/throughput.md and docs/language_models.md on one GPU, for a machine with one accelerator and marl_jax's dependencies:
 # every experiment's size=gpu config (and the quickstart job) run briefly, all at once, then the
 # throughput rows of the relay job, of wider agents and of Qwen3-0.6B-shaped agents (random weights)
 # timed one at a time.  Prints a table per part; logs and workdirs go under OUT (default

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces the README's mixed-team comparison (Mixed teams): solver-verifier on arithmetic with
+# Reproduces the mixed-team comparison (docs/results/mixed_teams.md): solver-verifier on arithmetic with
 # isolated parameter sets and team credit, the verifier the solver's model (uniform) or one twice as
 # wide and deep (`solver_verifier.py:team=mixed`); 10 vmapped seeds, 300 steps, on two disjoint seed
 # sets (0 and 1000, or those in SEEDS), then each set's table and the Welch comparison mixed - uniform.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces the README's results table: single-agent RL and the solver-verifier pair on arithmetic,
+# Reproduces the results table (docs/results/single_agent_and_solver_verifier.md): single-agent RL and the solver-verifier pair on arithmetic,
 # 10 vmapped seeds per run (the size=cpu default), 300 steps, on two disjoint seed sets (0 and 1000).
 # A finished run is not re-run.  Usage: scripts/results.sh [OUT]
 set -euo pipefail

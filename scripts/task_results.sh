@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces the README's task-suite table: every task alone (single agent) and on its workflows,
+# Reproduces the task-suite table (docs/results/tasks.md): every task alone (single agent) and on its workflows,
 # 10 vmapped seeds per run, 200 steps, on two disjoint seed sets (0 and 1000), then the report per
 # seed set and each workflow's Welch comparison with the single agent on its task.
 # A finished run is not re-run; an interrupted one resumes from its last checkpoint (every 50 steps).

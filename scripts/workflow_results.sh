@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Reproduces the README's workflow comparison (Workflows: results): single agent, solver-verifier, vote,
-# best_of_n and debate with and without influence rewards (on subset_sum also scored by a verifier role)
-# on subset_sum (checking is easier than solving) and on arithmetic, and delegate with annealed,
+# Reproduces the workflow comparison (docs/results/workflows.md, docs/results/subset_sum.md): single
+# agent, solver-verifier, vote, best_of_n and debate with and without influence rewards (on subset_sum
+# also scored by a verifier role) on subset_sum (checking is easier than solving) and on arithmetic, and delegate with annealed,
 # never-annealed and no auxiliary rewards on multi_chain, against one agent alone on that task; 10 vmapped seeds per run on two disjoint seed sets (0 and 1000), then the report per seed
 # set and each workflow's Welch comparison with the single agent on its task.
 # subset_sum's single agent and solver-verifier runs are scripts/task_results.sh's (read from TASKS),
