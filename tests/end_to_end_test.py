@@ -1,10 +1,10 @@
-"""The fast tier's end-to-end runs: every workflow, every credit estimator and every symbol task trains
+"""The fast tier's end-to-end runs: every workflow, every credit estimator and every task trains
 through the run a user starts (`loop.train_and_evaluate`: evaluation, a train call, metrics,
 checkpoint; the single agent's run also warm-starts), at the tiny size, shrunk to one step.
 
-Twelve runs cover the lot: each workflow once, each estimator and each task at least once. The slow
+Thirteen runs cover the lot: each workflow once, each estimator and each task at least once. The slow
 tier runs the experiments' tiny variants through the real CLI (workflows_test, tasks_test, main_test,
-word_task_test for the word-problem task); here one run in-process costs a few seconds of compiling.
+word_task_test); here one run in-process costs a few seconds of compiling.
 """
 import json
 import pathlib
@@ -28,6 +28,7 @@ RUNS = [  # experiment file, its argument
     ("best_of_n", "size=tiny"),
     ("debate", "size=tiny"),
     ("delegate", "size=tiny"),
+    ("lm_word_problems", "size=tiny"),  # a language-model agent answering in free text
 ]
 
 
@@ -43,11 +44,11 @@ def _config(name, arg):
   return config
 
 
-def test_the_runs_cover_every_workflow_estimator_and_symbol_task():
+def test_the_runs_cover_every_workflow_estimator_and_task():
   built = [_config(name, arg) for name, arg in RUNS]
   assert {c.protocol.name for c in built} == set(protocols.REGISTRY)
   assert {c.credit.name for c in built} == set(credit.REGISTRY)
-  assert {c.task.name for c in built} == {n for n, cls in tasks.REGISTRY.items() if not cls.free_text}
+  assert {c.task.name for c in built} == set(tasks.REGISTRY)
 
 
 @pytest.mark.parametrize("name, arg", RUNS, ids=[f"{n}:{a}" for n, a in RUNS])
