@@ -71,6 +71,7 @@ def test_solver_verifier_rewards_by_hand():
       "false_accept": 1 / 4,  # accepted among the 4 wrong first answers (episodes 1, 3, 4, 5)
       "false_reject": 1 / 2,  # rejected among the 2 right first answers (episodes 0, 2)
       "verdict_accuracy": 4 / 6,
+      "solver/member_accuracy": 2 / 6,
   }
   assert set(out.metrics) == set(expected)
   for name, value in expected.items():

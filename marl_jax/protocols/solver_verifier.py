@@ -63,6 +63,7 @@ class SolverVerifier(engine.Protocol):
         "false_accept": engine.rate(accept_B, wrong_B),  # accepted among wrong first answers
         "false_reject": engine.rate(~accept_B, ~wrong_B),  # rejected among right first answers
         "verdict_accuracy": verdict_ok_B.mean(),
+        **engine.member_accuracy(("solver",), first_right_B[None]),  # its first answer, before review
     }
     return engine.Scored(team_B=team_B, role_RxB=jnp.stack([first_right_B, verdict_ok_B]),
                          metrics=metrics)
