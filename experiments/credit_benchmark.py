@@ -7,7 +7,7 @@ and trained on the same workflows (learning), seeds vmapped, resumable.
 
 Lists are comma-separated strings, so each can be narrowed from the command line:
   --config.estimators=team,difference,shapley  --config.fidelity.games=synergy  --config.fidelity.roles=2,4
-  --config.learning.scenarios=penalty,free_rider
+  --config.learning.scenarios=penalty,free_rider  --config.fidelity.adapt_curve=0,20,50,100,200,400,800
 Fidelity: on the `contribution` task (each role copies its own hidden digit; the game decides how the
 roles' successes make the team outcome), for every game x number of roles, the warm-started policy's
 episodes are credited by every estimator, and each estimator's per-role credit is compared with the
@@ -59,10 +59,12 @@ def get_config(arg=None):
   c.size = size
   c.seed = 0
   c.estimators = ESTIMATORS
-  # Fidelity grid: estimator x game x number of roles, on the warm-started policy.
+  # Fidelity grid: estimator x game x number of roles, on the warm-started policy.  Stateful estimators
+  # adapt on `adapt_steps` batches first; `adapt_curve` (counts, comma-separated) grades them after
+  # each count as well (docs/benchmark.md: the critic needs hundreds).
   c.fidelity = ml_collections.ConfigDict(dict(
       games=GAMES, roles="2,4", num_seeds=10, batch_size=256, sft_steps=150, adapt_steps=20,
-      demo_error_rate=0.5))
+      demo_error_rate=0.5, adapt_curve=""))
   # Learning grid: estimator x scenario, `num_seeds` vmapped seeds each, from one warm start per
   # scenario; `target` is the training batch's accuracy whose first crossing is steps-to-target.
   c.learning = ml_collections.ConfigDict(dict(

@@ -9,6 +9,8 @@ Shapley value (roles outside a coalition absent) and the exact expected differen
 message resampled from its policy), both computed from the success mask and the policy's exact success
 probabilities.  Per estimator: bias and standard deviation of credit − exact, Spearman rank
 correlation, and cost (re-runs and turns generated per episode); each over seeds with a 95% interval.
+With `fidelity.adapt_curve` (counts of adaptation batches), the same credited batch is also graded
+after each count, with the estimator's metrics on it (the critic's loss): fidelity against adaptation.
 
 Learning (`DIR/learning/SCENARIO/ESTIMATOR/`, an ordinary run directory): each scenario is warm-started
 once (`SCENARIO/base`) and every estimator trains from that base, seeds vmapped; final and peak eval
@@ -16,7 +18,7 @@ accuracy, the peak-to-final drop, steps until the training batch's accuracy reac
 (the cells log every step), wall time.
 
 A finished cell is not re-run: rerunning the command resumes the grid.  `DIR/report/` gets
-`fidelity.csv`, `learning.csv`, `report.md` and the plots (learning curves with 95% bands; fidelity
+`fidelity.csv`, `fidelity_curve.csv` (with an `adapt_curve`), `learning.csv`, `report.md` and the plots (learning curves with 95% bands; fidelity
 against cost).
 """
 import ast
@@ -68,6 +70,10 @@ def check(config: ml_collections.ConfigDict) -> None:
   fid, learn = config.fidelity, config.learning
   tasks.base.check_rates("fidelity", {"demo_error_rate": fid.demo_error_rate})
   checks.integer("fidelity.adapt_steps", fid.adapt_steps, 0)
+  for n in names(fid.adapt_curve):
+    if not n.isdigit():
+      raise ValueError(f"config.fidelity.adapt_curve has {n!r}; allowed: integers >= 0 (counts of "
+                       "adaptation batches), comma-separated")
   checks.check("learning.target", learn.target, lambda v: 0 < v <= 1, "a training accuracy in (0, 1]")
   for entry in names(config.estimators):
     estimator_group(entry)
@@ -150,19 +156,23 @@ def success_probabilities(exp, params_R, problems):
   return jnp.exp(logp_BxT[:, first_R])
 
 
-def make_fidelity(exp, adapt_steps: int):
-  """`fidelity(params_S, credit_SxG, game_GxM, keys_SxAxB x 3) -> (credit, shapley, difference)`, each
-  _SxBxGxR.  Each batch of episodes and its re-runs are drawn once and scored under every game (a value
-  table, `Contribution.game_values`; games are vmapped, so one program serves them all); a stateful
-  estimator (the critic, the role baseline) adapts on the first `adapt_steps` batches, one per game;
-  the last batch is credited."""
+def make_fidelity(exp, checkpoints: tuple[int, ...]):
+  """`fidelity(params_S, credit_SxG, game_GxM, keys_SxAxB x 3) -> (credit_SxNxBxGxR, shapley, difference
+  (each _SxBxGxR), metrics)`.  Each batch of episodes and its re-runs are drawn once and scored under
+  every game (a value table, `Contribution.game_values`; games are vmapped, so one program serves them
+  all); a stateful estimator (the critic, the role baseline) adapts on the first batches, one per game,
+  and the last batch is credited after each of the `checkpoints` (ascending counts of adaptation
+  batches, N of them).  `metrics`: the estimator's scalar metrics on the credited batch at each
+  checkpoint, _SxNxG (the critic's loss there is on episodes it has not trained on)."""
   reruns = exp.credit.reruns(len(exp.layout.roles))
 
   def credit_under(game_M, credit_state, problems, episodes, tokens_CxKxBxT):
     problems = {**problems, "game_M": jnp.broadcast_to(game_M, (episodes.tokens_BxT.shape[0],) + game_M.shape)}
     outcome = train.score(exp, problems, episodes)[1]
-    adv_xB, credit_state, _ = train.credit_from_reruns(exp, credit_state, problems, outcome, tokens_CxKxBxT)
-    return adv_xB, credit_state, outcome.role_RxB
+    adv_xB, credit_state, metrics = train.credit_from_reruns(exp, credit_state, problems, outcome,
+                                                             tokens_CxKxBxT)
+    scalars = {k: v for k, v in metrics.items() if jnp.ndim(v) == 0}
+    return adv_xB, credit_state, outcome.role_RxB, scalars
 
   every_game = jax.vmap(credit_under, in_axes=(0, 0, None, None, None))
 
@@ -174,18 +184,30 @@ def make_fidelity(exp, adapt_steps: int):
           exp, params_R, episodes.tokens_BxT, rerun_key_B, reruns)
       return problems, episodes, tokens_CxKxBxT
 
-    if jax.tree.leaves(credit_G):  # stateless estimators have nothing to adapt: no wasted re-runs
-      adapt = lambda credit_G, keys: (every_game(game_GxM, credit_G, *play(*keys))[1], None)
-      credit_G, _ = jax.lax.scan(adapt, credit_G, jax.tree.map(lambda k: k[:adapt_steps], keys_AxB))
-    problems, episodes, tokens_CxKxBxT = play(*(k[-1] for k in keys_AxB))
-    adv_GxRxB, _, success_GxRxB = every_game(game_GxM, credit_G, problems, episodes, tokens_CxKxBxT)
-    success_BxR = success_GxRxB[0].T  # which roles succeeded does not depend on the game
+    graded = play(*(k[-1] for k in keys_AxB))
+    adapt = lambda credit_G, keys: (every_game(game_GxM, credit_G, *play(*keys))[1], None)
+    if jax.tree.leaves(credit_G):
+      credited, done = [], 0
+      for checkpoint in checkpoints:
+        segment = jax.tree.map(lambda k: k[done:checkpoint], keys_AxB)
+        credit_G, _ = jax.lax.scan(adapt, credit_G, segment)
+        credited.append(every_game(game_GxM, credit_G, *graded))
+        done = checkpoint
+    else:  # stateless estimators have nothing to adapt: no wasted re-runs, one credit for every checkpoint
+      credited = [every_game(game_GxM, credit_G, *graded)] * len(checkpoints)
+    adv_NxGxRxB = jnp.stack([adv for adv, *_ in credited])
+    metrics_NxG = jax.tree.map(lambda *x: jnp.stack(x), *(m for *_, m in credited))
+    success_BxR = credited[0][2][0].T  # which roles succeeded does not depend on the game
+    problems = graded[0]
     p_BxR = success_probabilities(exp, params_R, problems)
     exact_GxBxR = [jax.vmap(lambda game_M: reference(functools.partial(exp.task.game_value, values_M=game_M),
                                                      success_BxR, *args))(game_GxM)
                    for reference, args in ((exact.exact_shapley, ()), (exact.exact_difference, (p_BxR,)))]
     by_row = lambda x_GxBxR: jnp.swapaxes(x_GxBxR, 0, 1)  # rows first, to gather them over devices
-    return parallel.gather_rows((by_row(jnp.swapaxes(adv_GxRxB, 1, 2)), *map(by_row, exact_GxBxR)))
+    adv_BxNxGxR = jnp.moveaxis(adv_NxGxRxB, -1, 0)
+    credit_NxBxGxR, *exact_BxGxR = parallel.gather_rows((adv_BxNxGxR, *map(by_row, exact_GxBxR)))
+    # Metrics are already means over devices (the estimator's own).
+    return (jnp.swapaxes(credit_NxBxGxR, 0, 1), *exact_BxGxR, metrics_NxG)
 
   rows = P(None, parallel.DATA)
   sharded = parallel.shard_map(jax.vmap(local, in_axes=(0, 0, None, 0, 0, 0)), exp.mesh,
@@ -215,11 +237,19 @@ def grade(credit_SxBxR, exact_SxBxR) -> dict:
           "spearman": np.array([spearman(c, e) for c, e in zip(credit_SxBxR, exact_SxBxR)])}
 
 
-def fidelity_credits(config, num_roles: int, games: list[str], estimators: list[str] | None = None) -> dict:
+def checkpoints(fid) -> tuple[int, ...]:
+  """The counts of adaptation batches after which stateful estimators are graded: `adapt_steps` (the
+  grid's numbers) and those of `adapt_curve`, ascending."""
+  return tuple(sorted({fid.adapt_steps, *map(int, names(fid.adapt_curve))}))
+
+
+def fidelity_curves(config, num_roles: int, games: list[str], estimators: list[str] | None = None) -> dict:
   """Every estimator on the same warm-started policy and episodes, scored under every game:
-  {game: {estimator: (exp, credit_SxBxR, exact Shapley_SxBxR, exact expected difference_SxBxR)}}.
-  The policy does not depend on the game (each role copies its own digit), so one warm start and one
-  program per estimator serve every game.  `estimators`: those of config.estimators (the default)."""
+  {game: {estimator: (exp, credit_SxNxBxR, exact Shapley_SxBxR, exact expected difference_SxBxR,
+  {metric: values_SxN})}}, N the `checkpoints`: the same last batch credited after each count of
+  adaptation batches.  The policy does not depend on the game (each role copies its own digit), so one
+  warm start and one program per estimator serve every game.  `estimators`: those of
+  config.estimators (the default)."""
   fid = config.fidelity
   exps = {name: experiment.build(fidelity_config(config, num_roles, name))
           for name in (names(config.estimators) if estimators is None else estimators)}
@@ -228,7 +258,7 @@ def fidelity_credits(config, num_roles: int, games: list[str], estimators: list[
   keys_S = jax.random.split(jax.random.PRNGKey(config.seed), fid.num_seeds)
   params_S = sft.warm_start(first, keys_S)
   k_problem, k_sample, k_rerun = jax.random.split(jax.random.PRNGKey(config.seed + 1), 3)
-  shape = (fid.num_seeds, fid.adapt_steps + 1, fid.batch_size)
+  shape = (fid.num_seeds, checkpoints(fid)[-1] + 1, fid.batch_size)
   problem_keys = jax.random.split(k_problem, shape)
   # Rows b*G .. b*G+G-1 share a problem, as in training (group baselines read groups).
   G = first.config.rl.group_size
@@ -238,32 +268,57 @@ def fidelity_credits(config, num_roles: int, games: list[str], estimators: list[
   for name, exp in exps.items():
     credit_S = jax.vmap(functools.partial(state_lib.init_state, exp))(keys_S, params_S).credit
     credit_SxG = jax.tree.map(lambda x: jnp.repeat(x[:, None], len(games), 1), credit_S)
-    outputs = make_fidelity(exp, fid.adapt_steps)(params_S, credit_SxG, game_GxM, problem_keys,
-                                                  sample_keys, rerun_keys)
+    *outputs, metrics = make_fidelity(exp, checkpoints(fid))(params_S, credit_SxG, game_GxM, problem_keys,
+                                                             sample_keys, rerun_keys)
     for g, game in enumerate(games):
-      credits[game][name] = (exp, *(np.asarray(x[:, :, g]) for x in outputs))
+      credits[game][name] = (exp, np.asarray(outputs[0][:, :, :, g]),
+                             *(np.asarray(x[:, :, g]) for x in outputs[1:]),
+                             {k: np.asarray(v[:, :, g]) for k, v in metrics.items()})
   return credits
+
+
+def fidelity_credits(config, num_roles: int, games: list[str], estimators: list[str] | None = None) -> dict:
+  """`fidelity_curves` after `adapt_steps` adaptation batches, the grid's numbers: {game: {estimator:
+  (exp, credit_SxBxR, exact Shapley_SxBxR, exact expected difference_SxBxR)}}."""
+  n = checkpoints(config.fidelity).index(config.fidelity.adapt_steps)
+  return {game: {name: (exp, credit_SxNxBxR[:, n], shapley, difference)
+                 for name, (exp, credit_SxNxBxR, shapley, difference, _) in by_estimator.items()}
+          for game, by_estimator in fidelity_curves(config, num_roles, games, estimators).items()}
+
+
+def grades(credit_SxBxR, shapley_SxBxR, difference_SxBxR) -> dict:
+  """`grade` against both exact references, as a cell stores it: {REF_STAT: values_S as a list}."""
+  return {f"{ref}_{k}": v.tolist() for ref, exact_SxBxR in (("shapley", shapley_SxBxR),
+                                                             ("difference", difference_SxBxR))
+          for k, v in grade(credit_SxBxR, exact_SxBxR).items()}
 
 
 def run_fidelity_cell(config, num_roles: int, games: list[str], folder: str, estimators: list[str]) -> None:
   """The fidelity cells of one number of roles (`GAME-rR.json`, one per game): each of `estimators`'
-  cost and its credit graded against both exact references, added to what the cell holds.  (An
-  estimator's numbers do not depend on the others computed beside it: the warm start, problems and
-  keys are the cell's.)"""
-  for game, by_estimator in fidelity_credits(config, num_roles, games, estimators).items():
+  cost and its credit graded against both exact references, added to what the cell holds; with an
+  `adapt_curve`, also its grades and scalar metrics (the critic's loss) after each checkpoint
+  (`curve`: {"adapt_batches": [N], STAT: [N][S]}).  (An estimator's numbers do not depend on the others
+  computed beside it: the warm start, problems and keys are the cell's.)"""
+  n = checkpoints(config.fidelity).index(config.fidelity.adapt_steps)
+  for game, by_estimator in fidelity_curves(config, num_roles, games, estimators).items():
     cell = fidelity_cell(config, folder, game, num_roles)
-    for name, (exp, credit_SxBxR, shapley_SxBxR, difference_SxBxR) in by_estimator.items():
-      cell["estimators"][name] = {
-          **cost(exp),
-          **{f"shapley_{k}": v.tolist() for k, v in grade(credit_SxBxR, shapley_SxBxR).items()},
-          **{f"difference_{k}": v.tolist() for k, v in grade(credit_SxBxR, difference_SxBxR).items()},
-      }
+    for name, (exp, credit_SxNxBxR, shapley_SxBxR, difference_SxBxR, metrics) in by_estimator.items():
+      cell["estimators"][name] = {**cost(exp), **grades(credit_SxNxBxR[:, n], shapley_SxBxR, difference_SxBxR)}
+      if names(config.fidelity.adapt_curve):
+        curve = [grades(credit_SxNxBxR[:, i], shapley_SxBxR, difference_SxBxR)
+                 for i in range(credit_SxNxBxR.shape[1])]
+        cell["estimators"][name]["curve"] = {
+            "adapt_batches": list(checkpoints(config.fidelity)),
+            **{k: [c[k] for c in curve] for k in curve[0]},
+            **{k: v_SxN.T.tolist() for k, v_SxN in metrics.items()}}
     workdir_lib.write_atomically(fidelity_path(folder, game, num_roles), json.dumps(cell))
 
 
 def fidelity_settings(config) -> dict:
   """What a fidelity cell's numbers depend on besides its game, roles and estimators."""
-  settings = {k: v for k, v in config.fidelity.to_dict().items() if k not in ("games", "roles")}
+  # An empty adapt_curve changes no number: cells written before it existed stay valid.
+  settings = {k: v for k, v in config.fidelity.to_dict().items()
+              if k not in ("games", "roles") and not (k == "adapt_curve" and not names(v))}
   return json.loads(json.dumps({"seed": config.seed, "size": config.size, **settings}))
 
 
@@ -366,24 +421,46 @@ def ci_cells(prefix: str, values) -> dict:
   return {prefix: mean, f"{prefix}_ci": half}
 
 
-def fidelity_rows(config, workdir: str) -> list[dict]:
-  """One row per estimator of config.estimators in each configured cell (game x number of roles)."""
-  rows = []
+def fidelity_records(config, workdir: str):
+  """(game, roles, estimator, seeds, its record) for each estimator of config.estimators held in each
+  configured cell (game x number of roles)."""
   folder = os.path.join(workdir, "fidelity")
   for num_roles in [int(r) for r in names(config.fidelity.roles)]:
     for game in names(config.fidelity.games):
       cell = fidelity_cell(config, folder, game, num_roles)
       for name in names(config.estimators):
-        if name not in cell["estimators"]:
-          continue
-        r = cell["estimators"][name]
-        row = {"game": game, "roles": num_roles, "estimator": name, "seeds": cell["seeds"],
-               "reruns": r["reruns"], "turns": r["turns"]}
-        for ref in ("shapley", "difference"):
-          for stat in ("bias", "error_sd", "spearman"):
-            row.update(ci_cells(f"{ref}_{stat}", r[f"{ref}_{stat}"]))
-            row[f"{ref}_{stat}_S"] = r[f"{ref}_{stat}"]  # per seed, for the means over games
-        rows.append(row)
+        if name in cell["estimators"]:
+          yield game, num_roles, name, cell["seeds"], cell["estimators"][name]
+
+
+def fidelity_rows(config, workdir: str) -> list[dict]:
+  """One row per estimator of config.estimators in each configured cell (game x number of roles)."""
+  rows = []
+  for game, num_roles, name, seeds, r in fidelity_records(config, workdir):
+    row = {"game": game, "roles": num_roles, "estimator": name, "seeds": seeds,
+           "reruns": r["reruns"], "turns": r["turns"]}
+    for ref in ("shapley", "difference"):
+      for stat in ("bias", "error_sd", "spearman"):
+        row.update(ci_cells(f"{ref}_{stat}", r[f"{ref}_{stat}"]))
+        row[f"{ref}_{stat}_S"] = r[f"{ref}_{stat}"]  # per seed, for the means over games
+    rows.append(row)
+  return rows
+
+
+def curve_rows(config, workdir: str) -> list[dict]:
+  """With an `adapt_curve`: one row per estimator, cell and count of adaptation batches, its grades and
+  scalar metrics there (`STAT` and its interval, `STAT_S` per seed), as `fidelity_rows`."""
+  if not names(config.fidelity.adapt_curve):
+    return []
+  rows = []
+  for game, num_roles, name, seeds, r in fidelity_records(config, workdir):
+    for i, batches in enumerate(r["curve"]["adapt_batches"]):
+      row = {"game": game, "roles": num_roles, "estimator": name, "adapt_batches": batches, "seeds": seeds}
+      for stat, values_NxS in r["curve"].items():
+        if stat != "adapt_batches":
+          row.update(ci_cells(stat, values_NxS[i]))
+          row[f"{stat}_S"] = values_NxS[i]
+      rows.append(row)
   return rows
 
 
@@ -435,16 +512,17 @@ def fmt(row: dict, key: str, scale: float = 1.0, digits: int = 3) -> str:
   return f"{mean:.{digits}f} ± {half:.{digits}f}" if math.isfinite(half) else f"{mean:.{digits}f}"
 
 
-def by_estimator(fid_rows: list[dict]) -> list[dict]:
-  """The fidelity grid in one row per number of roles x estimator: each statistic's mean over the
-  games, with the 95% interval over seeds of each seed's mean over games (`STAT_S` per seed in the
-  per-game rows; games where a seed's statistic is undefined are left out of that seed's mean)."""
-  stats = ("shapley_error_sd", "shapley_spearman", "difference_error_sd", "difference_spearman")
+def by_estimator(fid_rows: list[dict], keys=("roles", "estimator", "reruns", "turns"),
+                 stats=("shapley_error_sd", "shapley_spearman", "difference_error_sd",
+                        "difference_spearman")) -> list[dict]:
+  """The fidelity grid in one row per number of roles x estimator (per value of `keys`): each
+  statistic's mean over the games, with the 95% interval over seeds of each seed's mean over games
+  (`STAT_S` per seed in the per-game rows; games where a seed's statistic is undefined are left out of
+  that seed's mean)."""
   rows = []
-  for roles, name in dict.fromkeys((r["roles"], r["estimator"]) for r in fid_rows):
-    mine = [r for r in fid_rows if (r["roles"], r["estimator"]) == (roles, name)]
-    row = {"roles": roles, "estimator": name, "games": len(mine), "reruns": mine[0]["reruns"],
-           "turns": mine[0]["turns"]}
+  for values in dict.fromkeys(tuple(r[k] for k in keys) for r in fid_rows):
+    mine = [r for r in fid_rows if tuple(r[k] for k in keys) == values]
+    row = {**dict(zip(keys, values)), "games": len(mine)}
     for k in stats:
       games_S = np.array([r[f"{k}_S"] for r in mine], np.float64)
       with warnings.catch_warnings():  # a seed with no defined value in any game: nan, not a warning
@@ -454,7 +532,27 @@ def by_estimator(fid_rows: list[dict]) -> list[dict]:
   return sorted(rows, key=lambda r: r["roles"])
 
 
-def markdown(config, fid_rows, learn_rows) -> str:
+def curve_markdown(curve_rows: list[dict]) -> list[str]:
+  """The fidelity against adaptation batches, mean over games: the same episodes credited after each
+  count; the estimator's scalar metrics (the critic's loss and explained variance) on them beside."""
+  metrics = list(dict.fromkeys(k[:-2] for r in curve_rows for k in r if k.endswith("_S")
+                               and not k.startswith(("shapley_", "difference_"))))
+  stats = ("difference_spearman", "difference_error_sd", "shapley_spearman", *metrics)
+  rows = by_estimator([{**{f"{m}_S": [math.nan] * r["seeds"] for m in metrics}, **r} for r in curve_rows],
+                      ("roles", "estimator", "adapt_batches"), stats)
+  out = ["\n### Against adaptation batches (mean over games)\n\n",
+         "The same last batch credited after each count of adaptation batches; an estimator's metrics on "
+         "it are from before any update on it.\n\n",
+         report.row("R", "estimator", "adaptation batches", "ρ difference", "sd vs difference",
+                    "ρ Shapley", *metrics),
+         "|---" * (6 + len(metrics)) + "|\n"]
+  out += [report.row(r["roles"], r["estimator"], r["adapt_batches"], fmt(r, "difference_spearman", digits=2),
+                     fmt(r, "difference_error_sd"), fmt(r, "shapley_spearman", digits=2),
+                     *(fmt(r, m) for m in metrics)) for r in rows]
+  return out
+
+
+def markdown(config, fid_rows, learn_rows, curve_rows=()) -> str:
   out = ["# Credit-assignment benchmark\n",
          f"Config: size={config.size}, seed={config.seed}. Mean over seeds ± half-width of its 95% "
          "interval (Student t, n − 1 dof).\n\n"]
@@ -470,6 +568,8 @@ def markdown(config, fid_rows, learn_rows) -> str:
                        fmt(r, "shapley_error_sd"), fmt(r, "shapley_spearman", digits=2),
                        fmt(r, "difference_error_sd"), fmt(r, "difference_spearman", digits=2))
             for r in by_estimator(fid_rows)]
+    if curve_rows:
+      out += curve_markdown(curve_rows)
     out += ["\n### Per game\n\n",
             report.row("game", "R", "estimator", "re-runs", "turns", "bias vs Shapley", "sd vs Shapley",
                        "ρ Shapley", "bias vs difference", "sd vs difference", "ρ difference"),
@@ -534,9 +634,11 @@ def write_report(config, workdir: str) -> str:
   folder = os.path.join(workdir, "report")
   os.makedirs(folder, exist_ok=True)
   fid_rows, learn_rows = fidelity_rows(config, workdir), learning_rows(config, workdir)
+  curve = curve_rows(config, workdir)
   write_csv(os.path.join(folder, "fidelity.csv"), fid_rows)
+  write_csv(os.path.join(folder, "fidelity_curve.csv"), curve)
   write_csv(os.path.join(folder, "learning.csv"), learn_rows)
-  text = markdown(config, fid_rows, learn_rows)
+  text = markdown(config, fid_rows, learn_rows, curve)
   with open(os.path.join(folder, "report.md"), "w") as f:
     f.write(text)
   plot_learning(config, workdir, folder)

@@ -89,6 +89,7 @@ def test_fidelity_credit_is_the_credit_term_alone():
     ("fidelity.roles", "1", "integers 2..8"),
     ("fidelity.demo_error_rate", 2.0, "a probability in [0, 1]"),
     ("fidelity.adapt_steps", -1, "an integer >= 0"),
+    ("fidelity.adapt_curve", "0,-5", "integers >= 0 (counts of adaptation batches)"),
     ("learning.target", 90.0, "a training accuracy in (0, 1]"),
     ("learning.target", math.nan, "a training accuracy in (0, 1]"),
     # The learning cells' run configs are built too (once only after the whole fidelity grid).
@@ -281,6 +282,33 @@ def test_tiny_benchmark_end_to_end_and_resume(tmp_path):
   assert {p: p.stat().st_mtime_ns for p in cells} == stamps
 
 
+@pytest.mark.slow
+def test_the_fidelity_curve_grades_after_each_count_of_adaptation_batches(tmp_path):
+  config = _config()
+  config.estimators, config.learning.scenarios, config.fidelity.adapt_curve = "team,critic", "", "0,2"
+  assert benchmark.checkpoints(config.fidelity) == (0, 1, 2)  # adapt_steps=1 among them
+  benchmark.run(config, str(tmp_path))
+  cell = json.loads((tmp_path / "fidelity" / "synergy-r2.json").read_text())
+  assert cell["settings"]["adapt_curve"] == "0,2"
+  for name in ("team", "critic"):
+    graded, curve = cell["estimators"][name], cell["estimators"][name]["curve"]
+    assert curve["adapt_batches"] == [0, 1, 2]
+    # The grid's numbers are the curve's at adapt_steps: the same last batch, credited after 1 batch.
+    for stat in ("difference_spearman", "difference_error_sd", "shapley_bias"):
+      assert curve[stat][1] == graded[stat]
+  team, critic = cell["estimators"]["team"]["curve"], cell["estimators"]["critic"]["curve"]
+  assert team["difference_error_sd"][0] == team["difference_error_sd"][2]  # nothing to adapt
+  assert critic["difference_error_sd"][0] != critic["difference_error_sd"][2]
+  assert np.shape(critic["critic_loss"]) == (3, 2) and "critic_loss" not in team  # [N][S]
+  md = (tmp_path / "report" / "report.md").read_text()
+  assert "### Against adaptation batches" in md and "| 2 | critic | 2 |" in md
+  with open(tmp_path / "report" / "fidelity_curve.csv") as f:
+    assert len(list(csv.DictReader(f))) == 2 * 3  # estimators x counts, one game
+  # An empty curve changes no number, so cells written before it existed keep their settings.
+  config.fidelity.adapt_curve = ""
+  assert "adapt_curve" not in benchmark.fidelity_settings(config)
+
+
 def test_an_unknown_benchmark_key_is_refused_on_one_line(tmp_path):
   # It was an AttributeError traceback: the benchmark parses its flags as main does.
   cmd = [sys.executable, "-m", "marl_jax.benchmark", f"--config={BENCH}:size=tiny",
@@ -290,6 +318,6 @@ def test_an_unknown_benchmark_key_is_refused_on_one_line(tmp_path):
   assert result.returncode == 1
   assert result.stderr.strip().splitlines()[-1] == (
       "FATAL Flags parsing error: flag --config.fidelity.rolez=2: config.fidelity.rolez is not a key; "
-      "allowed: ['adapt_steps', 'batch_size', 'demo_error_rate', 'games', 'num_seeds', 'roles', 'sft_steps']")
+      "allowed: ['adapt_curve', 'adapt_steps', 'batch_size', 'demo_error_rate', 'games', 'num_seeds', 'roles', 'sft_steps']")
   assert "Traceback" not in result.stderr
   assert not (tmp_path / "bench").exists()
