@@ -6,11 +6,9 @@ import json
 import math
 import os
 import pathlib
-import re
 import shutil
 import subprocess
 import sys
-import time
 
 import chex
 import jax
@@ -55,7 +53,7 @@ train.make_train_call = signalled
 """
 # SIGTERM during the warm start's second call, its time printed.
 SIGTERM_IN_SECOND_WARM_START_CALL = """
-import os, signal, threading, time
+import os, signal, threading
 from marl_jax import sft
 programs, calls = sft._programs, []
 def signalled(exp, keys_S):
@@ -63,7 +61,6 @@ def signalled(exp, keys_S):
   def second_call_signalled(progress, keys_S):
     calls.append(1)
     if len(calls) == 2:  # from another thread, so the signal lands while the main thread is in the call
-      print(f"signalled at {time.time()}", flush=True)
       threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGTERM)).start()
     return chunk(progress, keys_S)
   return begin, second_call_signalled
@@ -198,15 +195,14 @@ def test_sigterm_then_kill_during_a_save_resume_exactly(tmp_path):
 
 
 @pytest.mark.slow
-def test_sigterm_during_the_warm_start_stops_within_seconds_and_a_rerun_resumes_it(tmp_path):
+def test_sigterm_during_the_warm_start_stops_after_the_current_call_and_a_rerun_resumes_it(tmp_path):
   workdir = tmp_path / "run"
   warm_start = ("--config.sft.steps=40", "--config.sft.steps_per_call=4")
   # Signalled in the second of its 10 calls: the run ends after that call, with its progress saved
   # (step 8) and nothing else: no evaluation, no checkpoint, no metrics row.
+  # How soon that is, in seconds, is measured by scripts/warm_start_stop_latency.py, not here.
   stopped = _run(workdir, *warm_start, patch=SIGTERM_IN_SECOND_WARM_START_CALL)
-  seconds = time.time() - float(re.search(r"signalled at ([0-9.]+)", stopped.stdout)[1])
   assert stopped.returncode == 0, stopped.stderr[-3000:]
-  assert seconds < 10, seconds  # the process's exit included
   assert "SIGTERM: finishing the current call" in stopped.stderr
   assert (f"stopped the warm start at step 8 of 40 by a signal, its progress written to {workdir}/warm_start; "
           f"run again with the same --workdir={workdir} to resume it") in stopped.stderr
