@@ -5,6 +5,12 @@ and trained on the same workflows (learning), seeds vmapped, resumable.
   python -m marl_jax.benchmark --config=experiments/credit_benchmark.py:size=tiny --workdir=/tmp/credit
   python -m marl_jax.benchmark --config=experiments/credit_benchmark.py:size=gpu --workdir=/tmp/credit_gpu
 
+The workflow grid (`grid=workflows`): the learning grid on the published workflows at the scale of
+their tables (their own batch, warm start and evaluation set), no fidelity grid; one step budget per
+invocation, so scripts/credit_workflow_results.sh runs each budget's scenarios into one workdir:
+  python -m marl_jax.benchmark --config=experiments/credit_benchmark.py:grid=workflows \
+      --config.learning.scenarios=best_of_n,vote --workdir=workdirs/credit_workflows/seed0
+
 Lists are comma-separated strings, so each can be narrowed from the command line:
   --config.estimators=team,difference,shapley  --config.fidelity.games=synergy  --config.fidelity.roles=2,4
   --config.learning.scenarios=penalty,free_rider  --config.fidelity.adapt_curve=0,20,50,100,200,400,800
@@ -20,7 +26,11 @@ import ml_collections
 from marl_jax import configs
 
 ESTIMATORS = "team,per_role,role_normalized,role_baseline,difference,shapley,critic"
+# The workflow grid's: the team reward, the counterfactual estimators (Shapley centred: uncentred it
+# was slower than the team reward on the penalty game, docs/benchmark.md) and the cheapest baseline.
+WORKFLOW_ESTIMATORS = "team,difference,shapley:centre=rloo,role_baseline"
 GAMES = "additive,synergy,redundancy,free_rider,saboteur,weighted"
+GRIDS = ("toys", "workflows")
 
 
 def scenarios(size: str) -> dict:
@@ -40,9 +50,26 @@ def scenarios(size: str) -> dict:
   }
 
 
+def workflow_scenarios(size: str) -> dict:
+  """The published workflows (docs/results: workflows, subset_sum), as their tables ran them: on
+  subset_sum where the members' gap to the single agent was measured, debate plain (no influence
+  rewards, so credit is the estimator's alone), delegate on multi_chain with its auxiliary rewards
+  annealed, and the single agent on each task, the reference every team is compared with."""
+  subset_sum = f"size={size},task=subset_sum"
+  return {
+      "sv_subset_sum": ("tasks", subset_sum + ",protocol=solver_verifier", {"roles.sharing": "shared"}),
+      "best_of_n": ("best_of_n", subset_sum, {}),
+      "vote": ("vote", subset_sum, {}),
+      "debate": ("debate", subset_sum + ",alpha=0,beta=0", {}),
+      "delegate": ("delegate", f"size={size},aux=annealed", {}),
+      "single_subset_sum": ("tasks", subset_sum, {}),
+      "single_multi_chain": ("delegate", f"size={size},workflow=single", {}),
+  }
+
+
 def scenario_config(name: str, size: str) -> ml_collections.ConfigDict:
   """The run config of one learning scenario (the benchmark sets its credit group and seeds)."""
-  experiment, arg, overrides = scenarios(size)[name]
+  experiment, arg, overrides = {**scenarios(size), **workflow_scenarios(size)}[name]
   c = configs.sibling(__file__, experiment).get_config(arg)
   for key, value in overrides.items():
     group, _, field = key.partition(".")
@@ -53,8 +80,9 @@ def scenario_config(name: str, size: str) -> ml_collections.ConfigDict:
 
 
 def get_config(arg=None):
-  args = configs.parse_arg(arg, size="cpu")
+  args = configs.parse_arg(arg, size="cpu", grid="toys")
   size = configs.check_choice("size", args.size, configs.SIZES)
+  grid = configs.check_choice("grid", args.grid, GRIDS)
   c = ml_collections.ConfigDict()
   c.size = size
   c.seed = 0
@@ -66,10 +94,12 @@ def get_config(arg=None):
       games=GAMES, roles="2,4", num_seeds=10, batch_size=256, sft_steps=150, adapt_steps=20,
       demo_error_rate=0.5, adapt_curve=""))
   # Learning grid: estimator x scenario, `num_seeds` vmapped seeds each, from one warm start per
-  # scenario; `target` is the training batch's accuracy whose first crossing is steps-to-target.
+  # scenario; `target` is the training batch's accuracy whose first crossing is steps-to-target;
+  # `reference`: scenarios (comma-separated) whose `team` cell every team and member on the same task is
+  # compared with (Welch).
   c.learning = ml_collections.ConfigDict(dict(
       scenarios=",".join(scenarios(size)), num_seeds=10, total_steps=100, eval_every=20,
-      target=0.9))
+      target=0.9, reference=""))
   if size == "tiny":  # the seconds-long variant the tests run: one cell of each grid, two estimators
     c.estimators = "team,shapley"
     c.fidelity.update(games="synergy", roles="2", num_seeds=2, batch_size=32, sft_steps=10,
@@ -80,8 +110,22 @@ def get_config(arg=None):
     c.learning.update(num_seeds=20, total_steps=1000, eval_every=100)
   # Every scenario's whole run config, so any of its keys can be set from the command line
   # (`--config.runs.penalty.rl.batch_size=64`); `learning.scenarios` picks the ones to run.
-  c.runs = ml_collections.ConfigDict({name: scenario_config(name, size) for name in scenarios(size)})
-  if size == "cpu":
+  c.runs = ml_collections.ConfigDict({name: scenario_config(name, size)
+                                      for name in {**scenarios(size), **workflow_scenarios(size)}})
+  if grid == "workflows":
+    # The published tables' scale: their runs as they are, 200 PPO steps (the task suite's budget),
+    # evaluated every 50; delegate's table used 100 steps: `--config.learning.total_steps=100
+    # --config.learning.scenarios=single_multi_chain,delegate`.  Each team is compared with the single
+    # agent on its task (`learning.reference`).
+    c.estimators = WORKFLOW_ESTIMATORS
+    c.fidelity.update(games="", roles="")
+    c.learning.update(scenarios="single_subset_sum,best_of_n,vote,sv_subset_sum,debate,exchange",
+                      total_steps=200, eval_every=50, reference="single_subset_sum,single_multi_chain")
+    if size == "tiny":
+      c.estimators = "team,shapley:centre=rloo"
+      c.learning.update(scenarios=",".join(workflow_scenarios(size)) + ",exchange", total_steps=2,
+                        eval_every=2)
+  elif size == "cpu":
     # 40 minutes on 2 CPU cores.  Fidelity at R = 2 only (R = 4 alone took 7.6 of 43 minutes; add it with
     # `--config.fidelity.roles=2,4`).  Learning: smaller batches than the scenarios' own runs (8
     # problems x 8 samples per step, a 200-step warm start), half their evaluation set (evaluating 512
@@ -89,9 +133,11 @@ def get_config(arg=None):
     # 40 such steps: on seeds 0-9 (all six scenarios, 100 steps, 108 minutes) the orchestrator and
     # exchange cells did not move with any estimator and the solver-verifier separated per-role credit
     # only after 100 steps; penalty, free rider and saboteur reached 0.96+ training accuracy by step 30.
-    # The others run with `--config.learning.scenarios=...` (and all six at size=gpu).
+    # The others run with `--config.learning.scenarios=...` (and all six at size=gpu); the published
+    # workflows at their own scale with `grid=workflows`.
     c.fidelity.roles = "2"
     c.learning.update(scenarios="penalty,free_rider,saboteur", total_steps=40)
-    for run in c.runs.values():
+    for name in scenarios(size):
+      run = c.runs[name]
       run.rl.batch_size, run.sft.steps, run.eval.size = 64, 200, 256
   return c

@@ -83,6 +83,10 @@ def check(config: ml_collections.ConfigDict) -> None:
   for scenario in names(config.learning.scenarios):
     if scenario not in config.runs:
       raise ValueError(f"config.learning.scenarios has {scenario!r}; allowed: {sorted(config.runs)}")
+  for reference in names(learn.reference):
+    if reference not in config.runs:
+      raise ValueError(f"config.learning.reference has {reference!r}; allowed: scenarios of "
+                       f"{sorted(config.runs)}, comma-separated")
 
 
 # Fidelity.
@@ -375,7 +379,9 @@ def learning_config(config, scenario: str, estimator: str) -> ml_collections.Con
   learn = config.learning
   c = ml_collections.ConfigDict(config.runs[scenario].to_dict())
   c.seed, c.num_seeds = config.seed, learn.num_seeds
-  c.total_steps, c.eval_every, c.checkpoint_every = learn.total_steps, learn.eval_every, learn.total_steps
+  c.total_steps, c.eval_every = learn.total_steps, learn.eval_every
+  # A cell longer than 50 steps also saves every 50, so a kill (not a signal, which saves) loses less.
+  c.checkpoint_every = min(learn.total_steps, 50)
   # One step per call, logged: steps-to-target reads the per-step curve (evaluating that often would
   # cost more than training; one compiled call per step costs ~nothing next to a step on CPU).
   c.steps_per_call = c.log_every = 1
@@ -467,7 +473,10 @@ def curve_rows(config, workdir: str) -> list[dict]:
 def learning_rows(config, workdir: str) -> list[dict]:
   """One row per finished cell.  Every estimator of a scenario trains the same seeds from the same
   warm start, so each is also compared with `team` seed by seed (paired differences: final accuracy,
-  and steps to target over the seeds where both reach it)."""
+  and steps to target over the seeds where both reach it).  Where the workflow's members answer, the
+  average member's final accuracy (`member`) stands beside the team's; both are compared with the
+  `team` cell of the reference scenario on the same task (`learning.reference`: the single agents, each
+  trained as usual) once it has finished in this workdir (Welch: other warm starts, so not paired)."""
   rows = []
   for scenario in names(config.learning.scenarios):
     per_seed = {}  # estimator -> (final_S, steps_to_target_S)
@@ -483,6 +492,10 @@ def learning_rows(config, workdir: str) -> list[dict]:
       for stat in ("final", "peak", "drop"):
         row.update(ci_cells(stat, s[stat]))
       row.update(ci_cells("steps_to_target", to_target))
+      row["final_S"] = s["final"]
+      if report.MEMBER in s:
+        row.update(ci_cells("member", s[report.MEMBER]))
+        row["member_S"] = s[report.MEMBER]
       per_seed[name] = (s["final"], to_target)
       rows.append(row)
     if "team" in per_seed:
@@ -492,7 +505,35 @@ def learning_rows(config, workdir: str) -> list[dict]:
         row.update(ci_cells("final_vs_team", final_S - team_final_S))
         with np.errstate(invalid="ignore"):  # inf - inf where neither reaches: dropped with the others
           row.update(ci_cells("steps_vs_team", steps_S - team_steps_S))
+  for row in rows:
+    reference_S = reference_final(config, workdir, row["scenario"])
+    if reference_S is not None:
+      row.update(welch_cells("final_vs_reference", reference_S, row["final_S"]))
+      if "member_S" in row:
+        row.update(welch_cells("member_vs_reference", reference_S, row["member_S"]))
+  for row in rows:
+    row.pop("member_S", None)
+    row.pop("final_S")
   return rows
+
+
+def reference_final(config, workdir: str, scenario: str):
+  """Per seed, the final accuracy of the `team` cell of the reference scenario (`learning.reference`)
+  on `scenario`'s task, once finished in this workdir; None for a reference itself, or none finished."""
+  task = config.runs[scenario].task.name
+  for reference in names(config.learning.reference):
+    run = os.path.join(workdir, "learning", reference, "team")
+    if (reference != scenario and config.runs[reference].task.name == task
+        and finished(run, config.learning.total_steps)):
+      return report.summarize(run)["final"]
+  return None
+
+
+def welch_cells(prefix: str, a_S, b_S) -> dict:
+  """mean(b) - mean(a) and the half-width of its Welch interval, over each side's defined seeds (a
+  member's accuracy is NaN on a seed where it answered nothing)."""
+  diff, half, _ = report.welch_diff(*(report.defined(x) for x in (a_S, b_S)))
+  return {prefix: diff, f"{prefix}_ci": half}
 
 
 def write_csv(path: str, rows: list[dict]) -> None:
@@ -579,17 +620,22 @@ def markdown(config, fid_rows, learn_rows, curve_rows=()) -> str:
                        fmt(r, "difference_bias"), fmt(r, "difference_error_sd"),
                        fmt(r, "difference_spearman", digits=2)) for r in fid_rows]
   if learn_rows:
+    reference = config.learning.reference
+    against = ["Δ final vs single", "Δ member vs single"] if reference else []
     out += [f"\n## Learning: eval accuracy (%); steps until the training batch's accuracy reaches "
             f"{config.learning.target:.0%}\n\n",
-            "Paired with `team` seed by seed: Δ final and Δ steps (over the seeds where both reach the "
-            "target).\n\n",
-            report.row("scenario", "estimator", "seeds", "final", "peak", "drop", "steps to target",
-                       "reached", "Δ final vs team", "Δ steps vs team", "wall (s)"),
-            "|---" * 11 + "|\n"]
-    out += [report.row(r["scenario"], r["estimator"], r["seeds"], fmt(r, "final", 100, 1),
-                       fmt(r, "peak", 100, 1), fmt(r, "drop", 100, 1), fmt(r, "steps_to_target", 1, 0),
-                       f"{r['reached_target']:.0%}", fmt(r, "final_vs_team", 100, 1) if "final_vs_team" in r
-                       else "n/a", fmt(r, "steps_vs_team", 1, 1) if "steps_vs_team" in r else "n/a",
+            "member: the average member's own answer.  Paired with `team` seed by seed: Δ final and Δ "
+            "steps (over the seeds where both reach the target)"
+            + (f"; vs single: against the `team` cell of the reference on the same task ({reference}), "
+               "Welch" if reference else "") + ".\n\n",
+            report.row("scenario", "estimator", "seeds", "final", "member", "peak", "drop", "steps to target",
+                       "reached", "Δ final vs team", "Δ steps vs team", *against, "wall (s)"),
+            "|---" * (12 + len(against)) + "|\n"]
+    cell = lambda r, key, scale=100, digits=1: fmt(r, key, scale, digits) if key in r else "n/a"
+    out += [report.row(r["scenario"], r["estimator"], r["seeds"], cell(r, "final"), cell(r, "member"),
+                       cell(r, "peak"), cell(r, "drop"), cell(r, "steps_to_target", 1, 0),
+                       f"{r['reached_target']:.0%}", cell(r, "final_vs_team"), cell(r, "steps_vs_team", 1),
+                       *[cell(r, k) for k in ("final_vs_reference", "member_vs_reference")[:len(against)]],
                        f"{r['wall_seconds']:.0f}") for r in learn_rows]
   return "".join(out)
 

@@ -18,8 +18,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 BENCH = REPO / "experiments" / "credit_benchmark.py"
 
 
-def _config(size="tiny"):
-  return configs.sibling(str(BENCH), "credit_benchmark").get_config(f"size={size}")
+def _config(size="tiny", grid="toys"):
+  return configs.sibling(str(BENCH), "credit_benchmark").get_config(f"size={size},grid={grid}")
 
 
 def test_spearman_uses_average_ranks_for_ties():
@@ -216,8 +216,9 @@ def test_steps_to_target_reads_the_per_step_training_accuracy(tmp_path):
   np.testing.assert_array_equal(benchmark.steps_to_target(str(tmp_path), 0.9), [2.0, np.inf])
 
 
-def _write_cell(folder, accuracy_NxS, eval_accuracy_S):
-  """A finished learning cell's metrics.jsonl: training accuracy every step, eval at the first and last."""
+def _write_cell(folder, accuracy_NxS, eval_accuracy_S, members=None):
+  """A finished learning cell's metrics.jsonl: training accuracy every step, eval at the first and last
+  (with `members`, {ROLE: final member accuracy per seed}, logged at the last)."""
   folder.mkdir(parents=True)
   rows = []
   for step, acc_S in enumerate(accuracy_NxS):
@@ -225,6 +226,9 @@ def _write_cell(folder, accuracy_NxS, eval_accuracy_S):
     if step in (0, len(accuracy_NxS) - 1):
       evals = [0.0] * len(acc_S) if step == 0 else eval_accuracy_S
       row.update({"eval_accuracy": float(np.mean(evals)), **{f"eval_accuracy/seed{i}": a for i, a in enumerate(evals)}})
+    if step == len(accuracy_NxS) - 1:
+      for role, member_S in (members or {}).items():
+        row.update({f"eval_{role}/member_accuracy/seed{i}": a for i, a in enumerate(member_S)})
     rows.append(row)
   (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
   (folder / "wall_seconds.json").write_text('{"seconds": 1.0}')
@@ -247,6 +251,42 @@ def test_learning_rows_pair_each_estimator_with_team_seed_by_seed(tmp_path, monk
   assert shapley["steps_vs_team_ci"] == pytest.approx(12.706 * math.sqrt(4.5) / math.sqrt(2), rel=1e-4)
   assert shapley["final_vs_team"] == pytest.approx((-0.5 + 0.0 + 1.0) / 3)
   assert shapley["reached_target"] == 1.0 and team["reached_target"] == pytest.approx(2 / 3)
+
+
+def test_each_team_and_its_members_are_compared_with_the_single_agent_on_its_task(tmp_path, monkeypatch):
+  config = _config("tiny", "workflows")
+  config.estimators, config.learning.scenarios = "team,difference", "single_subset_sum,vote,delegate"
+  monkeypatch.setattr(benchmark, "finished", lambda run, steps: os.path.exists(os.path.join(run, "metrics.jsonl")))
+  steps = [[.5, .5, .5], [.9, .9, .9]]
+  _write_cell(tmp_path / "learning" / "single_subset_sum" / "team", steps, [.2, .3, .4])
+  _write_cell(tmp_path / "learning" / "vote" / "team", steps, [.3, .3, .3],
+              {"voter0": [.1, .2, .3], "voter1": [.1, .0, .1], "voter2": [.1, .1, .2]})
+  _write_cell(tmp_path / "learning" / "vote" / "difference", steps, [.4, .5, .6],
+              {"voter0": [.3, .3, .3], "voter1": [.3, .3, .3], "voter2": [.3, .3, .3]})
+  _write_cell(tmp_path / "learning" / "delegate" / "team", steps, [.5, .5, .5])
+  rows = {(r["scenario"], r["estimator"]): r for r in benchmark.learning_rows(config, str(tmp_path))}
+  assert set(rows) == {("single_subset_sum", "team"), ("vote", "team"), ("vote", "difference"),
+                       ("delegate", "team")}
+  # Members per seed: the mean of the three voters, [.1, .1, .2]; the single agent's final [.2, .3, .4].
+  assert rows["vote", "team"]["member"] == pytest.approx(0.4 / 3)
+  assert rows["vote", "team"]["member_vs_reference"] == pytest.approx(0.4 / 3 - 0.3)
+  assert rows["vote", "team"]["final_vs_reference"] == pytest.approx(0.0)
+  # Both against the single agent's `team` cell: Welch, unequal spreads.
+  diff, half, _ = benchmark.report.welch_diff([.2, .3, .4], [.4, .5, .6])
+  assert (rows["vote", "difference"]["final_vs_reference"], rows["vote", "difference"]["final_vs_reference_ci"]) \
+      == pytest.approx((diff, half))
+  assert rows["vote", "difference"]["member_vs_reference"] == pytest.approx(0.0)
+  # The single agent is no reference for itself, and delegate's (multi_chain) has not finished.
+  for key in (("single_subset_sum", "team"), ("delegate", "team")):
+    assert "final_vs_reference" not in rows[key]
+  assert "member" not in rows["delegate", "team"]
+
+
+def test_an_unknown_reference_is_refused():
+  config = _config("tiny", "workflows")
+  config.learning.reference = "single_subset_sum,lone_wolf"
+  with pytest.raises(ValueError, match=r"config.learning.reference has 'lone_wolf'; allowed: scenarios of"):
+    benchmark.check(config)
 
 
 def test_every_estimator_is_in_the_cpu_grid():
@@ -280,6 +320,27 @@ def test_tiny_benchmark_end_to_end_and_resume(tmp_path):
   assert second.returncode == 0, second.stderr[-3000:]
   assert "warm start" not in second.stdout  # nothing trained again
   assert {p: p.stat().st_mtime_ns for p in cells} == stamps
+
+
+@pytest.mark.slow
+def test_tiny_workflow_grid_end_to_end(tmp_path):
+  # Every workflow scenario's tiny variant through the benchmark command; the team reward alone keeps it
+  # short (every estimator runs on every workflow in end_to_end_test).
+  config = _config("tiny", "workflows")
+  cmd = [sys.executable, "-m", "marl_jax.benchmark", f"--config={BENCH}:size=tiny,grid=workflows",
+         f"--workdir={tmp_path}", "--config.estimators=team"]
+  done = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
+                        text=True, timeout=1500)
+  assert done.returncode == 0, done.stderr[-3000:]
+  with open(tmp_path / "report" / "learning.csv") as f:
+    rows = {row["scenario"]: row for row in csv.DictReader(f)}
+  assert set(rows) == set(benchmark.names(config.learning.scenarios))
+  for scenario in ("best_of_n", "vote", "sv_subset_sum", "debate", "delegate"):
+    assert rows[scenario]["member"] != "", scenario
+  for scenario, reference in (("vote", "single_subset_sum"), ("delegate", "single_multi_chain")):
+    assert float(rows[scenario]["final_vs_reference"]) == pytest.approx(
+        float(rows[scenario]["final"]) - float(rows[reference]["final"]))
+  assert rows["exchange"]["final_vs_reference"] == ""  # hidden_sum has no single agent
 
 
 @pytest.mark.slow
