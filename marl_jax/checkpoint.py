@@ -125,8 +125,8 @@ def restore(workdir: str, abstract_state, step: int | None = None):
         saved = {}
       if per_layer_decoder(saved):
         raise ValueError(per_layer_error(f"checkpoint {step} in {workdir}")) from e
-      if only_the_base_model_copy_differs(saved, abstract_state):
-        return without_base_model(workdir, abstract_state, step)
+      if same_arrays_but_empty_parts(saved, abstract_state):
+        return its_arrays(workdir, abstract_state, step)
       raise ValueError(
           f"checkpoint {step} in {workdir} cannot be restored into this config's state ({cause}). If it "
           f"is corrupt, {fallback}. If it was written by a different model / roles / credit config, or "
@@ -180,19 +180,22 @@ def remove_warm_start(workdir: str) -> None:
   shutil.rmtree(os.path.join(workdir, WARM_START), ignore_errors=True)
 
 
-def only_the_base_model_copy_differs(saved: dict, abstract_state) -> bool:
-  """Whether a saved tree is `abstract_state` plus the base model's copy (`ref_params`) that this
-  state does not hold: the same arrays (shapes and dtypes) otherwise."""
+def same_arrays_but_empty_parts(saved: dict, abstract_state) -> bool:
+  """Whether a saved tree holds the arrays (shapes and dtypes) of `abstract_state` but for the base
+  model's copy (`ref_params`) that this state does not hold, or but for the payment rule's state
+  (`TrainState.reward`, added after commit 9e63ee3) that this state leaves empty."""
   arrays = lambda tree: sorted((tuple(x.shape), str(x.dtype)) for x in jax.tree.leaves(tree))
-  rest = {name: part for name, part in saved.items() if name != "ref_params"}
-  return (bool(jax.tree.leaves(saved.get("ref_params"))) and not jax.tree.leaves(abstract_state.ref_params)
+  drops_copy = bool(jax.tree.leaves(saved.get("ref_params"))) and not jax.tree.leaves(abstract_state.ref_params)
+  lacks_reward = "reward" not in saved and not jax.tree.leaves(abstract_state.reward)
+  rest = {name: part for name, part in saved.items() if not (drops_copy and name == "ref_params")}
+  return ((drops_copy or lacks_reward) and vars(abstract_state).keys() - saved.keys() <= {"ref_params", "reward"}
           and arrays(rest) == arrays(abstract_state))
 
 
-def without_base_model(workdir: str, abstract_state, step: int):
-  """A checkpoint of a marl_jax that kept the base model's copy (`TrainState.ref_params`) at
-  `rl.kl_coef=0` (commit d3c0371 and earlier), restored into this one's state, which holds none:
-  every other part, as it was saved."""
+def its_arrays(workdir: str, abstract_state, step: int):
+  """A checkpoint of an older marl_jax restored into this one's state (`same_arrays_but_empty_parts`):
+  one that kept the base model's copy (`TrainState.ref_params`) at `rl.kl_coef=0` (commit d3c0371 and
+  earlier), or lacks a part this state leaves empty; every part that holds arrays, as it was saved."""
   fields = {name: part for name, part in vars(abstract_state).items() if jax.tree.leaves(part)}
   return abstract_state.replace(**restore_part(workdir, fields, step))
 

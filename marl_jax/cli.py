@@ -24,8 +24,9 @@ def flag_value(argv, name: str) -> str | None:
 
 
 def _selecting(parse, argv):
-  """The config file's parser, then each of `config.task`, `config.protocol`, `config.credit` whose
-  `--config.KEY.name=NAME` flag names another registered one made NAME's group
+  """The config file's parser, then each of `config.task`, `config.protocol`, `config.credit`,
+  `config.reward` whose `--config.KEY.name=NAME` (`.pay=NAME`) flag names another registered one made
+  NAME's group
   (`configs.named_group`: its settings at their defaults, those it shares with the file's at the
   file's values), so that the other --config.KEY.* flags set NAME's settings, not the file's one's.
   An unknown NAME is left for `experiment.build` to refuse."""
@@ -35,9 +36,9 @@ def _selecting(parse, argv):
       error = object.__getattribute__(config, "_error")
       raise ValueError(f"cannot load {path.split(':', 1)[0]!r}: {str(error).strip().splitlines()[-1].strip()}")
     for key in configs.NAMED_GROUPS:
-      name = flag_value(argv, f"config.{key}.name")
+      name = flag_value(argv, f"config.{key}.{configs.selector(key)}")
       if (name is None or not isinstance(config, ml_collections.ConfigDict) or key not in config
-          or config[key].get("name") == name):
+          or config[key].get(configs.selector(key)) == name):
         continue
       try:
         group = configs.named_group(key, name, like=config[key])

@@ -5,7 +5,7 @@ import os
 
 import ml_collections
 
-from marl_jax import credit, protocols, tasks
+from marl_jax import credit, protocols, rewards, tasks
 
 
 def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
@@ -73,9 +73,16 @@ def fit_canvas(c: ml_collections.ConfigDict) -> None:
   c.model.max_len = max(c.model.max_len, protocol.layout(task, (0,) * len(protocol.roles)).length)
 
 
-# The config groups whose `name` picks a registered task, protocol or credit estimator, the other keys
-# being its settings: each one's settings and their defaults.
-NAMED_GROUPS = {"task": tasks.knobs, "protocol": protocols.knobs, "credit": credit.knobs}
+# The config groups whose `name` (`pay` for the reward) picks a registered task, protocol, credit
+# estimator or judges' payment rule, the other keys being its settings: each one's settings and their
+# defaults.
+NAMED_GROUPS = {"task": tasks.knobs, "protocol": protocols.knobs, "credit": credit.knobs,
+                "reward": rewards.knobs}
+SELECTOR = {"reward": "pay"}  # the key that names the group's entry, where it is not `name`
+
+
+def selector(key: str) -> str:
+  return SELECTOR.get(key, "name")
 
 
 def named_group(key: str, name: str, like=None) -> ml_collections.ConfigDict:
@@ -85,11 +92,16 @@ def named_group(key: str, name: str, like=None) -> ml_collections.ConfigDict:
   say)."""
   knobs = NAMED_GROUPS[key](name)
   knobs.update({k: like[k] for k in knobs if like is not None and k in like})
-  return ml_collections.ConfigDict(dict(name=name, **knobs))
+  return ml_collections.ConfigDict({selector(key): name, **knobs})
 
 
 def credit_config(name: str) -> ml_collections.ConfigDict:
   return named_group("credit", name)
+
+
+def reward_config(pay: str, **settings) -> ml_collections.ConfigDict:
+  """`config.reward` for payment rule `pay`, its settings at their defaults but for `settings`."""
+  return named_group("reward", pay, like=settings)
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -137,6 +149,9 @@ def base_config() -> ml_collections.ConfigDict:
       microbatch_size=0, rollout_batch_size=0, clip_eps=0.2, kl_coef=0.0, entropy_coef=0.0, on_nonfinite="skip"))
   # name: a registered estimator (marl_jax/credit/); the other keys are its settings.
   c.credit = credit_config("team")
+  # Where the judged roles' reward comes from (source: checker | peer) and how judges are paid (pay: a
+  # registered rule, marl_jax/rewards/; the other keys are its settings): docs/peer_review.md.
+  c.reward = reward_config("team")
   c.optim = ml_collections.ConfigDict(dict(
       name="adam", learning_rate=3e-4, schedule="constant", warmup_steps=0, max_grad_norm=1.0,
       weight_decay=0.0, b1=0.9, b2=0.99))
@@ -158,7 +173,7 @@ def base_config() -> ml_collections.ConfigDict:
 
 # Groups whose keys follow a name in them (a task's, a protocol's or an estimator's settings, a mixed
 # team's models): a saved run's are its own, never filled from another name's defaults.
-_NAMED_GROUPS = ("task", "protocol", "credit", "models")
+_NAMED_GROUPS = ("task", "protocol", "credit", "reward", "models")
 
 
 def read_saved(workdir: str) -> dict:

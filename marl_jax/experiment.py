@@ -1,5 +1,5 @@
-"""Config -> Experiment: every validation, the role map, the credit estimator, the loss and the
-optimiser.  Everything a run closes over is built here, before anything compiles or is written."""
+"""Config -> Experiment: every validation, the role map, the reward source and judges' payment rule,
+the credit estimator, the loss and the optimiser.  Everything a run closes over is built here, before anything compiles or is written."""
 import dataclasses
 import functools
 from collections.abc import Callable
@@ -9,7 +9,7 @@ import ml_collections
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from marl_jax import checks, credit, losses, parallel, protocols, tasks
+from marl_jax import checks, credit, losses, parallel, protocols, rewards, tasks
 from marl_jax import team as team_lib
 from marl_jax import model as model_lib
 from marl_jax.lm import agent as lm_agent
@@ -75,6 +75,7 @@ class Experiment:
   loss: Callable  # (losses.LossInput, config.rl) -> loss_BxT
   optimizer: optax.GradientTransformation  # over params_R, one state per set (`model.per_set`)
   mesh: jax.sharding.Mesh
+  reward: rewards.PayRule  # where the judged roles' reward comes from, how judges are paid
 
   @property
   def num_sets(self) -> int:
@@ -194,6 +195,10 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
   credit_name, credit_knobs = _sub_config(config.credit)
   estimator = credit.make(credit_name, **credit_knobs)
   estimator.check(len(protocol.roles), rl.group_size)
+  reward_knobs = {k: v for k, v in config.reward.items() if k != "pay"}
+  reward = rewards.make(config.reward.pay, **reward_knobs)
+  rewards.check(reward, protocol.judge_roles, estimator.reruns(len(protocol.roles)) is not None,
+                estimator.role_rewards)
   model_cfg = make_agents(config, num_sets, task.free_text)
   if config.model_shards > 1 and isinstance(model_cfg, team_lib.Team):
     raise ValueError(f"config.model_shards={config.model_shards} with a mixed team (config.roles.models="
@@ -226,7 +231,7 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
   optimizer = model_lib.per_set(model_cfg, tx, trainable_R)
   make_optimizer(sft_optim(config), config.sft.steps, "sft")  # refuses bad warm-start settings now
   return Experiment(config, task, protocol, layout, model_cfg, role_set_R, trainable_R, estimator,
-                    loss, optimizer, mesh)
+                    loss, optimizer, mesh, reward)
 
 
 def check_model_sharding(config, model_cfg, mesh) -> None:

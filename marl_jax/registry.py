@@ -1,5 +1,6 @@
 """The name -> class (or function) tables that a config's `name` keys select: credit estimators,
 losses, tasks and workflows register into theirs with a decorator."""
+import dataclasses
 import importlib
 import pkgutil
 
@@ -28,3 +29,26 @@ def import_modules(package: str, path) -> None:
   existing: a new estimator, task or workflow is one file."""
   for module in pkgutil.iter_modules(path):
     importlib.import_module(f"{package}.{module.name}")
+
+
+def lookup(table: dict, key: str, name: str):
+  """The entry of `table` that `config.KEY=name` selects; a ValueError naming the allowed ones."""
+  if name not in table:
+    raise ValueError(f"config.{key}={name!r} is unknown; allowed: {sorted(table)}")
+  return table[name]
+
+
+def settings(table: dict, key: str, name: str) -> dict:
+  """The settings of a dataclass entry (its fields) and their defaults."""
+  return {f.name: f.default for f in dataclasses.fields(lookup(table, key, name))}
+
+
+def make(table: dict, key: str, name: str, what: str, **kwargs):
+  """The dataclass entry `name` with settings `kwargs`; a key it does not take is refused, naming the
+  config group (`key`'s) and the `what` (estimator, payment rule) and its settings."""
+  allowed = settings(table, key, name)
+  unknown = sorted(set(kwargs) - set(allowed))
+  if unknown:
+    raise ValueError(f"config.{key.rpartition('.')[0]} has keys {unknown} that {what} {name!r} does not take; "
+                     f"allowed: {sorted(allowed)}")
+  return table[name](**kwargs)

@@ -21,6 +21,7 @@ class TrainState:
   opt_state: Any  # one optimiser state per parameter set (`model.per_set`)
   credit: Any  # the credit estimator's own state (a learned baseline or critic); () when it has none
   key: jax.Array
+  reward: Any = ()  # the judges' payment rule's own state (reputation's track records); () when none
 
 
 def init_state(exp: Experiment, key, params_R=None) -> TrainState:
@@ -35,7 +36,8 @@ def init_state(exp: Experiment, key, params_R=None) -> TrainState:
   # copy (a quarter of a two-set Qwen3-0.6B run's state with Adam).
   ref_params = params_R if exp.config.rl.kl_coef > 0 else ()
   return TrainState(step=jnp.zeros((), jnp.int32), params=params_R, ref_params=ref_params,
-                    opt_state=opt_state, credit=credit_state, key=k_run)
+                    opt_state=opt_state, credit=credit_state, key=k_run,
+                    reward=exp.reward.init(len(exp.protocol.judge_roles)))
 
 
 def to_host(tree):

@@ -1,8 +1,8 @@
 """The joint rollout-and-update step, and the compiled call that runs many of them.
 
 `local_step` is one seed on this device's rows and reads top to bottom: sample problems, roll out the
-protocol, score it, re-run the counterfactuals the credit estimator asks for, turn credit into token
-advantages, update.  `make_train_call` scans it over `steps_per_call` steps, vmaps it over seeds
+protocol, score it, reward it (from the checker, or from the judging roles' verdicts with audits),
+re-run the counterfactuals the credit estimator asks for, turn credit into token advantages, update.  `make_train_call` scans it over `steps_per_call` steps, vmaps it over seeds
 (`config.seeds_at_once` at a time) and shards it over the `data` mesh axis, in one jitted program.
 """
 import functools
@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from marl_jax import credit, parallel, rollout, sampling, update
+from marl_jax import credit, parallel, rewards, rollout, sampling, update
 from marl_jax.experiment import Experiment
 from marl_jax.protocols import engine
 from marl_jax.state import TrainState
@@ -69,8 +69,8 @@ def update_batch(exp: Experiment, state: TrainState, episodes: rollout.Episodes,
 
 def step_metrics(exp: Experiment, scored, episodes: rollout.Episodes, devices, role_metrics: dict,
                  other: dict):
-  """Scalars averaged over devices: the protocol's rates, the reward, sampled tokens, and per-role
-  values (R-vectors, logged as ROLE/NAME) of the update and the credit estimator."""
+  """Scalars averaged over devices: the protocol's rates, the reward paid (`reward`), sampled tokens,
+  and per-role values (R-vectors, logged as ROLE/NAME) of the update and the credit estimator."""
   metrics = {**scored.metrics, "reward": scored.team_B.mean(),
              "tokens": episodes.sampled_BxT.sum().astype(jnp.float32) * devices}
   role_metrics = {"reward": scored.role_RxB.mean(1), **role_metrics}
@@ -104,7 +104,7 @@ def on_any_device(nonfinite_QxR) -> jax.Array:
 def nonfinite(exp: Experiment, outcome: credit.Outcome, adv_xB, aux, credit_state) -> jax.Array:
   """nonfinite_QxR: whether quantity q of NONFINITE (up to the credit state) was non-finite for role r
   on any device (per-turn values count for the turn's role, a set's gradient for every role that
-  uses the set, the credit estimator's updated state for every role)."""
+  uses the set, the credit estimator's updated state, with the payment rule's, for every role)."""
   R = len(exp.layout.roles)
   turn_role_NxR = np.asarray(exp.layout.turn_roles)[:, None] == np.arange(R)
   by_turn = lambda bad_N: (bad_N[:, None] & turn_role_NxR).any(0)
@@ -138,16 +138,28 @@ def credit_from_reruns(exp: Experiment, credit_state, problems, outcome: credit.
   return adv_xB, credit_state, {**metrics, **update_metrics}
 
 
+def reward(exp: Experiment, state: TrainState, scored, outcome: credit.Outcome):
+  """The reward stage (`marl_jax.rewards`): the rewards paid, from the checker (as scored) or from the
+  judges' verdicts with audits drawn for this device's rows, as `scored` (for the metrics) and as the
+  outcome credit reads; the payment rule's updated state and its metrics."""
+  B = outcome.team_B.shape[0]
+  rows_B = jax.lax.axis_index(parallel.DATA) * B + jnp.arange(B)
+  audit_key_B = rewards.audit_keys(state.key, state.step, rows_B)
+  return rewards.assign(exp.reward, exp.layout.roles, exp.protocol.judge_roles, state.reward, scored,
+                        outcome, audit_key_B)
+
+
 def local_step(exp: Experiment, state: TrainState, problem_key_B, sample_key_B, rerun_key_B,
                diagnose):
-  """One seed, this device's rows: rollout, score, credit, update.  `diagnose` (a scalar bool, the
-  same on every device and seed) adds diagnostics that cost extra backward passes."""
+  """One seed, this device's rows: rollout, score, reward, credit, update.  `diagnose` (a scalar bool,
+  the same on every device and seed) adds diagnostics that cost extra backward passes."""
   R = len(exp.layout.roles)
   devices = jax.lax.axis_size(parallel.DATA)
   problems = jax.vmap(exp.task.sample)(problem_key_B)
   episodes = rollout.sample(exp, state.params, problems, sample_key_B,
                             rows_per_pass=exp.config.rl.rollout_batch_size)
   scored, outcome = score(exp, problems, episodes, state.step)
+  scored, outcome, reward_state, reward_metrics = reward(exp, state, scored, outcome)
   adv_xB, credit_state, credit_metrics = assign_credit(exp, state.params, state.credit, problems, outcome,
                                                        rerun_key_B, state.step)
   batch = update_batch(exp, state, episodes, adv_xB, outcome.turn_NxB)
@@ -167,21 +179,23 @@ def local_step(exp: Experiment, state: TrainState, problem_key_B, sample_key_B, 
   if exp.config.rl.kl_coef > 0:
     role_metrics["kl_to_base"] = aux["kl_to_base"]
   metrics = step_metrics(exp, scored, episodes, devices, role_metrics,
-                         credit_metrics)
+                         {**credit_metrics, **reward_metrics})
   # A non-finite reward, advantage, loss, gradient or credit state skips the update: parameters,
   # optimiser and credit state stay as they were, so no NaN enters the state (the host counts it, or
   # stops).
   keep = lambda bad, new, old: jax.tree.map(lambda n, o: jnp.where(bad, o, n), new, old)
-  nonfinite_QxR = nonfinite(exp, outcome, adv_xB, aux, credit_state)
-  params, opt_state, credit_state = keep(nonfinite_QxR.any(), (params, opt_state, credit_state),
-                                         (state.params, state.opt_state, state.credit))
+  nonfinite_QxR = nonfinite(exp, outcome, adv_xB, aux, (credit_state, reward_state))
+  params, opt_state, credit_state, reward_state = keep(
+      nonfinite_QxR.any(), (params, opt_state, credit_state, reward_state),
+      (state.params, state.opt_state, state.credit, state.reward))
   # So does an update that overflows finite gradients into the parameters or optimiser state (a huge
   # learning rate).  They are read behind a barrier: a reader inside the update's fusion would change
   # XLA's fusion of it, and so the float rounding of every finite run.
   params, opt_state = jax.lax.optimization_barrier((params, opt_state))
   updated_QxR = on_any_device(every_role(exp, params, opt_state))
   params, opt_state = keep(updated_QxR.any(), (params, opt_state), (state.params, state.opt_state))
-  state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, credit=credit_state)
+  state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, credit=credit_state,
+                        reward=reward_state)
   return state, {**metrics, "nonfinite_QxR": jnp.concatenate([nonfinite_QxR, updated_QxR])}
 
 

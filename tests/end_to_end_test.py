@@ -2,7 +2,7 @@
 through the run a user starts (`loop.train_and_evaluate`: evaluation, a train call, metrics,
 checkpoint; the single agent's run also warm-starts), at the tiny size, shrunk to one step.
 
-Thirteen runs cover the lot: each workflow once, each estimator and each task at least once. The slow
+Fourteen runs cover the lot: each workflow once, each estimator and each task at least once. The slow
 tier runs the experiments' tiny variants through the real CLI (workflows_test, tasks_test, main_test,
 word_task_test); here one run in-process costs a few seconds of compiling.
 """
@@ -26,6 +26,7 @@ RUNS = [  # experiment file, its argument
     ("tasks", "task=stack_program,size=tiny"),
     ("vote", "size=tiny"),
     ("best_of_n", "size=tiny"),
+    ("peer_review", "size=tiny,pay=audited"),  # the solver rewarded by its judges, audited
     ("debate", "size=tiny"),
     ("delegate", "size=tiny"),
     ("lm_word_problems", "size=tiny"),  # a language-model agent answering in free text

@@ -547,6 +547,19 @@ def test_the_base_model_is_kept_only_for_a_kl_penalty_and_older_checkpoints_resu
     checkpoint.restore(workdir, other)
 
 
+def test_a_checkpoint_from_before_the_payment_rules_state_resumes(tmp_path):
+  """A state written before TrainState.reward existed (commit 9e63ee3 and earlier) resumes into a run
+  whose payment rule keeps no state, every part as it was saved."""
+  exp = experiment.build(tiny_config(**{"sft.steps": 0}))
+  new_state = jax.tree.map(np.asarray, state.initial_state(exp))
+  workdir = str(tmp_path / "old")
+  mngr = checkpoint.manager(workdir)
+  checkpoint.save(mngr, 0, {k: v for k, v in vars(new_state).items() if k != "reward"})
+  mngr.wait_until_finished()
+  chex.assert_trees_all_equal(jax.tree.map(np.asarray, checkpoint.restore(workdir, state.abstract_state(exp))),
+                              new_state)
+
+
 def test_init_from_reads_one_seed_or_as_many_and_refuses_other_runs(tmp_path):
   """`load_params` gives a run of num_seeds=3 the parameters of a 1-seed run on every seed; a 2-seed run,
   a run of another model, or `DIR:best` where no checkpoint was saved with its accuracy, is refused with

@@ -17,8 +17,6 @@ per estimator (see `base.py` for the interface)::
 
 The pure `shapley_values(value_fn, n)` and `difference_rewards(value_fn, n)` work on any game.
 """
-import dataclasses
-
 from marl_jax import registry
 from marl_jax.credit.base import REGISTRY, Counterfactuals, Estimator, Outcome, Reruns, register
 from marl_jax.credit.baselines import BASELINES, group_advantage
@@ -29,21 +27,10 @@ from marl_jax.credit.shapley import (coalitions, prefix_coalitions, shapley_from
 registry.import_modules(__name__, __path__)
 
 
-def _check_name(name: str) -> type[Estimator]:
-  if name not in REGISTRY:
-    raise ValueError(f"config.credit.name={name!r} is unknown; allowed: {sorted(REGISTRY)}")
-  return REGISTRY[name]
-
-
 def knobs(name: str) -> dict:
   """An estimator's settings and their defaults."""
-  return {f.name: f.default for f in dataclasses.fields(_check_name(name))}
+  return registry.settings(REGISTRY, "credit.name", name)
 
 
 def make(name: str, **kwargs) -> Estimator:
-  allowed = knobs(name)
-  unknown = sorted(set(kwargs) - set(allowed))
-  if unknown:
-    raise ValueError(f"config.credit has keys {unknown} that estimator {name!r} does not take; "
-                     f"allowed: {sorted(allowed)}")
-  return REGISTRY[name](**kwargs)
+  return registry.make(REGISTRY, "credit.name", name, "estimator", **kwargs)

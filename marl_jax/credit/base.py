@@ -73,6 +73,12 @@ class Estimator:
   def check(self, num_roles: int, group_size: int) -> None:
     """Raises a ValueError naming `config.credit.KEY` when a setting cannot work with this run."""
 
+  @property
+  def role_rewards(self) -> bool:
+    """Whether each role's advantage comes from its own reward (`Outcome.role_RxB`), not the team's:
+    what a judge's payment rule needs (`marl_jax.rewards`)."""
+    return False
+
   def reruns(self, num_roles: int) -> Reruns | None:
     return None
 

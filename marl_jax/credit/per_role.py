@@ -8,6 +8,7 @@ from marl_jax.credit import base, baselines, team
 @base.register("per_role")
 @dataclasses.dataclass(frozen=True)
 class PerRole(team.Team):  # the same settings as team: the group baseline
+  role_rewards = True
 
   def advantages(self, state, outcome, counterfactuals):
     return baselines.group_advantage(outcome.role_RxB, outcome.group_size, self.baseline), {}

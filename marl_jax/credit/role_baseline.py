@@ -30,6 +30,10 @@ class RoleBaseline(base.Estimator):
   decay: float = 0.9
   signal: str = "team"  # team | role
 
+  @property
+  def role_rewards(self):
+    return self.signal == "role"
+
   def check(self, num_roles, group_size):
     checks.number("credit.decay", self.decay, 0, below=1)
     check_signal(self.signal)

@@ -18,6 +18,10 @@ class RoleNormalized(base.Estimator):
   baseline: str = "dr_grpo"  # grpo | dr_grpo | rloo | none
   signal: str = "team"  # team | role
 
+  @property
+  def role_rewards(self):
+    return self.signal == "role"
+
   def check(self, num_roles, group_size):
     base.check_baseline(self.baseline, group_size)
     role_baseline.check_signal(self.signal)

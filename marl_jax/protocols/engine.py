@@ -100,6 +100,22 @@ class Layout:
 
 
 @flax.struct.dataclass
+class Judgments:
+  """What the judging roles (`Protocol.judge_roles`) said of the answer they judged, for rewards from
+  peers (`marl_jax.rewards`).  A judge states how likely the answer is right as one level of a small
+  confidence vocabulary: level d means probability `levels[d]` (a plain ACCEPT / REJECT verdict is
+  the vocabulary (0, 1))."""
+  level_JxB: jax.Array  # each judge's stated level (an unreadable verdict states level 0)
+  truth_B: jax.Array  # the task's checker on the judged answer, 0 or 1: for audits and monitoring only
+  levels: tuple[float, ...] = flax.struct.field(pytree_node=False)
+
+  @property
+  def stated_JxB(self) -> jax.Array:
+    """Each judge's stated probability that the answer is right."""
+    return jnp.asarray(self.levels, jnp.float32)[self.level_JxB]
+
+
+@flax.struct.dataclass
 class Scored:
   """What a protocol's `rewards` returns for a batch of B transcripts."""
   team_B: jax.Array  # the team outcome in [0, 1]: the task's score of the final answer
@@ -112,6 +128,8 @@ class Scored:
   # step adds turn_NxB[n] to the advantage of every token turn n sampled (`train.token_advantages`),
   # whatever the estimator, so it needs no estimator of its own and each one stays usable.
   turn_NxB: jax.Array | None = None
+  # What the judging roles said (a protocol with `judge_roles`), or None: rewards from peers read it.
+  judgments: Judgments | None = None
 
 
 REGISTRY: dict[str, type["Protocol"]] = {}
@@ -136,6 +154,10 @@ class Protocol:
 
     aux_weights(step) -> weights_K         their weights at training step `step` (a traced scalar)
 
+  and, when some roles judge another's answer (solver-verifier's verifier, peer review's judges)::
+
+    judge_roles -> tuple[int, ...]         those roles; `rewards` then returns `Scored.judgments`
+
   `hidden` lists (segment, role) pairs a role does not read; a `Turn.hidden` hides more from one turn.
   `rewards` does not take the training step: a reward that changes over training (delegate's annealed
   auxiliaries) is returned as terms, and the step weights them where it knows the step
@@ -149,6 +171,12 @@ class Protocol:
   roles: tuple[str, ...]
   turns: tuple[Turn, ...]
   hidden: tuple[tuple[str, str], ...] = ()  # (segment name, role): that role does not read it
+
+  @property
+  def judge_roles(self) -> tuple[int, ...]:
+    """The roles that judge another role's answer; their verdicts come back as `Scored.judgments`, so
+    the run can reward the judged roles from them (`config.reward.source=peer`).  None here."""
+    return ()
 
   def segment_names(self, task: Task) -> tuple[str, ...]:
     names = [name for name, _ in task.prompt_segments]

@@ -3,6 +3,9 @@ ACCEPT (the episode ends, the answer stands) or REJECT followed by a revised ans
 rounds; in a later round the solver sees the rejection and answers again.  Final answer: the first
 accepted solver answer, else the last verifier revision.  An `<absent>` verdict (the counterfactual
 "no verifier") lets the answer stand.
+
+The verifier judges: its first verdict on the solver's first answer is its judgment (confidence
+vocabulary (0, 1): REJECT or ACCEPT), which rewards from peers (`config.reward.source=peer`) read.
 """
 import dataclasses
 
@@ -21,6 +24,7 @@ class SolverVerifier(engine.Protocol):
   rounds: int = 1
   # Fraction of warm-start verdicts that are flipped: keeps the base verifier weak but not random.
   verifier_demo_error_rate: float = 0.2
+  judge_roles = (VERIFIER,)
 
   @classmethod
   def build(cls, task, rounds: int = 1, **kwargs):
@@ -65,8 +69,10 @@ class SolverVerifier(engine.Protocol):
         "verdict_accuracy": verdict_ok_B.mean(),
         **engine.member_accuracy(("solver",), first_right_B[None]),  # its first answer, before review
     }
+    judgments = engine.Judgments(level_JxB=accept_KxB[:1].astype(jnp.int32), truth_B=first_right_B,
+                                 levels=(0.0, 1.0))
     return engine.Scored(team_B=team_B, role_RxB=jnp.stack([first_right_B, verdict_ok_B]),
-                         metrics=metrics)
+                         metrics=metrics, judgments=judgments)
 
   def demonstrate(self, task, layout, problems, key_B):
     """Round 1: a (noisy) solver answer and a (noisy) verdict; a rejected answer is revised to the

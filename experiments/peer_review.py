@@ -1,0 +1,30 @@
+r"""Peer review without a verifier: a solver answers, `judges` judges state how likely the answer is right
+(the solver-verifier pair with graded verdicts and several verifiers, protocol `peer_review`), and the
+solver is rewarded by the judges' verdict instead of the task's checker, which reaches the loss only on
+audited episodes.  How the judges are paid decides whether the reward stays true (docs/peer_review.md).
+
+  python -m marl_jax.main --config=experiments/peer_review.py:pay=audited,audit_rate=0.1,size=cpu --workdir=/tmp/pr_audited
+  python -m marl_jax.main --config=experiments/peer_review.py:pay=peer_prediction,audit_rate=0 --workdir=/tmp/pr_ca
+  python -m marl_jax.main --config=experiments/peer_review.py:pay=reputation,judges=3 --workdir=/tmp/pr_reputation
+  python -m marl_jax.main --config=experiments/peer_review.py:source=checker --workdir=/tmp/pr_checker
+
+Arguments: task=subset_sum|arithmetic|stack_program; pay=team|audited|peer_prediction|reputation (every
+name in marl_jax.rewards.REGISTRY; its settings are `--config.reward.KEY=VALUE`); audit_rate (the share
+of episodes the checker audits; 0: no ground truth reaches the loss); penalty (charged to the solver
+when an audit catches an accepted wrong answer); judges=K (1..7); source=peer|checker (checker: the
+usual checker reward, the baseline; pay, audit_rate and penalty then stay at their defaults);
+credit=ESTIMATOR (one that gives each role its own reward: per_role, or role_baseline /
+role_normalized with --config.credit.signal=role); sharing=judges|shared|isolated (judges: the solver
+one parameter set, the judges another); size=tiny|cpu|gpu.
+"""
+from marl_jax import configs
+
+
+def get_config(arg=None):
+  args = configs.parse_arg(arg, task="subset_sum", pay="team", audit_rate=0.1, penalty=0.0, judges=2,
+                           source="peer", credit="per_role", sharing="judges", size="cpu")
+  sharing = dict(judges=",".join(["0"] + ["1"] * args.judges), shared="shared", isolated="isolated")
+  c = configs.workflow_config(__file__, args, "peer_review", sharing, judges=args.judges)
+  if configs.check_choice("source", args.source, ("peer", "checker")) == "peer":
+    c.reward = configs.reward_config(args.pay, source="peer", audit_rate=args.audit_rate, penalty=args.penalty)
+  return c

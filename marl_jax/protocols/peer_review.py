@@ -1,0 +1,94 @@
+"""Peer review: the solver-verifier pair with the revision dropped and the verdict graded and given to
+several verifiers.  A solver answers; then `judges` K >= 1 judges each read the problem and the answer
+(none reads another's verdict) and state how likely the answer is right, as one digit d below
+`confidence_levels` L then EOS: probability d / (L - 1), so L = 2 is REJECT / ACCEPT and the default
+L = 4 says 0, 1/3, 2/3 or 1.  A judge accepts when it states more than 1/2.  The final answer is the
+solver's: judges review, they do not revise.  An unreadable verdict (not a digit below L then EOS) and
+an absent judge state level 0.
+
+Roles `solver`, `judge0..judgeK-1`.  Per-role signals: the solver's answer is right; a judge's verdict
+(accept or not) agrees with the task's checker.  The judges' verdicts are `Scored.judgments`, so the
+run can reward the solver from them instead of from the checker (`config.reward.source=peer`,
+docs/peer_review.md).
+"""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from marl_jax import checks, text
+from marl_jax.protocols import engine, vote
+
+
+@engine.register("peer_review")
+@dataclasses.dataclass(frozen=True)
+class PeerReview(engine.Protocol):
+  judges: int = 2
+  confidence_levels: int = 4
+  # Fraction of warm-start verdicts on the wrong side of 1/2: weak judges, not random ones.
+  judge_demo_error_rate: float = 0.3
+
+  @classmethod
+  def build(cls, task, judges: int = 2, confidence_levels: int = 4, **kwargs):
+    checks.integer("protocol.judges", judges, 1, len(text.ROLE_MARKERS) - 1,
+                   note=f"each role needs one of the {len(text.ROLE_MARKERS)} role markers")
+    checks.integer("protocol.confidence_levels", confidence_levels, 2, len(text.DIGITS),
+                   note="one digit each")
+    names = tuple(f"judge{j}" for j in range(judges))
+    kwargs.setdefault("hidden", vote.parallel(names))
+    turns = (engine.Turn("solver", task.answer_len),) + tuple(engine.Turn(n, 2) for n in names)
+    return cls(roles=("solver",) + names, turns=turns, judges=judges, confidence_levels=confidence_levels,
+               **kwargs)
+
+  @property
+  def judge_roles(self) -> tuple[int, ...]:
+    return tuple(range(1, 1 + self.judges))
+
+  @property
+  def levels(self) -> tuple[float, ...]:
+    return tuple(d / (self.confidence_levels - 1) for d in range(self.confidence_levels))
+
+  def final_answer(self, layout, tokens_BxT):
+    return engine.message(layout, tokens_BxT, 0)
+
+  def verdicts(self, layout, tokens_BxT):
+    """level_JxB: each judge's stated level, 0 where unreadable."""
+    verdict_JxBx2 = jnp.stack([engine.message(layout, tokens_BxT, 1 + j) for j in range(self.judges)])
+    level_JxB = verdict_JxBx2[..., 0] - text.DIGIT0
+    readable_JxB = (level_JxB >= 0) & (level_JxB < self.confidence_levels) & (verdict_JxBx2[..., 1] == text.EOS)
+    return jnp.where(readable_JxB, level_JxB, 0)
+
+  def rewards(self, task, layout, problems, tokens_BxT):
+    right_B = jax.vmap(task.score)(problems, self.final_answer(layout, tokens_BxT))
+    judgments = engine.Judgments(level_JxB=self.verdicts(layout, tokens_BxT), truth_B=right_B,
+                                 levels=self.levels)
+    accept_JxB, wrong_B = judgments.stated_JxB > 0.5, right_B == 0
+    verdict_ok_JxB = (accept_JxB == (right_B > 0)).astype(jnp.float32)
+    metrics = {
+        "accuracy": right_B.mean(),
+        "accept_rate": accept_JxB.mean(),
+        # Accepted among wrong answers, and not accepted among right ones, over every judge's verdicts.
+        "false_accept": engine.rate(accept_JxB, jnp.broadcast_to(wrong_B, accept_JxB.shape)),
+        "false_reject": engine.rate(~accept_JxB, jnp.broadcast_to(~wrong_B, accept_JxB.shape)),
+        "verdict_accuracy": verdict_ok_JxB.mean(),
+        **engine.member_accuracy(("solver",), right_B[None]),
+    }
+    return engine.Scored(team_B=right_B, role_RxB=jnp.concatenate([right_B[None], verdict_ok_JxB]),
+                         metrics=metrics, judgments=judgments)
+
+  def demonstrate(self, task, layout, problems, key_B):
+    """A (noisy) answer; each judge states a level drawn uniformly from the side of 1/2 that its
+    verdict takes, the checker's side or, at `judge_demo_error_rate`, the other one, so every level is
+    in the warm-started judges' reach."""
+    K, L = self.judges, self.confidence_levels
+    keys = jax.vmap(lambda k: jax.random.split(k, 3))(key_B)
+    answer_BxA = jax.vmap(task.demonstrate)(problems, keys[:, 0])
+    right_B = jax.vmap(task.score)(problems, answer_BxA) > 0
+    flip_BxK = jax.vmap(lambda k: jax.random.bernoulli(k, self.judge_demo_error_rate, (K,)))(keys[:, 1])
+    accept_BxK = right_B[:, None] != flip_BxK
+    # A random level on the wanted side: those get u in [0, 1), the others u - 2.
+    u_BxKxL = jax.vmap(lambda k: jax.random.uniform(k, (K, L)))(keys[:, 2])
+    above_L = jnp.asarray(self.levels) > 0.5
+    level_BxK = jnp.argmax(jnp.where(above_L == accept_BxK[..., None], u_BxKxL, u_BxKxL - 2), -1)
+    verdict_KxBx2 = jnp.stack([text.DIGIT0 + level_BxK, jnp.full_like(level_BxK, text.EOS)], -1).swapaxes(0, 1)
+    return engine.assemble(layout, problems["prompt"], [answer_BxA, *verdict_KxBx2])

@@ -1,0 +1,26 @@
+"""Rewards: where the judged roles' outcome reward comes from, and how judges are paid.
+
+`config.reward.source` is `checker` (the task's exact checker, the default) or `peer` (the judging
+roles' verdicts, with the checker only on audited episodes); `config.reward.pay` selects a payment rule
+and the other `config.reward` keys are its settings.  One file per rule (see `base.py` for the
+interface and the stage)::
+
+  team:            every judge shares the judged roles' reward.
+  audited:         a judge is paid the Brier score of its stated confidence on audited episodes.
+  peer_prediction: a judge is paid by correlated agreement with the other judges (no ground truth).
+  reputation:      the judges' verdicts are weighted by their audited track records (a Beta posterior).
+"""
+from marl_jax import registry
+from marl_jax.rewards.base import (REGISTRY, SOURCES, PayRule, Reviewed, assign, audit_keys, check,
+                                   draw_audits, register, settle)
+
+registry.import_modules(__name__, __path__)
+
+
+def knobs(pay: str) -> dict:
+  """A payment rule's settings, the shared ones (source, audit_rate, penalty) first, and their defaults."""
+  return registry.settings(REGISTRY, "reward.pay", pay)
+
+
+def make(pay: str, **kwargs) -> PayRule:
+  return registry.make(REGISTRY, "reward.pay", pay, "payment rule", **kwargs)

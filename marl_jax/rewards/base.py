@@ -1,0 +1,183 @@
+"""The reward stage: where the judged roles' outcome reward comes from, and how the judges are paid.
+
+It runs in the step between the protocol's scoring and credit.  `source=checker` (the default) passes
+the scored outcome through untouched.  `source=peer` replaces it: the judged roles (every role that is
+not a judge, `Protocol.judge_roles`) get the judges' aggregate verdict, each judge gets what its
+payment rule pays, and the task's checker reaches the loss only on audited episodes, drawn per episode
+at `audit_rate` from a key of their own (after sampling, so nothing an agent reads tells an audited
+episode from another).  On an audited episode the judged roles get the checker's verdict, less
+`penalty` when the judges accepted a wrong answer (caught).
+
+A payment rule is a frozen dataclass whose fields are its settings (`config.reward.KEY`, beside the
+shared `source`, `audit_rate`, `penalty`), registered by name with `@register("name")`
+(`config.reward.pay`).  It sees the judges' verdicts and the audits (`Reviewed`), never the checker's
+verdict on an episode that was not audited, so with `audit_rate=0` no ground truth reaches the loss
+by construction.  It may keep state in `TrainState.reward` (`init`), updated from the global batch so
+that every device holds the same.
+"""
+import dataclasses
+from typing import Any, ClassVar
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from marl_jax import checks, parallel, registry
+from marl_jax.credit import Outcome
+from marl_jax.protocols import engine
+
+REGISTRY: dict[str, type["PayRule"]] = {}
+register = registry.registrar(REGISTRY)
+
+SOURCES = ("checker", "peer")
+# The audit draw's stream: folded into the run's key at a step count no run reaches, so it is never
+# the key of a step's problems, samples or re-runs (`train.make_train_call` folds the step in).
+AUDIT_STREAM = 2**31 - 1
+
+
+@flax.struct.dataclass
+class Reviewed:
+  """What a payment rule sees of the global batch: the judges' verdicts, which episodes were audited and
+  the checker's verdict on those (0 on the others)."""
+  level_JxB: jax.Array  # each judge's stated confidence level
+  audited_B: jax.Array  # bool
+  label_B: jax.Array  # the checker's verdict (0 or 1) where audited, 0 elsewhere
+  levels: tuple[float, ...] = flax.struct.field(pytree_node=False)  # level d states probability levels[d]
+
+  @property
+  def stated_JxB(self) -> jax.Array:
+    return jnp.asarray(self.levels, jnp.float32)[self.level_JxB]
+
+  @property
+  def accept_JxB(self) -> jax.Array:
+    return self.stated_JxB > 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class PayRule:
+  source: str = "checker"  # checker | peer
+  audit_rate: float = 0.0  # share of episodes whose checker verdict reaches the loss (source=peer)
+  penalty: float = 0.0  # charged to the judged roles when an audit catches an accepted wrong answer
+
+  min_judges: ClassVar[int] = 1
+  needs_audits: ClassVar[bool] = False  # pays or weighs judges by audits: audit_rate > 0
+  # Every judge is paid the judged roles' reward, so credit that gives every role the team's fits.
+  pays_team_reward: ClassVar[bool] = True
+
+  def check(self, num_judges: int) -> None:
+    """Raises a ValueError naming `config.reward.KEY` when a setting cannot work with this run."""
+
+  def init(self, num_judges: int) -> Any:
+    return ()
+
+  def aggregate(self, state, reviewed: Reviewed) -> jax.Array:
+    """reported_B: the judges' joint verdict, the judged roles' reward where there is no audit."""
+    return reviewed.stated_JxB.mean(0)
+
+  def pay(self, state, reviewed: Reviewed, judged_B) -> tuple[jax.Array, Any, dict]:
+    """(pay_JxB, the updated state, metrics: scalars, or J-vectors logged as JUDGE/NAME), given the
+    judged roles' reward judged_B."""
+    raise NotImplementedError
+
+
+def draw_audits(key_B, audit_rate: float) -> jax.Array:
+  """audited_B: each episode audited with probability `audit_rate`, from its own key alone."""
+  return jax.vmap(lambda k: jax.random.bernoulli(k, audit_rate))(key_B)
+
+
+def audit_keys(run_key, step, rows_B) -> jax.Array:
+  """The audit key of each row (its index in the global batch) at training step `step`: the same for
+  a row whatever the device count."""
+  step_key = jax.random.fold_in(jax.random.fold_in(run_key, AUDIT_STREAM), step)
+  return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(step_key, rows_B)
+
+
+def check(rule: PayRule, judge_roles: tuple[int, ...], reruns: bool, role_credit: bool) -> None:
+  """Refuses a reward setting that cannot work with the workflow's judges (`judge_roles`) or the credit
+  estimator (`reruns`: it scores re-runs; `role_credit`: it gives each role its own reward)."""
+  name = next(n for n, cls in REGISTRY.items() if cls is type(rule))
+  if rule.source not in SOURCES:
+    raise ValueError(f"config.reward.source={rule.source!r} is unknown; allowed: {list(SOURCES)}")
+  checks.probability("reward.audit_rate", rule.audit_rate)
+  checks.number("reward.penalty", rule.penalty, 0)
+  if rule.source == "checker":
+    for key, value, default in (("pay", name, "team"), ("audit_rate", rule.audit_rate, 0.0),
+                                ("penalty", rule.penalty, 0.0)):
+      if value != default:
+        raise ValueError(f"config.reward.{key}={value!r} acts only with config.reward.source='peer' (the "
+                         f"checker rewards every episode); allowed with source='checker': {default!r}")
+    return
+  if len(judge_roles) < rule.min_judges:
+    raise ValueError(f"config.reward.pay={name!r} needs at least {rule.min_judges} judging roles; this "
+                     f"workflow has {len(judge_roles)} (allowed: a workflow with judges, such as "
+                     f"peer_review with config.protocol.judges >= {max(rule.min_judges, 1)})")
+  if rule.penalty > 0 and not rule.audit_rate > 0:
+    raise ValueError("config.reward.penalty acts on audited episodes; allowed: 0, or config.reward.audit_rate > 0")
+  if rule.needs_audits and not rule.audit_rate > 0:
+    raise ValueError(f"config.reward.pay={name!r} learns from audits; allowed: config.reward.audit_rate > 0")
+  if reruns:
+    raise ValueError("config.reward.source='peer' with a credit estimator that re-runs episodes: the re-runs' "
+                     "outcomes come from the task's checker; allowed: an estimator without re-runs (team, "
+                     "per_role, role_baseline, role_normalized)")
+  if not rule.pays_team_reward and not role_credit:
+    raise ValueError(f"config.reward.pay={name!r} pays each judge its own reward, and this credit estimator "
+                     f"gives every role the team's; allowed: config.credit.name='per_role', or role_baseline "
+                     f"or role_normalized with config.credit.signal='role'")
+  rule.check(len(judge_roles))
+
+
+def assign(rule: PayRule, roles: tuple[str, ...], judge_roles: tuple[int, ...], state,
+           scored: engine.Scored, outcome: Outcome, audit_key_B
+           ) -> tuple[engine.Scored, Outcome, Any, dict]:
+  """The stage: (`scored` with the rewards paid, logged as `reward` and `ROLE/reward`; the outcome
+  credit reads; the rule's updated state; metrics).  `scored` is the global batch, `outcome` and
+  `audit_key_B` this device's rows."""
+  if rule.source == "checker":
+    return scored, outcome, state, {}
+  if scored.aux_KxB is not None or scored.turn_NxB is not None or scored.judgments is None:
+    raise ValueError("config.reward.source='peer' needs a workflow whose only reward is the judged outcome "
+                     "(no auxiliary or per-turn rewards) and that returns its judges' verdicts")
+  B = outcome.team_B.shape[0]
+  audited_B = parallel.gather_rows(draw_audits(audit_key_B, rule.audit_rate))
+  judged_B, pay_JxB, state, metrics = settle(rule, state, scored.judgments, audited_B)
+  # Every role but the judges gets the judged roles' reward, the team outcome as credit sees it.
+  role_RxB = jnp.broadcast_to(judged_B, (len(roles),) + judged_B.shape).at[jnp.asarray(judge_roles)].set(pay_JxB)
+  outcome = outcome.replace(team_B=parallel.own_rows(judged_B, B), role_RxB=parallel.own_rows(role_RxB, B))
+  return (scored.replace(team_B=judged_B, role_RxB=role_RxB), outcome, state,
+          name_judges(metrics, roles, judge_roles))
+
+
+def settle(rule: PayRule, state, judgments: engine.Judgments, audited_B
+           ) -> tuple[jax.Array, jax.Array, Any, dict]:
+  """(judged_B: the judged roles' reward, audits and penalty applied; pay_JxB: each judge's; the rule's
+  updated state; metrics) for the episodes `audited_B` of the global batch."""
+  reviewed = Reviewed(level_JxB=judgments.level_JxB, audited_B=audited_B,
+                      label_B=jnp.where(audited_B, judgments.truth_B, 0.0), levels=judgments.levels)
+  reported_B = rule.aggregate(state, reviewed)
+  caught_B = audited_B & (reported_B > 0.5) & (reviewed.label_B == 0)
+  judged_B = jnp.where(audited_B, reviewed.label_B - rule.penalty * caught_B, reported_B)
+  pay_JxB, state, rule_metrics = rule.pay(state, reviewed, judged_B)
+  return judged_B, pay_JxB, state, {**monitor(reviewed, judgments.truth_B, reported_B), **rule_metrics}
+
+
+def monitor(reviewed: Reviewed, truth_B, reported_B) -> dict:
+  """What the checker says of the judges (it scores every episode for these, never for the loss):
+  the accuracy, what the judges' verdict reports of it and the distortion between them, each judge's
+  false accepts (accepted among wrong answers) and false rejects, and the ground-truth labels that
+  reached the loss per episode."""
+  wrong_B = truth_B == 0
+  return {"true_accuracy": truth_B.mean(), "reported_accuracy": reported_B.mean(),
+          "distortion": reported_B.mean() - truth_B.mean(), "labels_per_episode": reviewed.audited_B.mean(),
+          "false_accept": jax.vmap(engine.rate, (0, None))(reviewed.accept_JxB, wrong_B),
+          "false_reject": jax.vmap(engine.rate, (0, None))(~reviewed.accept_JxB, ~wrong_B)}
+
+
+def name_judges(metrics: dict, roles, judge_roles) -> dict:
+  """Scalars as they are; J-vectors as JUDGE/NAME, one per judging role."""
+  named = {}
+  for name, value in metrics.items():
+    if jnp.ndim(value):
+      named.update({f"{roles[r]}/{name}": value[j] for j, r in enumerate(judge_roles)})
+    else:
+      named[name] = value
+  return named

@@ -1,0 +1,55 @@
+"""Reputation: several judges' verdicts aggregate into the judged roles' reward, each weighted by its
+audited track record; a judge is paid the judged roles' reward (as under `team`), so what its verdict
+is worth to the team is what its record says.
+
+The record is a Beta posterior of each judge's accuracy on audited episodes (its verdict, accept or
+not, against the checker's), from the prior Beta(`prior_right`, `prior_wrong`), carried in
+`TrainState.reward`.  A judge's weight is the log-odds of its posterior mean accuracy a, log(a / (1 -
+a)), the optimal weight of independent judges of known accuracy in a weighted vote (Nitzan and Paroush
+1982), clipped at 0 so that a judge no better than chance counts for nothing; the reward is the
+weighted mean of the judges' stated probabilities (their plain mean while every weight is 0).  The
+weights come from the record before this step's audits.
+"""
+import dataclasses
+
+import jax.numpy as jnp
+
+from marl_jax import checks
+from marl_jax.rewards import base
+
+
+def weights(right_J, wrong_J):
+  """Each judge's share of the verdict: clipped log-odds of its posterior mean accuracy, normalised
+  (equal shares while all are 0)."""
+  w_J = jnp.maximum(jnp.log(right_J) - jnp.log(wrong_J), 0.0)
+  total = w_J.sum()
+  return jnp.where(total > 0, w_J / jnp.where(total > 0, total, 1.0), 1.0 / w_J.shape[0])
+
+
+@base.register("reputation")
+@dataclasses.dataclass(frozen=True)
+class Reputation(base.PayRule):
+  prior_right: float = 1.0  # Beta prior of each judge's audited accuracy: pseudo-counts right, wrong
+  prior_wrong: float = 1.0
+
+  min_judges = 2
+  needs_audits = True
+
+  def check(self, num_judges):
+    checks.number("reward.prior_right", self.prior_right, 0, above=True)
+    checks.number("reward.prior_wrong", self.prior_wrong, 0, above=True)
+
+  def init(self, num_judges):
+    """counts_2xJ: each judge's posterior pseudo-counts of right and wrong audited verdicts."""
+    return jnp.stack([jnp.full(num_judges, self.prior_right), jnp.full(num_judges, self.prior_wrong)])
+
+  def aggregate(self, state, reviewed):
+    return weights(*state) @ reviewed.stated_JxB
+
+  def pay(self, state, reviewed, judged_B):
+    agree_JxB = reviewed.accept_JxB == (reviewed.label_B > 0)
+    right_J = (agree_JxB & reviewed.audited_B).sum(1)
+    wrong_J = (~agree_JxB & reviewed.audited_B).sum(1)
+    counts_2xJ = state + jnp.stack([right_J, wrong_J])
+    metrics = {"reputation": counts_2xJ[0] / counts_2xJ.sum(0), "weight": weights(*state)}
+    return jnp.broadcast_to(judged_B, reviewed.level_JxB.shape), counts_2xJ, metrics

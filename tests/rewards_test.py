@@ -1,0 +1,228 @@
+"""Rewards from peers: every payment rule against a case worked out by hand, the audit draw, the stage
+(audits, penalty, what reaches the loss), the refusals, and a training step in which, without audits,
+the checker's verdicts cannot change the update."""
+import dataclasses
+import pathlib
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import re
+
+from jax.sharding import PartitionSpec as P
+
+from marl_jax import configs, experiment, parallel, rewards, state, train
+from marl_jax.protocols import engine
+from marl_jax.protocols.peer_review import PeerReview
+from marl_jax.rewards import audited, peer_prediction, reputation
+
+EXPERIMENTS = pathlib.Path(__file__).resolve().parents[1] / "experiments"
+LEVELS = (0.0, 1 / 3, 2 / 3, 1.0)
+
+
+def _reviewed(level_JxB, audited_B, truth_B, levels=LEVELS):
+  audited_B, truth_B = jnp.asarray(audited_B), jnp.asarray(truth_B, jnp.float32)
+  return rewards.Reviewed(level_JxB=jnp.asarray(level_JxB), audited_B=audited_B,
+                          label_B=jnp.where(audited_B, truth_B, 0.0), levels=levels)
+
+
+def _judgments(level_JxB, truth_B, levels=LEVELS):
+  return engine.Judgments(level_JxB=jnp.asarray(level_JxB), truth_B=jnp.asarray(truth_B, jnp.float32),
+                          levels=levels)
+
+
+def _peer(pay, **settings):
+  return rewards.make(pay, source="peer", **settings)
+
+
+@pytest.mark.parametrize("pay", sorted(rewards.REGISTRY))
+def test_every_payment_rule_keeps_the_contract(pay):
+  # Three judges, 16 episodes, half audited: the shapes, finite values and a state that keeps its shape.
+  rule = _peer(pay, audit_rate=0.5)
+  J, B = 3, 16
+  level_JxB = jax.random.randint(jax.random.key(0), (J, B), 0, len(LEVELS))
+  judgments = _judgments(level_JxB, jnp.arange(B) % 3 == 0)
+  state0 = rule.init(J)
+  judged_B, pay_JxB, state1, metrics = jax.jit(lambda s: rewards.settle(rule, s, judgments, jnp.arange(B) % 2 == 0))(state0)
+  assert judged_B.shape == (B,) and pay_JxB.shape == (J, B)
+  chex.assert_tree_all_finite((judged_B, pay_JxB, state1))
+  chex.assert_trees_all_equal_shapes(state0, state1)
+  assert all(jnp.ndim(v) == 0 or jnp.shape(v) == (J,) for v in metrics.values())
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    rule.audit_rate = 0.2
+
+
+def test_team_pays_every_judge_the_judged_reward():
+  # Two judges state 1 and 1/3 (mean 2/3), then 0 and 0 (mean 0); the second episode is audited, right.
+  rule = _peer("team", audit_rate=0.5)
+  judged_B, pay_JxB, _, _ = rewards.settle(rule, (), _judgments([[3, 0], [1, 0]], [0, 1]), jnp.array([False, True]))
+  np.testing.assert_allclose(judged_B, [2 / 3, 1.0], rtol=1e-6)
+  np.testing.assert_allclose(pay_JxB, [[2 / 3, 1.0], [2 / 3, 1.0]], rtol=1e-6)
+
+
+def test_the_stage_rewards_audited_episodes_by_the_checker_and_charges_caught_accepts():
+  # One judge; episodes: accepted wrong (audited: caught), accepted wrong (not audited: paid its 1),
+  # rejected right (audited: the truth, 1), stated 2/3 of a right answer (not audited: 2/3).
+  rule = _peer("audited", audit_rate=0.5, penalty=0.5)
+  judgments = _judgments([[3, 3, 0, 2]], [0, 0, 1, 1])
+  judged_B, pay_JxB, _, metrics = rewards.settle(rule, (), judgments, jnp.array([True, False, True, False]))
+  np.testing.assert_allclose(judged_B, [-0.5, 1.0, 1.0, 2 / 3], rtol=1e-6)
+  # The judge: the Brier score on audited episodes, 1 - (1 - 0)^2 and 1 - (0 - 1)^2; nothing elsewhere.
+  np.testing.assert_allclose(pay_JxB, [[0.0, 0.0, 0.0, 0.0]], atol=1e-7)
+  np.testing.assert_allclose(metrics["labels_per_episode"], 0.5)
+  np.testing.assert_allclose(metrics["true_accuracy"], 0.5)
+  np.testing.assert_allclose(metrics["reported_accuracy"], (1 + 1 + 0 + 2 / 3) / 4, rtol=1e-6)
+  np.testing.assert_allclose(metrics["distortion"], (1 + 1 + 0 + 2 / 3) / 4 - 0.5, rtol=1e-6)
+  np.testing.assert_allclose(metrics["false_accept"], [1.0])  # both wrong answers accepted
+  np.testing.assert_allclose(metrics["false_reject"], [0.5])  # one of the two right ones rejected
+
+
+def test_audited_pays_the_brier_score_on_audited_episodes_only():
+  reviewed = _reviewed([[2, 2, 1, 3]], [True, True, True, False], [1, 0, 0, 1])
+  pay_JxB, _, _ = _peer("audited", audit_rate=0.5).pay((), reviewed, None)
+  np.testing.assert_allclose(pay_JxB, [[1 - 1 / 9, 1 - 4 / 9, 1 - 1 / 9, 0.0]], rtol=1e-6)
+
+
+@pytest.mark.parametrize("q", [0.0, 0.2, 1 / 3, 0.45, 0.6, 2 / 3, 0.9, 1.0])
+def test_the_brier_scores_expected_pay_is_largest_at_the_level_nearest_the_true_probability(q):
+  # A judge who believes the answer right with probability q expects q S(p, 1) + (1 - q) S(p, 0).
+  levels_L = np.asarray(LEVELS)
+  expected_L = q * audited.brier_score(levels_L, 1.0) + (1 - q) * audited.brier_score(levels_L, 0.0)
+  assert np.argmax(expected_L) == np.argmin(np.abs(levels_L - q))
+  # Off the vocabulary too: the true probability itself pays most of all.
+  grid = np.linspace(0, 1, 101)
+  assert abs(grid[np.argmax(q * audited.brier_score(grid, 1.0) + (1 - q) * audited.brier_score(grid, 0.0))] - q) < 0.006
+
+
+def test_correlated_agreement_by_hand():
+  # Binary reports on 4 episodes: judge 0 says 1,1,0,0, judge 1 says 1,0,0,0.  Delta(x, y) = P(x, y) -
+  # P(x) P(y): (0,0) .5 - .5*.75 > 0, (1,1) .25 - .5*.25 > 0, the others < 0: S is the identity.
+  # Judge 0's pay: agreement on the episode (1,0,1,1) less its agreement with judge 1's reports on the
+  # other three episodes (0, 1/3, 2/3, 2/3); judge 1's: (1,0,1,1) less (1/3, 2/3, 1/3, 1/3).
+  pay_JxB = peer_prediction.correlated_agreement(jnp.array([[1, 1, 0, 0], [1, 0, 0, 0]]), 2)
+  np.testing.assert_allclose(pay_JxB, [[1, -1 / 3, 1 / 3, 1 / 3], [2 / 3, -2 / 3, 2 / 3, 2 / 3]], rtol=1e-6)
+  # An uninformed judge (always accepting) agrees no more than chance: Delta = 0, S = 0, paid 0.
+  np.testing.assert_allclose(peer_prediction.correlated_agreement(jnp.array([[1, 1, 1, 1], [1, 0, 0, 0]]), 2)[0], 0.0)
+  # Reports that disagree more than chance are informative too: S is the anti-identity.
+  pay_JxB = peer_prediction.correlated_agreement(jnp.array([[1, 0, 1, 0], [0, 1, 0, 1]]), 2)
+  np.testing.assert_allclose(pay_JxB, np.full((2, 4), 1 - 1 / 3), rtol=1e-6)
+
+
+def test_peer_prediction_ignores_the_checker():
+  rule = _peer("peer_prediction")
+  level_JxB = jnp.array([[3, 0, 2, 1], [3, 1, 0, 0]])
+  pays = [rule.pay((), _reviewed(level_JxB, [True] * 4, truth), None)[0] for truth in ([1, 0, 1, 0], [0, 1, 1, 1])]
+  np.testing.assert_array_equal(*pays)
+
+
+def test_reputation_weighs_judges_by_the_log_odds_of_their_audited_accuracy():
+  # Records Beta(4, 1) and Beta(2, 1): accuracies 4/5 and 2/3, log-odds log 4 = 2 log 2 and log 2, so
+  # weights 2/3 and 1/3.  Judge 0 states 1 then 0, judge 1 states 0 then 1.
+  rule = _peer("reputation", audit_rate=0.5)
+  counts_2xJ = jnp.array([[4.0, 2.0], [1.0, 1.0]])
+  reviewed = _reviewed([[3, 0], [0, 3]], [True, False], [1, 1])
+  np.testing.assert_allclose(rule.aggregate(counts_2xJ, reviewed), [2 / 3, 1 / 3], rtol=1e-6)
+  # The audited first episode is right: judge 0 accepted it (right), judge 1 rejected it (wrong).
+  pay_JxB, counts_2xJ, metrics = rule.pay(counts_2xJ, reviewed, jnp.array([1.0, 1 / 3]))
+  np.testing.assert_allclose(counts_2xJ, [[5.0, 2.0], [1.0, 2.0]])
+  np.testing.assert_allclose(pay_JxB, [[1.0, 1 / 3], [1.0, 1 / 3]], rtol=1e-6)  # the judged reward
+  np.testing.assert_allclose(metrics["reputation"], [5 / 6, 1 / 2], rtol=1e-6)
+  # A judge no better than chance counts for nothing; with every judge there, the plain mean.
+  np.testing.assert_allclose(rule.aggregate(jnp.array([[1.0, 3.0], [1.0, 1.0]]), reviewed), [0.0, 1.0])
+  np.testing.assert_allclose(rule.aggregate(jnp.ones((2, 2)), reviewed), [0.5, 0.5])
+  np.testing.assert_allclose(rule.init(2), [[1.0, 1.0], [1.0, 1.0]])
+
+
+def test_audits_are_drawn_at_the_rate_and_the_same_for_the_same_keys():
+  rows_B = jnp.arange(20000)
+  audits = lambda key, step, rate: rewards.draw_audits(rewards.audit_keys(key, step, rows_B), rate)
+  key = jax.random.key(3)
+  for rate in (0.0, 0.1, 0.5, 1.0):
+    assert abs(float(audits(key, 4, rate).mean()) - rate) < 0.01
+  np.testing.assert_array_equal(audits(key, 4, 0.3), audits(key, 4, 0.3))
+  assert (audits(key, 4, 0.3) != audits(key, 5, 0.3)).any()  # each step draws anew
+  assert (audits(key, 4, 0.3) != audits(jax.random.key(4), 4, 0.3)).any()  # and each run
+
+
+def _config(experiment_name, arg):
+  """experiments/NAME.py:ARG on one device, without a warm start."""
+  config = configs.sibling(str(EXPERIMENTS / "x.py"), experiment_name).get_config(arg)
+  config.num_devices = 1  # other tests may have forced several CPU devices in this process
+  config.sft.steps = 0
+  return config
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"reward.source": "peers"}, "config.reward.source='peers' is unknown; allowed: ['checker', 'peer']"),
+    ({"reward.pay": "vote"}, "config.reward.pay='vote' is unknown; allowed: ['audited', 'peer_prediction', "
+                             "'reputation', 'team']"),
+    ({"reward.audit_rate": 1.5}, "config.reward.audit_rate=1.5; allowed: a probability in [0, 1]"),
+    ({"reward.penalty": -1.0}, "config.reward.penalty=-1.0; allowed: a number >= 0"),
+    ({"reward.source": "checker"}, "config.reward.pay='reputation' acts only with config.reward.source='peer'"),
+    ({"reward.audit_rate": 0.0, "reward.penalty": 0.5}, "config.reward.penalty acts on audited episodes"),
+    ({"protocol.judges": 1, "roles.sharing": "isolated"}, "config.reward.pay='reputation' needs at least 2 judging roles; this workflow has 1"),
+    ({"reward.audit_rate": 0.0}, "config.reward.pay='reputation' learns from audits"),
+    ({"reward.prior_wrong": 0.0}, "config.reward.prior_wrong=0.0; allowed: a number > 0"),
+    ({"credit.name": "difference"}, "the re-runs' outcomes come from the task's checker"),
+])
+def test_bad_reward_settings_are_refused_naming_the_key(overrides, message):
+  config = _config("peer_review", "size=tiny,pay=reputation")
+  for key, value in overrides.items():
+    group, leaf = key.split(".")
+    config[group] = configs.credit_config(value) if key == "credit.name" else config[group]
+    config[group][leaf] = value
+  with pytest.raises(ValueError, match=re.escape(message)):
+    experiment.build(config)
+
+
+def test_a_rule_that_pays_judges_their_own_reward_needs_credit_that_gives_each_role_its_own():
+  config = _config("peer_review", "size=tiny,pay=audited,credit=team")
+  with pytest.raises(ValueError, match="config.reward.pay='audited' pays each judge its own reward"):
+    experiment.build(config)
+  config.credit = configs.credit_config("role_normalized")
+  config.credit.signal = "role"
+  experiment.build(config)
+
+
+def test_the_solver_verifier_pair_runs_on_peer_rewards_with_its_one_judge():
+  config = _config("solver_verifier", "size=tiny,credit=per_role")
+  config.reward = configs.reward_config("audited", source="peer", audit_rate=0.2)
+  assert experiment.build(config).protocol.judge_roles == (1,)
+  config.reward = configs.reward_config("peer_prediction", source="peer")
+  with pytest.raises(ValueError, match="config.reward.pay='peer_prediction' needs at least 2 judging roles; "
+                                       "this workflow has 1"):
+    experiment.build(config)
+
+
+@pytest.mark.parametrize("pay", ["team", "peer_prediction"])
+def test_without_audits_the_checker_does_not_reach_the_update(pay):
+  # source=peer, audit_rate=0: one compiled step, run with the task's checker and with a checker that
+  # says the opposite (a traced switch, so both runs are one program): the updated state is
+  # bit-identical, and no ground-truth label reached the loss.
+  exp = experiment.build(_config("peer_review", f"size=tiny,pay={pay},audit_rate=0"))
+  start = state.init_state(exp, jax.random.PRNGKey(0))
+  keys_3xB = jax.random.split(jax.random.PRNGKey(1), 3 * exp.config.rl.batch_size).reshape(
+      3, exp.config.rl.batch_size, -1)
+
+  @jax.jit
+  def step(flip):
+    class FlippedChecker(PeerReview):
+      def rewards(self, task, layout, problems, tokens_BxT):
+        scored = super().rewards(task, layout, problems, tokens_BxT)
+        f = lambda x: jnp.where(flip, 1 - x, x)
+        return scored.replace(team_B=f(scored.team_B), role_RxB=f(scored.role_RxB),
+                              judgments=scored.judgments.replace(truth_B=f(scored.judgments.truth_B)))
+
+    protocol = FlippedChecker(**{f.name: getattr(exp.protocol, f.name) for f in dataclasses.fields(exp.protocol)})
+    flipped = dataclasses.replace(exp, protocol=protocol)
+    return parallel.shard_map(lambda s: train.local_step(flipped, s, *keys_3xB, False), exp.mesh,
+                              in_specs=(P(),), out_specs=P())(start)
+
+  (state_true, metrics_true), (state_flipped, metrics_flipped) = step(False), step(True)
+  chex.assert_trees_all_equal(jax.tree.map(np.asarray, state_true), jax.tree.map(np.asarray, state_flipped))
+  assert metrics_true["labels_per_episode"] == 0
+  assert metrics_true["reward"] == metrics_flipped["reward"]
+  assert metrics_true["true_accuracy"] + metrics_flipped["true_accuracy"] == 1  # the checker did flip
