@@ -102,7 +102,11 @@ def seed_values(row: dict, name: str) -> np.ndarray:
 DIAGNOSTICS = ("false_accept", "false_reject", "same_message_rate", "agreement", "oracle", "judge_precision",
                "readable_pick", "fix_rate", "break_rate", "workers_used", "serial_collapse", "spurious_parallelism",
                "critical_steps")
-COUNTS = ("workers_used", "critical_steps")
+# Rewards from peers (`config.reward.source=peer`, docs/peer_review.md): the checker's accuracy, what the
+# judges' verdict reported of it, the distortion between them and the ground-truth labels the loss
+# consumed per episode, at the last training step that logs them (evaluation always uses the checker).
+PEER = ("true_accuracy", "reported_accuracy", "distortion", "labels_per_episode")
+COUNTS = ("workers_used", "critical_steps", "labels_per_episode")
 # Each member's own accuracy (`ROLE/member_accuracy`, `protocols.engine.member_accuracy`: a candidate's,
 # a voter's, a debater's, a worker's answer, or a single agent's, its only member's), and the average
 # member (`member_accuracy`: the mean over a run's members per seed), beside the team's accuracy.
@@ -120,7 +124,8 @@ def read_config(workdir: str) -> dict | None:
 def summarize(workdir: str) -> dict:
   """Per-seed arrays (fractions) of a run's evals: base (step 0), final, peak (after step 0), drop;
   with the run's first seed (`config.seed`).  ValueError for a run with no evaluation yet."""
-  rows = [r for r in metrics.read(workdir) if "eval_accuracy" in r]
+  logged = metrics.read(workdir)
+  rows = [r for r in logged if "eval_accuracy" in r]
   if not rows:
     raise ValueError(f"{workdir} has no evaluation yet (no eval_accuracy in its metrics.jsonl: a run "
                      f"still in its warm start, or one that stopped before step 0)")
@@ -141,6 +146,9 @@ def summarize(workdir: str) -> dict:
   for name in DIAGNOSTICS:
     if f"eval_{name}" in rows[-1]:
       out[name] = seed_values(rows[-1], f"eval_{name}")
+  peer_rows = [r for r in logged if PEER[-1] in r or f"{PEER[-1]}/seed0" in r]
+  for name in PEER if peer_rows else ():
+    out[name] = seed_values(peer_rows[-1], name)
   return out
 
 
@@ -221,7 +229,7 @@ def member_columns(summaries: list[dict]) -> list[str]:
 
 def table(summaries: list[dict]) -> str:
   cols = ["base", "final", *member_columns(summaries), "peak", "drop"]
-  cols += [c for c in DIAGNOSTICS if any(c in s for s in summaries)]
+  cols += [c for c in DIAGNOSTICS + PEER if any(c in s for s in summaries)]
   head = row("run", "seeds", "steps", *cols) + "|---" * (3 + len(cols)) + "|\n"
 
   def mean_cell(c, x):
@@ -255,7 +263,7 @@ def compare(a: dict, b: dict, paired: bool = False) -> str:
   # Accuracy, the members' (a team's average member against a single agent, itself its only member)
   # and the diagnostics both runs log (e.g. two delegate runs' serial-collapse rates).
   both = lambda names: [c for c in names if c in a and c in b]
-  for c in ("final", *both(member_columns([a, b])), "peak", "drop", *both(DIAGNOSTICS)):
+  for c in ("final", *both(member_columns([a, b])), "peak", "drop", *both(DIAGNOSTICS + PEER)):
     if paired:  # A, B and B − A over the seeds that both define
       both_S = np.isfinite(a[c]) & np.isfinite(b[c])
       a_S, b_S = a[c][both_S], b[c][both_S]

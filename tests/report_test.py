@@ -151,6 +151,19 @@ def test_cli_table_prints_workflow_diagnostics(tmp_path, capsys):
   assert "| serial_collapse | 40.0 | 40.0 | +0.0 ± " in out
 
 
+def test_cli_table_prints_what_peers_reported_against_the_checker(tmp_path, capsys):
+  # A run rewarded by its judges: the checker's accuracy, the judges' reported accuracy, the distortion
+  # (points) and the ground-truth labels per episode, from the last training step that logs them.
+  run = str(tmp_path / "peer")
+  write_run(run, {0: [0.3, 0.3, 0.3], 50: [0.4, 0.5, 0.6]},
+            extra={"true_accuracy": [0.4, 0.5, 0.6], "reported_accuracy": [0.6, 0.7, 0.8],
+                   "distortion": [0.2, 0.2, 0.2], "labels_per_episode": [0.1, 0.1, 0.1]})
+  report.main([run])
+  out = capsys.readouterr().out
+  assert "| drop | true_accuracy | reported_accuracy | distortion | labels_per_episode |" in out
+  assert "| 0.0 ± 0.0 | 50.0 ± 24.8 | 70.0 ± 24.8 | 20.0 ± 0.0 | 0.10 ± 0.00 |" in out
+
+
 def test_a_diagnostic_undefined_on_some_seeds_averages_the_others(tmp_path, capsys):
   """judge_precision of a seed whose judge never had a right candidate is NaN (an empty subset): the
   table and the comparison use the seeds that define it and say how many."""

@@ -5,6 +5,7 @@ import dataclasses
 import pathlib
 
 import chex
+from workflows_test import _cli_rows
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,7 +15,7 @@ import re
 
 from jax.sharding import PartitionSpec as P
 
-from marl_jax import configs, experiment, parallel, rewards, state, train
+from marl_jax import cli, configs, experiment, parallel, rewards, state, train
 from marl_jax.protocols import engine
 from marl_jax.protocols.peer_review import PeerReview
 from marl_jax.rewards import audited, peer_prediction, reputation
@@ -226,3 +227,31 @@ def test_without_audits_the_checker_does_not_reach_the_update(pay):
   assert metrics_true["labels_per_episode"] == 0
   assert metrics_true["reward"] == metrics_flipped["reward"]
   assert metrics_true["true_accuracy"] + metrics_flipped["true_accuracy"] == 1  # the checker did flip
+
+
+def test_the_pay_flag_selects_the_rules_settings():
+  # --config.reward.pay=NAME makes config.reward that rule's group, the shared settings at the file's values.
+  argv = ["main", "--config.reward.pay=reputation", "--config.reward.prior_right=2"]
+  parse = cli._selecting(lambda arg: _config("peer_review", arg), argv)
+  reward = parse("size=tiny,pay=audited,audit_rate=0.3").reward
+  assert reward.to_dict() == {**rewards.knobs("reputation"), "pay": "reputation", "source": "peer", "audit_rate": 0.3}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arg", ["pay=team,audit_rate=0", "pay=audited,penalty=0.5", "pay=peer_prediction,audit_rate=0",
+                                 "pay=reputation,judges=3"])
+def test_each_payment_rule_trains_through_the_cli(tmp_path, arg):
+  rows = _cli_rows(tmp_path, f"peer_review.py:size=tiny,{arg}")
+  assert rows[-1]["step"] == 4 and 0 <= rows[-1]["eval_accuracy"] <= 1
+  trained = [r for r in rows if "labels_per_episode" in r]
+  assert len(trained) == 2  # steps 2 and 4
+  assert {"true_accuracy", "reported_accuracy", "distortion", "judge0/false_accept", "judge1/false_reject",
+          "judge0/reward", "solver/reward"} <= set(trained[-1])
+  for row in trained:
+    assert row["distortion"] == pytest.approx(row["reported_accuracy"] - row["true_accuracy"], abs=1e-6)
+    if "audit_rate=0" in arg:
+      assert row["labels_per_episode"] == 0
+    else:  # audits at 0.1 of the 32 episodes of a step
+      assert 0 <= row["labels_per_episode"] <= 0.5
+  if "reputation" in arg:
+    assert 0 < trained[-1]["judge2/reputation"] < 1
