@@ -5,11 +5,10 @@ and trained on the same workflows (learning), seeds vmapped, resumable.
   python -m marl_jax.benchmark --config=experiments/credit_benchmark.py:size=tiny --workdir=/tmp/credit
   python -m marl_jax.benchmark --config=experiments/credit_benchmark.py:size=gpu --workdir=/tmp/credit_gpu
 
-The workflow grid (`grid=workflows`): the learning grid on the published workflows at the scale of
-their tables (their own batch, warm start and evaluation set), no fidelity grid; one step budget per
-invocation, so scripts/credit_workflow_results.sh runs each budget's scenarios into one workdir:
+The workflow grid (`grid=workflows`): the learning grid on the published workflows, each team against
+the single agent on its task, no fidelity grid (scripts/credit_workflow_results.sh: both seed sets):
   python -m marl_jax.benchmark --config=experiments/credit_benchmark.py:grid=workflows \
-      --config.learning.scenarios=best_of_n,vote --workdir=workdirs/credit_workflows/seed0
+      --config.learning.scenarios=single_subset_sum,vote --workdir=workdirs/credit_workflows/seed0
 
 Lists are comma-separated strings, so each can be narrowed from the command line:
   --config.estimators=team,difference,shapley  --config.fidelity.games=synergy  --config.fidelity.roles=2,4
@@ -113,18 +112,26 @@ def get_config(arg=None):
   c.runs = ml_collections.ConfigDict({name: scenario_config(name, size)
                                       for name in {**scenarios(size), **workflow_scenarios(size)}})
   if grid == "workflows":
-    # The published tables' scale: their runs as they are, 200 PPO steps (the task suite's budget),
-    # evaluated every 50; delegate's table used 100 steps: `--config.learning.total_steps=100
-    # --config.learning.scenarios=single_multi_chain,delegate`.  Each team is compared with the single
-    # agent on its task (`learning.reference`).
+    # Each team is compared with the single agent on its task (`learning.reference`).  In this order a
+    # partial run has the reference and the workflows whose members' gap was measured first.
     c.estimators = WORKFLOW_ESTIMATORS
     c.fidelity.update(games="", roles="")
-    c.learning.update(scenarios="single_subset_sum,best_of_n,vote,sv_subset_sum,debate,exchange",
-                      total_steps=200, eval_every=50, reference="single_subset_sum,single_multi_chain")
+    c.learning.update(scenarios="single_subset_sum,best_of_n,vote,sv_subset_sum,debate,exchange,"
+                                "single_multi_chain,delegate", reference="single_subset_sum,single_multi_chain")
     if size == "tiny":
       c.estimators = "team,shapley:centre=rloo"
-      c.learning.update(scenarios=",".join(workflow_scenarios(size)) + ",exchange", total_steps=2,
-                        eval_every=2)
+    elif size == "cpu":
+      # Shrunk from the tables' scale (batch 256, a 600-step warm start, 200 steps, 512 evaluation
+      # problems), where one cell takes hours on 2 cores: on best_of_n the team reward took 11.3 s a
+      # step and difference credit (10 re-runs) 48.8 s, 2.7 hours for 200 steps.  Here 8 problems x 8
+      # samples a step, a 200-step warm start, 256 evaluation problems, 100 steps; one difference
+      # re-run per role; Shapley exact up to 3 roles, over 2 orders above (best_of_n: 9 re-runs, not 31).
+      c.estimators = ("team,difference:samples=1,shapley:centre=rloo:max_exact_roles=3:num_permutations=2,"
+                      "role_baseline")
+      c.learning.update(total_steps=100, eval_every=25)
+      for name in [*workflow_scenarios(size), "exchange"]:
+        run = c.runs[name]
+        run.rl.batch_size, run.sft.steps, run.eval.size = 64, 200, 256
   elif size == "cpu":
     # 40 minutes on 2 CPU cores.  Fidelity at R = 2 only (R = 4 alone took 7.6 of 43 minutes; add it with
     # `--config.fidelity.roles=2,4`).  Learning: smaller batches than the scenarios' own runs (8

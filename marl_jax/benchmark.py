@@ -488,6 +488,7 @@ def learning_rows(config, workdir: str) -> list[dict]:
       to_target = steps_to_target(run, config.learning.target)
       row = {"scenario": scenario, "estimator": name, "seeds": s["seeds"],
              "reached_target": float(np.isfinite(to_target).mean()),
+             **cost(experiment.build(learning_config(config, scenario, name))),
              "wall_seconds": wall_seconds(run)}
       for stat in ("final", "peak", "drop"):
         row.update(ci_cells(stat, s[stat]))
@@ -624,19 +625,21 @@ def markdown(config, fid_rows, learn_rows, curve_rows=()) -> str:
     against = ["Δ final vs single", "Δ member vs single"] if reference else []
     out += [f"\n## Learning: eval accuracy (%); steps until the training batch's accuracy reaches "
             f"{config.learning.target:.0%}\n\n",
-            "member: the average member's own answer.  Paired with `team` seed by seed: Δ final and Δ "
+            "member: the average member's own answer; re-runs and turns: the estimator's cost per "
+            "episode (counterfactual re-runs, turns generated).  Paired with `team` seed by seed: Δ final and Δ "
             "steps (over the seeds where both reach the target)"
             + (f"; vs single: against the `team` cell of the reference on the same task ({reference}), "
                "Welch" if reference else "") + ".\n\n",
             report.row("scenario", "estimator", "seeds", "final", "member", "peak", "drop", "steps to target",
-                       "reached", "Δ final vs team", "Δ steps vs team", *against, "wall (s)"),
-            "|---" * (12 + len(against)) + "|\n"]
+                       "reached", "Δ final vs team", "Δ steps vs team", *against, "re-runs", "turns",
+                       "wall (s)"),
+            "|---" * (14 + len(against)) + "|\n"]
     cell = lambda r, key, scale=100, digits=1: fmt(r, key, scale, digits) if key in r else "n/a"
     out += [report.row(r["scenario"], r["estimator"], r["seeds"], cell(r, "final"), cell(r, "member"),
                        cell(r, "peak"), cell(r, "drop"), cell(r, "steps_to_target", 1, 0),
                        f"{r['reached_target']:.0%}", cell(r, "final_vs_team"), cell(r, "steps_vs_team", 1),
                        *[cell(r, k) for k in ("final_vs_reference", "member_vs_reference")[:len(against)]],
-                       f"{r['wall_seconds']:.0f}") for r in learn_rows]
+                       r["reruns"], r["turns"], f"{r['wall_seconds']:.0f}") for r in learn_rows]
   return "".join(out)
 
 

@@ -280,6 +280,9 @@ def test_each_team_and_its_members_are_compared_with_the_single_agent_on_its_tas
   for key in (("single_subset_sum", "team"), ("delegate", "team")):
     assert "final_vs_reference" not in rows[key]
   assert "member" not in rows["delegate", "team"]
+  # Cost per episode: difference credit re-draws each of the 3 voters twice (each re-run redraws one turn).
+  assert (rows["vote", "team"]["reruns"], rows["vote", "difference"]["reruns"]) == (0, 6)
+  assert rows["vote", "difference"]["turns"] == rows["vote", "team"]["turns"] + 6
 
 
 def test_an_unknown_reference_is_refused():
