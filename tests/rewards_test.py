@@ -56,6 +56,14 @@ def test_every_payment_rule_keeps_the_contract(pay):
     rule.audit_rate = 0.2
 
 
+def test_the_docs_list_every_payment_rules_settings_and_show_team_whole():
+  page = (EXPERIMENTS.parent / "docs" / "peer_review.md").read_text()
+  for pay in sorted(rewards.REGISTRY):
+    settings = ", ".join(f"`{key}={value}`" for key, value in rewards.knobs(pay).items())
+    assert f"\n| `{pay}` | {settings} |\n" in page, pay
+  assert "```{literalinclude} ../marl_jax/rewards/team.py\n" in page
+
+
 def test_team_pays_every_judge_the_judged_reward():
   # Two judges state 1 and 1/3 (mean 2/3), then 0 and 0 (mean 0); the second episode is audited, right.
   rule = _peer("team", audit_rate=0.5)
