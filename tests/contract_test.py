@@ -96,6 +96,14 @@ def test_every_workflow_keeps_the_protocol_contract(name):
     assert scored.turn_NxB.shape == (N, B)
   assert protocol.final_answer(layout, tokens_BxT).shape[0] == B
   assert protocol.final_answer(layout, tokens_BxT).shape[1] >= task.answer_len
+  # A workflow with judging roles returns their verdicts, one row per judge, as levels of a vocabulary of
+  # probabilities, and the checker's 0/1 verdict on the judged answer.
+  judgments = scored.judgments
+  assert (judgments is None) == (not protocol.judge_roles)
+  if judgments is not None:
+    assert judgments.level_JxB.shape == (len(protocol.judge_roles), B) and set(protocol.judge_roles) < set(range(R))
+    assert bool(jnp.all((judgments.level_JxB >= 0) & (judgments.level_JxB < len(judgments.levels))))
+    assert all(0 <= p <= 1 for p in judgments.levels) and set(np.unique(judgments.truth_B)) <= {0, 1}
 
 
 @pytest.mark.parametrize("name", sorted(protocols.REGISTRY))

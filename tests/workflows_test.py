@@ -1,4 +1,4 @@
-"""The published workflows vote, best_of_n and debate: schedules, visibility, final-answer rules and
+"""The published workflows vote, best_of_n and debate, and peer_review: schedules, visibility, final-answer rules and
 rewards on hand-built transcripts, debate's influence bonuses worked out by hand, the role-collapse
 rate, bad input, and each experiment's tiny variant through the command line."""
 import dataclasses
@@ -209,6 +209,41 @@ def test_vote_aggregator_demonstrations_write_the_majority():
 
 # ---------------------------------------------------------------------------------------------
 # best_of_n
+
+def test_peer_review_rewards_and_judgments_by_hand():
+  # Two judges, 4 levels (0, 1/3, 2/3, 1); the answer is 3.  Episodes: solver, judge0, judge1.
+  messages = [[D(3), D(3), D(2)],  # right: judge0 sure (accepts), judge1 2/3 (accepts)
+              [D(5), D(1), D(3)],  # wrong: judge0 1/3 (rejects), judge1 sure (a false accept)
+              [D(3), [text.DIGIT0 + 7, text.EOS], D(0)],  # right: judge0 unreadable (level 0), judge1 0
+              [D(5), ABSENT, D(0)]]  # wrong: judge0 absent (level 0), judge1 0
+  protocol, layout, problems, tokens_BxT = _transcript("peer_review", [3] * 4, messages, judges=2)
+  assert protocol.roles == ("solver", "judge0", "judge1") and protocol.judge_roles == (1, 2)
+  assert not layout.visible_SxR[layout.segment_names.index("judge00"), 2]  # judges do not read each other
+  scored = protocol.rewards(TASK, layout, problems, tokens_BxT)
+  np.testing.assert_array_equal(scored.team_B, [1, 0, 1, 0])
+  np.testing.assert_array_equal(scored.judgments.level_JxB, [[3, 1, 0, 0], [2, 3, 0, 0]])
+  np.testing.assert_array_equal(scored.judgments.truth_B, [1, 0, 1, 0])
+  # A judge's signal: its verdict (accept: more than 1/2) agrees with the checker.
+  np.testing.assert_array_equal(scored.role_RxB, [[1, 0, 1, 0], [1, 1, 0, 1], [1, 0, 0, 1]])
+  np.testing.assert_allclose(scored.metrics["accept_rate"], 3 / 8)
+  np.testing.assert_allclose(scored.metrics["false_accept"], 1 / 4)  # 1 of the 4 verdicts on wrong answers
+  np.testing.assert_allclose(scored.metrics["false_reject"], 2 / 4)  # 2 of the 4 on right ones
+  np.testing.assert_allclose(scored.metrics["verdict_accuracy"], 5 / 8)
+
+
+@pytest.mark.parametrize("error_rate", [0.0, 1.0])
+def test_peer_review_demonstrations_state_levels_on_the_wanted_side(error_rate):
+  # Judges' demonstrated verdicts agree with the checker at error rate 0 and disagree at 1, over levels
+  # of both kinds (sure and not) on that side.
+  task = tasks.make("arithmetic", demo_error_rate=0.5)
+  protocol = protocols.make("peer_review", task, judges=3, judge_demo_error_rate=error_rate)
+  layout = protocol.layout(task, (0, 1, 1, 1))
+  problems = jax.vmap(task.sample)(jax.random.split(jax.random.key(0), 256))
+  tokens_BxT = protocol.demonstrate(task, layout, problems, jax.random.split(jax.random.key(1), 256))
+  scored = protocol.rewards(task, layout, problems, tokens_BxT)
+  np.testing.assert_array_equal(scored.role_RxB[1:], 1.0 - error_rate)
+  assert set(np.unique(scored.judgments.level_JxB)) == {0, 1, 2, 3}
+
 
 def test_best_of_n_schedule_and_visibility():
   protocol = protocols.make("best_of_n", TASK, candidates=3)
