@@ -12,7 +12,8 @@ Arguments: task=subset_sum|arithmetic|stack_program; pay=team|audited|peer_predi
 name in marl_jax.rewards.REGISTRY; its settings are `--config.reward.KEY=VALUE`); audit_rate (the share
 of episodes the checker audits; 0: no ground truth reaches the loss); penalty (charged to the solver
 when an audit catches an accepted wrong answer); judges=K (1..7); source=peer|checker (checker: the
-usual checker reward, the baseline; pay, audit_rate and penalty then stay at their defaults);
+usual checker reward, the baseline; pay and penalty must then stay at their defaults, audit_rate is
+not read);
 credit=ESTIMATOR (one that gives each role its own reward: per_role, or role_baseline /
 role_normalized with --config.credit.signal=role); sharing=judges|shared|isolated (judges: the solver
 one parameter set, the judges another); size=tiny|cpu|gpu.
@@ -27,4 +28,7 @@ def get_config(arg=None):
   c = configs.workflow_config(__file__, args, "peer_review", sharing, judges=args.judges)
   if configs.check_choice("source", args.source, ("peer", "checker")) == "peer":
     c.reward = configs.reward_config(args.pay, source="peer", audit_rate=args.audit_rate, penalty=args.penalty)
+  elif (args.pay, args.penalty) != ("team", 0.0):
+    raise ValueError(f"config arguments pay={args.pay!r}, penalty={args.penalty} act only with source=peer; "
+                     "allowed with source=checker: pay=team, penalty=0")
   return c

@@ -557,14 +557,17 @@ def test_bad_protocol_knobs(name, knobs, match):
     ("debate", "scorer=judge", r"scorer='judge' is unknown; allowed: \['checker', 'verifier'\]"),
     ("delegate", "workflow=solo", r"workflow='solo' is unknown; allowed: \['delegate', 'single'\]"),
     ("delegate", "workflow=single,aux=none", r"aux and trainable_workers apply to workflow=delegate only"),
+    ("peer_review", "source=judges", r"source='judges' is unknown; allowed: \['peer', 'checker'\]"),
+    ("peer_review", "source=checker,pay=audited", r"pay='audited', penalty=0.0 act only with source=peer"),
+    ("peer_review", "pay=vote", r"config.reward.pay='vote' is unknown; allowed: \['audited', 'peer_prediction'"),
 ])
 def test_bad_experiment_arguments(name, arg, match):
   with pytest.raises(ValueError, match=match):
     _experiment(name).get_config(arg)
 
 
-@pytest.mark.parametrize("name", ["single_agent", "solver_verifier", "vote", "best_of_n", "debate", "delegate",
-                                  "tasks", "quickstart", "lm_solver_verifier"])
+@pytest.mark.parametrize("name", ["single_agent", "solver_verifier", "vote", "best_of_n", "peer_review", "debate",
+                                  "delegate", "tasks", "quickstart", "lm_solver_verifier"])
 @pytest.mark.parametrize("size", ["cpu", "gpu"])
 def test_every_experiment_size_builds(name, size):
   """The results and accelerator scales pass every check the CLI makes before compiling (the tests
