@@ -13,8 +13,7 @@ name in marl_jax.rewards.REGISTRY; its settings are `--config.reward.KEY=VALUE`)
 of episodes the checker audits; 0: no ground truth reaches the loss); penalty (charged to the solver
 when an audit catches an accepted wrong answer); judges=K (1..7); source=peer|checker (checker: the
 usual checker reward, the baseline; pay and penalty must then stay at their defaults, audit_rate is
-not read);
-credit=ESTIMATOR (one that gives each role its own reward: per_role, or role_baseline /
+not read); credit=ESTIMATOR (one that gives each role its own reward: per_role, or role_baseline /
 role_normalized with --config.credit.signal=role); sharing=judges|shared|isolated (judges: the solver
 one parameter set, the judges another); size=tiny|cpu|gpu.
 """

@@ -87,11 +87,14 @@ def test_eight_devices_match_one(tmp_path):
 
 # Estimators whose statistics or state cross devices: the critic's gradients and the moving baseline
 # are averaged over devices, role_normalized standardises over the global batch, and Shapley re-runs
-# coalitions of three roles.
+# coalitions of three roles.  So do rewards from peers: audits drawn per row of the global batch, the
+# payment rule on the whole batch (peer prediction's chance agreement), reputation's track records.
 CROSS_DEVICE = {"critic": ("solver_verifier", "size=tiny,credit=critic,sharing=shared"),
                 "role_baseline": ("solver_verifier", "size=tiny,credit=role_baseline,sharing=shared"),
                 "role_normalized": ("solver_verifier", "size=tiny,credit=role_normalized,sharing=shared"),
-                "shapley": ("vote", "size=tiny,credit=shapley")}
+                "shapley": ("vote", "size=tiny,credit=shapley"),
+                "peer_reputation": ("peer_review", "size=tiny,pay=reputation,audit_rate=0.5"),
+                "peer_prediction": ("peer_review", "size=tiny,pay=peer_prediction,audit_rate=0.2")}
 
 
 def one_call_on_one_and_two_devices(name: str, arg: str) -> dict:
@@ -110,7 +113,7 @@ def one_call_on_one_and_two_devices(name: str, arg: str) -> dict:
     ends.append(state.to_host(end))
     metrics_of.append({k: float(v[0, 0]) for k, v in state.to_host(step_metrics).items() if k != "nonfinite_QxR"})
   (one, two), out = ends, {"metrics": metrics_of}
-  for part in ("params", "credit"):
+  for part in ("params", "credit", "reward"):
     out[part] = (distance(getattr(one, part), getattr(start, part)), distance(getattr(two, part), getattr(one, part)))
   return out
 
@@ -126,9 +129,10 @@ def test_estimators_that_cross_devices_match_one_device(estimator):
   moved, apart = out["params"]
   assert moved > 1e-2, "nothing trained: the comparison is vacuous"
   assert apart < 1e-2 * moved  # rounding: a few 1e-3 measured (as a 16-row microbatch changes it)
-  if estimator in ("critic", "role_baseline"):
-    credit_moved, credit_apart = out["credit"]
-    assert credit_moved > 0 and credit_apart <= 1e-2 * credit_moved
+  for stateful, part in (("critic", "credit"), ("role_baseline", "credit"), ("peer_reputation", "reward")):
+    if estimator == stateful:
+      part_moved, part_apart = out[part]
+      assert part_moved > 0 and part_apart <= 1e-2 * part_moved
   one, two = out["metrics"]
   assert set(one) == set(two)
   for name in one:  # per-role losses, entropies, the estimator's metrics, the workflow's rates
