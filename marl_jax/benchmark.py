@@ -412,10 +412,19 @@ def steps_to_target(workdir: str, target: float) -> np.ndarray:
   return np.where(reached_NxS.any(0), steps_N[reached_NxS.argmax(0)], np.inf)
 
 
-def learning_curve(workdir: str):
+def learning_curve(workdir: str, member: bool = False):
+  """steps_N and per seed the eval accuracy acc_NxS: the team's, or (`member`) the average member's own
+  (NaN where no member's is defined; None for a run whose members do not answer)."""
   rows = [r for r in metrics.read(workdir) if "eval_accuracy" in r]
-  return (np.array([r["step"] for r in rows]),
-          np.stack([report.seed_values(r, "eval_accuracy") for r in rows]))
+  steps_N = np.array([r["step"] for r in rows])
+  if not member:
+    return steps_N, np.stack([report.seed_values(r, "eval_accuracy") for r in rows])
+  keys = report.member_names(rows[-1])
+  if not keys:
+    return steps_N, None
+  with warnings.catch_warnings():  # a seed where no member's accuracy is defined: NaN
+    warnings.simplefilter("ignore", RuntimeWarning)
+    return steps_N, np.stack([np.nanmean([report.seed_values(r, f"eval_{k}") for k in keys], 0) for r in rows])
 
 
 # The report.
@@ -507,8 +516,9 @@ def learning_rows(config, workdir: str) -> list[dict]:
         with np.errstate(invalid="ignore"):  # inf - inf where neither reaches: dropped with the others
           row.update(ci_cells("steps_vs_team", steps_S - team_steps_S))
   for row in rows:
-    reference_S = reference_final(config, workdir, row["scenario"])
-    if reference_S is not None:
+    reference = reference_run(config, workdir, row["scenario"])
+    if reference:
+      reference_S = report.summarize(reference)["final"]
       row.update(welch_cells("final_vs_reference", reference_S, row["final_S"]))
       if "member_S" in row:
         row.update(welch_cells("member_vs_reference", reference_S, row["member_S"]))
@@ -518,15 +528,15 @@ def learning_rows(config, workdir: str) -> list[dict]:
   return rows
 
 
-def reference_final(config, workdir: str, scenario: str):
-  """Per seed, the final accuracy of the `team` cell of the reference scenario (`learning.reference`)
-  on `scenario`'s task, once finished in this workdir; None for a reference itself, or none finished."""
+def reference_run(config, workdir: str, scenario: str) -> str | None:
+  """The finished `team` cell of the reference scenario (`learning.reference`) on `scenario`'s task in
+  this workdir; None for a reference itself, or where none has finished."""
   task = config.runs[scenario].task.name
   for reference in names(config.learning.reference):
     run = os.path.join(workdir, "learning", reference, "team")
     if (reference != scenario and config.runs[reference].task.name == task
         and finished(run, config.learning.total_steps)):
-      return report.summarize(run)["final"]
+      return run
   return None
 
 
@@ -644,23 +654,36 @@ def markdown(config, fid_rows, learn_rows, curve_rows=()) -> str:
 
 
 def plot_learning(config, workdir: str, folder: str) -> None:
+  """Per scenario, the eval accuracy of each finished cell against steps with its 95% band over seeds:
+  the team's, and where members answer, the average member's beside it; the single agent on the same
+  task (`learning.reference`, trained with `team`) dashed in both."""
   for scenario in names(config.learning.scenarios):
-    fig = Figure(figsize=(6, 4))
-    ax = fig.subplots()
-    for name in names(config.estimators):
-      run = os.path.join(workdir, "learning", scenario, name)
-      if not finished(run, config.learning.total_steps):
-        continue
-      steps_N, acc_NxS = learning_curve(run)
-      mean_half = [report.mean_ci(a) for a in acc_NxS]
-      mean, half = (np.array(x) for x in zip(*mean_half))
-      ax.plot(steps_N, 100 * mean, label=name)
-      if acc_NxS.shape[1] > 1:
-        ax.fill_between(steps_N, 100 * (mean - half), 100 * (mean + half), alpha=0.2)
-    ax.set(title=f"{scenario}: eval accuracy, 95% band over seeds", xlabel="step", ylabel="accuracy (%)")
-    ax.legend(fontsize=8)
+    cells = {name: os.path.join(workdir, "learning", scenario, name) for name in names(config.estimators)}
+    cells = {name: run for name, run in cells.items() if finished(run, config.learning.total_steps)}
+    if not cells:
+      continue
+    has_members = learning_curve(next(iter(cells.values())), member=True)[1] is not None
+    fig = Figure(figsize=(11 if has_members else 6, 4))
+    axes = fig.subplots(1, 2 if has_members else 1, squeeze=False)[0]
+    reference = reference_run(config, workdir, scenario)
+    for ax, member in zip(axes, (False, True)):
+      for name, run in cells.items():
+        band(ax, *learning_curve(run, member), label=name)
+      if reference:
+        band(ax, *learning_curve(reference), label="single agent (team)", color="black", linestyle="--")
+      ax.set(title=f"{scenario}: {'average member' if member else 'team'} eval accuracy, 95% band",
+             xlabel="step", ylabel="accuracy (%)")
+      ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(os.path.join(folder, f"learning_{scenario}.png"), dpi=100)
+
+
+def band(ax, steps_N, acc_NxS, **style) -> None:
+  """The mean over seeds of acc_NxS (fractions) in %, with its 95% band where there are several seeds."""
+  mean, half = (100 * np.array(x) for x in zip(*[report.mean_ci(report.defined(a)) for a in acc_NxS]))
+  line, = ax.plot(steps_N, mean, **style)
+  if acc_NxS.shape[1] > 1:
+    ax.fill_between(steps_N, mean - half, mean + half, alpha=0.15, color=line.get_color())
 
 
 def plot_fidelity(fid_rows: list[dict], folder: str) -> None:

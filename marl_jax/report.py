@@ -121,6 +121,12 @@ def read_config(workdir: str) -> dict | None:
   return configs.read_saved(workdir)
 
 
+def member_names(row: dict) -> list[str]:
+  """`ROLE/member_accuracy` of each member an evaluation row (of metrics.jsonl) scores, in logged order."""
+  return [k[len("eval_"):] for k in dict.fromkeys(k.rsplit("/seed", 1)[0] for k in row)
+          if k.startswith("eval_") and k.endswith(f"/{MEMBER}")]
+
+
 def summarize(workdir: str) -> dict:
   """Per-seed arrays (fractions) of a run's evals: base (step 0), final, peak (after step 0), drop;
   with the run's first seed (`config.seed`).  ValueError for a run with no evaluation yet."""
@@ -135,8 +141,7 @@ def summarize(workdir: str) -> dict:
   out = {"workdir": workdir, "seeds": acc_NxS.shape[1], "first_seed": first_seed, "steps": rows[-1]["step"],
          "base": acc_NxS[0], "final": acc_NxS[-1], "peak": after_base.max(0)}
   out["drop"] = out["peak"] - out["final"]
-  members = [k[len("eval_"):] for k in dict.fromkeys(k.rsplit("/seed", 1)[0] for k in rows[-1])
-             if k.startswith("eval_") and k.endswith(f"/{MEMBER}")]
+  members = member_names(rows[-1])
   for name in members:
     out[name] = seed_values(rows[-1], f"eval_{name}")
   if members:

@@ -218,7 +218,7 @@ def test_steps_to_target_reads_the_per_step_training_accuracy(tmp_path):
 
 def _write_cell(folder, accuracy_NxS, eval_accuracy_S, members=None):
   """A finished learning cell's metrics.jsonl: training accuracy every step, eval at the first and last
-  (with `members`, {ROLE: final member accuracy per seed}, logged at the last)."""
+  (with `members`, {ROLE: member accuracy per seed}, logged at both)."""
   folder.mkdir(parents=True)
   rows = []
   for step, acc_S in enumerate(accuracy_NxS):
@@ -226,7 +226,6 @@ def _write_cell(folder, accuracy_NxS, eval_accuracy_S, members=None):
     if step in (0, len(accuracy_NxS) - 1):
       evals = [0.0] * len(acc_S) if step == 0 else eval_accuracy_S
       row.update({"eval_accuracy": float(np.mean(evals)), **{f"eval_accuracy/seed{i}": a for i, a in enumerate(evals)}})
-    if step == len(accuracy_NxS) - 1:
       for role, member_S in (members or {}).items():
         row.update({f"eval_{role}/member_accuracy/seed{i}": a for i, a in enumerate(member_S)})
     rows.append(row)
@@ -283,6 +282,15 @@ def test_each_team_and_its_members_are_compared_with_the_single_agent_on_its_tas
   # Cost per episode: difference credit re-draws each of the 3 voters twice (each re-run redraws one turn).
   assert (rows["vote", "team"]["reruns"], rows["vote", "difference"]["reruns"]) == (0, 6)
   assert rows["vote", "difference"]["turns"] == rows["vote", "team"]["turns"] + 6
+
+
+def test_the_member_curve_is_the_mean_of_the_members_defined_per_seed(tmp_path):
+  _write_cell(tmp_path / "vote", [[.5, .5], [.9, .9]], [.3, .3], {"voter0": [.2, .4], "voter1": [.4, math.nan]})
+  steps_N, member_NxS = benchmark.learning_curve(str(tmp_path / "vote"), member=True)
+  np.testing.assert_array_equal(steps_N, [0, 1])
+  np.testing.assert_allclose(member_NxS[-1], [.3, .4])
+  _write_cell(tmp_path / "single", [[.5, .5], [.9, .9]], [.3, .3])
+  assert benchmark.learning_curve(str(tmp_path / "single"), member=True)[1] is None
 
 
 def test_an_unknown_reference_is_refused():
@@ -344,6 +352,8 @@ def test_tiny_workflow_grid_end_to_end(tmp_path):
     assert float(rows[scenario]["final_vs_reference"]) == pytest.approx(
         float(rows[scenario]["final"]) - float(rows[reference]["final"]))
   assert rows["exchange"]["final_vs_reference"] == ""  # hidden_sum has no single agent
+  for scenario in rows:
+    assert (tmp_path / "report" / f"learning_{scenario}.png").exists(), scenario
 
 
 @pytest.mark.slow
