@@ -4,6 +4,8 @@ r"""The task suite, each task on its natural workflow (or `protocol=NAME`): warm
   python -m marl_jax.main --config=experiments/tasks.py:task=subset_sum,protocol=solver_verifier \
       --workdir=/tmp/subset_sum_sv
   python -m marl_jax.main --config=experiments/tasks.py:task=hidden_sum --workdir=/tmp/hidden_sum
+  python -m marl_jax.main --config=experiments/tasks.py:task=signalling --workdir=/tmp/signalling \
+      --config.task.num_attributes=3    # Lewis game, RL from scratch (no warm start)
   python -m marl_jax.main --config=experiments/tasks.py:task=multi_chain,credit=per_role \
       --workdir=/tmp/multi_chain    # orchestrator + parallel workers; protocol=single for one agent
   python -m marl_jax.main --config=experiments/tasks.py:task=stack_program --workdir=/tmp/stack_program
@@ -30,6 +32,7 @@ TASKS = {
     "stack_program": ("single", dict(num_ops=3, num_examples=5)),
     "matrix_game": ("matrix_game", {}),
     "contribution": ("contribution", dict(num_roles=6)),
+    "signalling": ("exchange", dict(num_attributes=4, num_values=5)),
 }
 
 
@@ -50,6 +53,8 @@ def get_config(arg=None):
   c.protocol = ml_collections.ConfigDict(dict(name=name, **protocol_knobs))
   c.credit = configs.credit_config(configs.check_choice("credit", args.credit, credit.REGISTRY))
   configs.apply_size(c, args.size)
+  if not tasks.REGISTRY[args.task].demonstrated:  # a convention game: RL from scratch
+    c.sft.steps = 0
   # The canvas (prompt and every turn) must fit the model's positions (a longer protocol set from
   # the command line, e.g. more rounds, also needs --config.model.max_len: the run says how many).
   task = tasks.make(args.task, **task_knobs)

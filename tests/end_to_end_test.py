@@ -2,7 +2,7 @@
 through the run a user starts (`loop.train_and_evaluate`: evaluation, a train call, metrics,
 checkpoint; the single agent's run also warm-starts), at the tiny size, shrunk to one step.
 
-Fourteen runs cover the lot: each workflow once, each estimator and each task at least once. The slow
+Fifteen runs cover the lot: each workflow once, each estimator and each task at least once. The slow
 tier runs the experiments' tiny variants through the real CLI (workflows_test, tasks_test, main_test,
 word_task_test); here one run in-process costs a few seconds of compiling.
 """
@@ -20,6 +20,7 @@ RUNS = [  # experiment file, its argument
     ("tasks", "task=subset_sum,protocol=solver_verifier,credit=difference,size=tiny"),
     ("tasks", "task=arithmetic,protocol=relay,credit=role_baseline,size=tiny"),
     ("tasks", "task=hidden_sum,credit=per_role,size=tiny"),  # exchange
+    ("tasks", "task=signalling,credit=difference,size=tiny"),  # exchange's Lewis game, from scratch
     ("tasks", "task=matrix_game,credit=shapley,size=tiny"),
     ("tasks", "task=contribution,credit=critic,size=tiny"),
     ("tasks", "task=multi_chain,credit=role_normalized,size=tiny"),  # orchestrator

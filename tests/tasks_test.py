@@ -22,12 +22,13 @@ from marl_jax.tasks import base
 from marl_jax.tasks import HiddenSum, MatrixGame, MultiChain, StackProgram, SubsetSum
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NEW_TASKS = ("subset_sum", "hidden_sum", "multi_chain", "stack_program", "matrix_game", "contribution")
+NEW_TASKS = ("subset_sum", "hidden_sum", "multi_chain", "stack_program", "matrix_game", "contribution",
+             "signalling")
 # Every task on each protocol that makes sense for it.
 PAIRS = [("subset_sum", "single"), ("subset_sum", "solver_verifier"), ("hidden_sum", "single"),
          ("hidden_sum", "exchange"), ("multi_chain", "single"), ("multi_chain", "orchestrator"), ("stack_program", "single"),
          ("matrix_game", "single"), ("matrix_game", "matrix_game"), ("contribution", "single"),
-         ("contribution", "contribution")]
+         ("contribution", "contribution"), ("signalling", "exchange")]
 
 
 def tokens(s: str):
@@ -275,7 +276,7 @@ def test_exchange_layout_hides_each_part_from_one_role():
   visible = dict(zip(layout.segment_names, layout.visible_SxR.tolist()))
   assert visible["part_a"] == [True, False] and visible["part_b"] == [False, True]
   assert visible["sender0"] == [True, True] and visible["header"] == [True, True]
-  with pytest.raises(ValueError, match="'part_a' and 'part_b'"):
+  with pytest.raises(ValueError, match="prompt segment 'part_a'"):
     protocols.make("exchange", SubsetSum())
 
 

@@ -1,8 +1,10 @@
 """Exchange: a sender who reads one part of the problem writes a message; a receiver who reads the other
-part and the message answers.  For tasks with prompt segments `part_a` and `part_b` (hidden_sum): by
+part and the message answers.  For tasks with a prompt segment `part_a` and, optionally, `part_b`: by
 default `part_b` is hidden from the sender and `part_a` from the receiver, so information must flow
-through the message.  Both roles get the team reward: no per-role signal is verifiable without fixing
-the code the two agree on.
+through the message.  Without `part_b` (signalling) the receiver reads nothing but the message: the
+Lewis signalling game.  Both roles get the team reward: no per-role signal is verifiable without
+fixing the code the two agree on.  The task's `message_metrics` of the sender's messages (signalling's
+topographic similarity and mutual information) are logged with `accuracy`.
 """
 import dataclasses
 
@@ -12,7 +14,7 @@ import jax.numpy as jnp
 from marl_jax import checks, text
 from marl_jax.protocols import engine
 
-RECEIVER = 1  # role index (the sender is 0)
+SENDER, RECEIVER = 0, 1  # role indices (each has one turn, in this order)
 
 
 @engine.register("exchange")
@@ -23,12 +25,12 @@ class Exchange(engine.Protocol):
   @classmethod
   def build(cls, task, message_len: int = 0, **kwargs):
     segments = dict(task.prompt_segments)
-    if "part_a" not in segments or "part_b" not in segments:
-      raise ValueError(f"protocol 'exchange' needs a task with prompt segments 'part_a' and 'part_b'; "
-                       f"this task has {list(segments)}")
+    if "part_a" not in segments:
+      raise ValueError(f"protocol 'exchange' needs a task with prompt segment 'part_a' (and optionally "
+                       f"'part_b'); this task has {list(segments)}")
     checks.integer("protocol.message_len", message_len, 0, note="0: a full copy")
     message_len = message_len or segments["part_a"] + 1
-    kwargs.setdefault("hidden", (("part_b", "sender"), ("part_a", "receiver")))
+    kwargs.setdefault("hidden", (("part_b", "sender"),) * ("part_b" in segments) + (("part_a", "receiver"),))
     turns = (engine.Turn("sender", message_len), engine.Turn("receiver", task.answer_len))
     return cls(roles=("sender", "receiver"), turns=turns, message_len=message_len, **kwargs)
 
@@ -37,8 +39,9 @@ class Exchange(engine.Protocol):
 
   def rewards(self, task, layout, problems, tokens_BxT):
     team_B = jax.vmap(task.score)(problems, self.final_answer(layout, tokens_BxT))
+    message_BxM = engine.message(layout, tokens_BxT, SENDER)
     return engine.Scored(team_B=team_B, role_RxB=jnp.stack([team_B, team_B]),
-                         metrics={"accuracy": team_B.mean()})
+                         metrics={"accuracy": team_B.mean(), **task.message_metrics(problems, message_BxM)})
 
   def demonstrate(self, task, layout, problems, key_B):
     """The sender copies its part (cut to the message length); the receiver gives a (noisy) answer."""

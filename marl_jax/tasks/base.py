@@ -27,6 +27,9 @@ class Task:
   name: ClassVar[str] = ""  # the registry name (`config.task.name`); set by each registered task
   # Free text (word problems): the agent writes over a language model's whole vocabulary, not symbols.
   free_text: ClassVar[bool] = False
+  # Whether experiments warm-start it on demonstrations; False for a game whose code is the team's own
+  # convention (signalling), trained from scratch (`config.sft.steps=0`).
+  demonstrated: ClassVar[bool] = True
   # Fraction of warm-start demonstrations that carry a plausible wrong answer: the knob that keeps the
   # base model weak, as a small pretrained model is, so RL has room to show gains.
   demo_error_rate: float = 0.0
@@ -75,6 +78,12 @@ class Task:
     """What makes two final-answer messages the same vote (`protocols.vote.majority`): equal keys,
     key_K.  Default: the message's tokens up to its first EOS."""
     return canonical(message_A)
+
+  def message_metrics(self, problems: dict, message_BxL) -> dict:
+    """Scalars that describe the code of a sender's messages (message_BxL) for a batch of problems,
+    logged with the workflow's metrics by `exchange`: none by default (signalling's `codes`)."""
+    del problems, message_BxL
+    return {}
 
   def wrong_answer(self, problem: dict, key) -> jax.Array:
     """A plausible mistake for demonstrations (a systematic one, so greedy decoding can pick it)."""
