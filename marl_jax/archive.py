@@ -1,26 +1,24 @@
-"""Transcript archives: `archive` samples every seed's team on its evaluation set and writes the
-canvases, author of each position, rewards and counterfactual credit per role as
-`marl_transcripts/NAME:1.0.0` (a TFDS array_record dataset, see `array_records.py`); `load_transcripts`
-reads them back as numpy arrays and readable text.
+"""Transcript archives: `archive` samples every seed's team on its evaluation set (or on training
+problems) and writes the canvases, author of each position, rewards and counterfactual credit per role
+as `marl_transcripts/NAME:1.0.0` (a TFDS array_record dataset, see `array_records.py`);
+`transcripts.load_transcripts` reads them back as numpy arrays and readable text, and
+`transcripts.distillation_set` as what a warm start distils (`config.sft.transcripts`).
 
-  python -m marl_jax.archive --workdir=DIR [--out=DIR] [--greedy] [--data_dir=DIR]
+  python -m marl_jax.archive --workdir=DIR [--out=DIR] [--greedy] [--data_dir=DIR] [--train=N]
+
+`--train=N` samples N training problems instead of the evaluation set: drawn as training draws them,
+from the run's seed (`training_problems`), so a team that learns from the archive (the next
+generation) never reads the evaluation set's transcripts.
 """
 import argparse
-import dataclasses
-import functools
 import json
 import os
 
 import jax
 import numpy as np
 
-from marl_jax import (array_records, checkpoint, cli, configs, credit, datasets, evaluate, experiment, loop,
-                      rollout, tasks, text)
-from marl_jax.lm import agent as lm_agent
-
-
-class MarlTranscripts(array_records.ArrayRows):
-  """Transcripts of a marl_jax team on an evaluation set: tokens, authors, rewards, credit per role."""
+from marl_jax import array_records, checkpoint, cli, configs, credit, datasets, evaluate, experiment, loop, rollout
+from marl_jax.transcripts import MarlTranscripts, Transcripts, load_transcripts  # noqa: F401 (this module's API too)
 
 
 def difference_estimator(exp: experiment.Experiment) -> credit.Estimator:
@@ -68,9 +66,23 @@ def layout_metadata(exp: experiment.Experiment) -> dict:
           "prompt_len": layout.prompt_len}
 
 
+# Folded into the run's seed for the training problems an archive samples (`training_problems`), and for
+# the keys it samples them with: apart from the keys of the run's own batches and of its evaluation.
+_TRAIN_PROBLEMS, _TRAIN_SAMPLES = 11, 12
+
+
+def training_problems(exp: experiment.Experiment, size: int) -> dict:
+  """`size` problems drawn from the task as training draws its batches (`task.sample`), with keys
+  from `config.seed` rather than `config.eval.seed`: the problems a generation learns from."""
+  keys = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(exp.config.seed), _TRAIN_PROBLEMS), size)
+  return jax.jit(jax.vmap(exp.task.sample))(keys)
+
+
 def archive(exp: experiment.Experiment, params_S, out_dir: str, name: str, greedy: bool = False,
-            with_credit: bool = True, data_dir: str = "", extra_metadata: dict | None = None) -> str:
-  """Samples the team on its evaluation set (`config.eval`) and writes `marl_transcripts/NAME`.
+            with_credit: bool = True, data_dir: str = "", extra_metadata: dict | None = None,
+            train: int = 0) -> str:
+  """Samples the team on its evaluation set (`config.eval`), or with `train` on that many training
+  problems (`training_problems`), and writes `marl_transcripts/NAME`.
 
   The evaluation set is read from (or built in) `data_dir` when given.  Returns the dataset's name;
   an existing archive is never overwritten.
@@ -79,10 +91,15 @@ def archive(exp: experiment.Experiment, params_S, out_dir: str, name: str, greed
     raise FileExistsError(f"{os.path.join(out_dir, MarlTranscripts.name, name, array_records.VERSION)} exists; "
                           f"choose another output directory or name")
   cfg = exp.config.eval
-  problems = evaluate.eval_problems(exp, data_dir)
-  rows = sample_transcripts(exp, params_S, problems, jax.random.PRNGKey(cfg.seed + 2), greedy, with_credit)
+  if train:
+    problems = training_problems(exp, train)
+    key = jax.random.fold_in(jax.random.PRNGKey(exp.config.seed), _TRAIN_SAMPLES)
+  else:
+    problems, key = evaluate.eval_problems(exp, data_dir), jax.random.PRNGKey(cfg.seed + 2)
+  rows = sample_transcripts(exp, params_S, problems, key, greedy, with_credit)
   metadata = {**layout_metadata(exp), "task": datasets.task_name(exp.task),
               "knobs": datasets.task_knobs(exp.task),
+              "problems": f"train-seed{exp.config.seed}-n{train}" if train else "eval",
               "eval_set": datasets.eval_set_name(exp.task, cfg.seed, cfg.size),
               "protocol": exp.config.protocol.to_dict(), "greedy": greedy,
               "credit": "difference" if with_credit else None,
@@ -91,59 +108,22 @@ def archive(exp: experiment.Experiment, params_S, out_dir: str, name: str, greed
   return f"{MarlTranscripts.name}/{name}:{array_records.VERSION}"
 
 
-@dataclasses.dataclass
-class Transcripts:
-  """An archive read back: `arrays` (one row per transcript) and the layout and run in `metadata`."""
-  arrays: dict[str, np.ndarray]
-  metadata: dict
-
-  def __len__(self) -> int:
-    return len(self.arrays["tokens"])
-
-  @functools.cached_property
-  def decode(self):
-    """Canvas values -> text: the engine's symbols, or a free-text task's tokens through the run's
-    checkpoint tokenizer (`config.model.checkpoint`, which must still be there; no weights are read)."""
-    if not tasks.REGISTRY[self.metadata["task"]].free_text:
-      return text.decode
-    tok, canvas_ids_W = lm_agent.free_text_canvas(self.metadata["config"]["model"]["checkpoint"])
-    return functools.partial(lm_agent.decode, tok, canvas_ids_W)
-
-  def text(self, i: int) -> str:
-    """Row i as text: the prompt, each played message under its role, rewards and credit."""
-    meta, tokens_T = self.metadata, self.arrays["tokens"][i]
-    roles = meta["roles"]
-    # The prompt ends where the first turn's header starts (an archive written before headers had
-    # more than the marker has no prompt_len: its prompt ends at that marker).
-    prompt_len = meta.get("prompt_len", meta["turn_slices"][0][0] - 1)
-    lines = [f"prompt: {self.decode(tokens_T[:prompt_len])}"]
-    for (start, stop), r in zip(meta["turn_slices"], meta["turn_roles"]):
-      if (tokens_T[start:stop] != text.PAD).any():
-        lines.append(f"{roles[r]}: {self.decode(tokens_T[start:stop])}")
-    per_role = [f"{role} reward {self.arrays['role_reward'][i, r]:.2f}" +
-                (f" credit {self.arrays['credit'][i, r]:+.2f}" if "credit" in self.arrays else "")
-                for r, role in enumerate(roles)]
-    lines.append(f"team reward {self.arrays['team_reward'][i]:.2f}; " + "; ".join(per_role))
-    return "\n".join(lines)
-
-  @property
-  def texts(self) -> list[str]:
-    return [self.text(i) for i in range(len(self))]
+def archive_name(step: int, greedy: bool, train: int = 0) -> str:
+  """What `archive_workdir` names the archive of checkpoint `step`: e.g. `step300-sampled`, or
+  `train512-step300-sampled` on 512 training problems."""
+  return f"{f'train{train}-' if train else ''}step{step}-{'greedy' if greedy else 'sampled'}"
 
 
-def load_transcripts(out_dir: str, name: str) -> Transcripts:
-  return Transcripts(*array_records.read(MarlTranscripts, name, out_dir))
-
-
-def archive_workdir(workdir: str, out_dir: str, greedy: bool = False, data_dir: str = "") -> str:
-  """Archives the latest checkpoint of a run under `out_dir`; returns the archive's config name."""
+def archive_workdir(workdir: str, out_dir: str, greedy: bool = False, data_dir: str = "", train: int = 0) -> str:
+  """Archives the latest checkpoint of a run under `out_dir` (on `train` training problems, or on
+  the evaluation set); returns the archive's config name."""
   config = configs.read_run_config(workdir)
   exp = experiment.build(config)
   params_S = loop.load_params(exp, workdir, flag=f"--workdir={workdir}")
   step = checkpoint.latest_step(workdir)
-  name = f"step{step}-{'greedy' if greedy else 'sampled'}"
+  name = archive_name(step, greedy, train)
   archive(exp, params_S, out_dir, name, greedy, data_dir=data_dir,
-          extra_metadata={"workdir": os.path.abspath(workdir), "step": step})
+          extra_metadata={"workdir": os.path.abspath(workdir), "step": step}, train=train)
   return name
 
 
@@ -155,10 +135,12 @@ def main(argv=None) -> None:
   parser.add_argument("--out", default="", help="output data_dir (default: WORKDIR/transcripts)")
   parser.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
   parser.add_argument("--data_dir", default="", help="read (or build) the evaluation set here")
+  parser.add_argument("--train", type=int, default=0,
+                      help="sample this many training problems instead of the evaluation set")
   args = parser.parse_args(argv)
   out = args.out or os.path.join(args.workdir, "transcripts")
   with cli.refusing_bad_input(parser):
-    name = archive_workdir(args.workdir, out, args.greedy, args.data_dir)
+    name = archive_workdir(args.workdir, out, args.greedy, args.data_dir, args.train)
   transcripts = load_transcripts(out, name)
   print(f"wrote {MarlTranscripts.name}/{name}:{array_records.VERSION} ({len(transcripts)} transcripts) "
         f"under {out}; "

@@ -159,8 +159,12 @@ def base_config() -> ml_collections.ConfigDict:
   # tenth of the steps, at most 100).  steps_per_call: steps per compiled call; a signal stops the
   # warm start between two calls (about 2 s each at the quickstart's size on 2 CPU cores), and a rerun
   # resumes it.
+  # transcripts: a transcript archive (DIR/marl_transcripts/NAME) to distil instead of the workflow's
+  # demonstrations, each role its own messages, from the transcripts `filter` keeps: right | all |
+  # credit (weighted by each role's positive difference credit) (`marl_jax.sft`, docs/generations.md).
   c.sft = ml_collections.ConfigDict(dict(steps=600, batch_size=128, learning_rate=1e-3,
-                                         schedule="cosine", warmup_steps=0, b2=0.999, steps_per_call=50))
+                                         schedule="cosine", warmup_steps=0, b2=0.999, steps_per_call=50,
+                                         transcripts="", filter="right"))
   # data_dir: read the fixed evaluation set as a versioned TFDS dataset there (built if missing).
   # batch_size: at most this many evaluation rows per pass through the model on each device, the
   # passes in sequence (0: the device's whole share at once).

@@ -17,6 +17,7 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from marl_jax import checkpoint, evaluate, experiment, memory, metrics as metrics_lib, parallel, sft, state
+from marl_jax import transcripts
 from marl_jax import train
 from marl_jax import model as model_lib
 from marl_jax import workdir as workdir_lib
@@ -74,7 +75,8 @@ def _setup(config: ml_collections.ConfigDict, workdir: str):
   """Everything that can refuse the run, before anything is compiled or written: the config, the
   workdir, its latest checkpoint (restored), the warm start `init_from` or a stopped warm start's
   progress (for a new run) and the evaluation set.  Returns (exp, start, state_S, init_params_S,
-  progress, eval_problems) with start None for a new run; raises ConfigError."""
+  progress, the archived transcripts it distils, eval_problems) with start None for a new run; raises
+  ConfigError."""
   try:
     exp = experiment.build(config)
     workdir_lib.check(config, workdir)
@@ -97,13 +99,14 @@ def _setup(config: ml_collections.ConfigDict, workdir: str):
           f"{config.total_steps - start} steps left)")
     state_S = None if start is None else checkpoint.restore(workdir, state.abstract_state(exp))
     init_params_S = load_params(exp, config.init_from) if config.init_from and start is None else None
+    warm_starts = start is None and init_params_S is None and config.sft.steps
     progress = (checkpoint.restore_warm_start(workdir, sft.abstract_progress(exp, state.seed_keys(config)),
-                                              config.sft.steps)
-                if start is None and init_params_S is None and config.sft.steps else None)
+                                              config.sft.steps) if warm_starts else None)
+    archived = transcripts.distillation_set(exp) if warm_starts else None
     eval_problems = evaluate.eval_problems(exp, config.eval.data_dir)
   except (ValueError, OSError) as e:
     raise experiment.ConfigError(str(e)) from e
-  return exp, start, state_S, init_params_S, progress, eval_problems
+  return exp, start, state_S, init_params_S, progress, archived, eval_problems
 
 
 @contextlib.contextmanager
@@ -188,7 +191,7 @@ def _check_start(config: ml_collections.ConfigDict, params_S) -> None:
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   if config.distributed:
     parallel.initialize_distributed()
-  exp, start, state_S, init_params_S, progress, eval_problems = _setup(config, workdir)
+  exp, start, state_S, init_params_S, progress, archived, eval_problems = _setup(config, workdir)
   train_call = train.make_train_call(exp)
   evaluate_set = evaluate.make_evaluate(exp, eval_problems)
   try:  # before the warm start: a run that cannot fit is refused now, not after it
@@ -243,7 +246,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
       if start is None:
         start = 0
         if init_params_S is None and config.sft.steps:
-          progress = sft.run(exp, state.seed_keys(config), progress, stop=lambda: _stop_agreed(requested))
+          progress = sft.run(exp, state.seed_keys(config), progress, stop=lambda: _stop_agreed(requested),
+                             archived=archived)
           if _stop_agreed(requested):  # what it did is kept, for a rerun to resume
             _check_start(config, progress.params)
             checkpoint.save_warm_start(workdir, progress)

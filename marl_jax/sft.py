@@ -3,6 +3,14 @@
 protocol's own knobs), so the base team starts weak but not random.  The optimiser is
 `experiment.make_optimizer` over `config.optim` with `config.sft`'s keys replacing its own.
 
+With `config.sft.transcripts` (a transcript archive, `marl_jax.archive`) the warm start distils another
+team instead: each seed's batches are drawn from that team's seed's transcripts, and each role learns
+its own role's messages (every role-authored token goes to its role's parameter set), from the
+transcripts `config.sft.filter` keeps: `right` (the checker scored the team's answer right), `all`,
+or `credit` (each role's tokens weighted by its positive difference credit).  Generations
+(`marl_jax.generations`) warm-start this way; `transcripts.distillation_set` reads the archive, before
+anything compiles.
+
 The steps run `config.sft.steps_per_call` at a time, one compiled call after another with the
 `Progress` carried between them, so that a run can stop between two calls (a signal) and save its
 progress, which a rerun resumes (`marl_jax.loop`)."""
@@ -21,6 +29,8 @@ from marl_jax import experiment
 from marl_jax import model as model_lib
 from marl_jax import parallel, sampling, text
 
+FILTERS = ("right", "all", "credit")  # config.sft.filter: which archived transcripts a warm start distils
+
 
 @flax.struct.dataclass
 class Progress:
@@ -30,17 +40,35 @@ class Progress:
   opt_state: Any  # the warm-start optimiser's state of each seed; its step count drives the schedule
 
 
-def demonstration_loss(exp, params_R, tokens_BxT):
-  """Mean cross-entropy over every role-authored, non-padding token."""
+@flax.struct.dataclass
+class Archived:
+  """A team's archived transcripts to distil, per seed of the run: canvases and how much each role's
+  tokens in each weigh (`config.sft.filter`)."""
+  tokens_SxNxT: jax.Array
+  weight_SxNxR: jax.Array
+
+
+def check_filter(config) -> None:
+  if config.sft.filter not in FILTERS:
+    raise ValueError(f"config.sft.filter={config.sft.filter!r} is unknown; allowed: {list(FILTERS)}")
+
+
+def demonstration_loss(exp, params_R, tokens_BxT, weight_BxR=None):
+  """Mean cross-entropy over every role-authored, non-padding token; with `weight_BxR`, each token
+  weighs its row's weight for its author."""
   logp_BxT, _ = sampling.token_log_probs(exp.model, exp.layout, params_R, tokens_BxT, 1.0)
-  mask_BxT = (exp.layout.author_T[None] >= 0) & (tokens_BxT != text.PAD)
-  return -jnp.sum(logp_BxT * mask_BxT) / jnp.maximum(mask_BxT.sum(), 1)
+  author_T = exp.layout.author_T
+  mask_BxT = (author_T[None] >= 0) & (tokens_BxT != text.PAD)
+  if weight_BxR is not None:
+    mask_BxT = mask_BxT * weight_BxR[:, np.maximum(author_T, 0)]
+  return -jnp.sum(logp_BxT * mask_BxT) / jnp.maximum(mask_BxT.sum(), 1e-6)
 
 
-def _programs(exp, keys_S) -> tuple[Callable, Callable]:
+def _programs(exp, keys_S, archived: Archived | None = None) -> tuple[Callable, Callable]:
   """(begin, chunk), compiled at their first calls: `begin(keys_S, pretrained_R)` the Progress at step 0
-  (random parameters, or the model's pretrained ones), and `chunk(progress, keys_S)` (progress donated)
-  the next `config.sft.steps_per_call` steps with each step's demonstration loss, loss_SxC.  Steps
+  (random parameters, or the model's pretrained ones), and `chunk(progress, keys_S, archived)` (progress
+  donated; `archived` as given here, or None) the next `config.sft.steps_per_call` steps with
+  each step's demonstration loss, loss_SxC.  Steps
   past `config.sft.steps` are skipped (a loss of 0), so that one program serves every call."""
   cfg = exp.config.sft
   tx = model_lib.trainable(exp.model, experiment.make_optimizer(experiment.sft_optim(exp.config), cfg.steps,
@@ -50,25 +78,31 @@ def _programs(exp, keys_S) -> tuple[Callable, Callable]:
   # config.sft.steps, whatever the calls: a chunked warm start is the same as one scan).
   init_and_data_keys = lambda key: jax.random.split(jax.random.fold_in(key, 7))
 
-  def demonstrations(key):
+  def demonstrations(key, archived):
+    """A batch of transcripts (tokens_BxT) and each role's weight in each (weight_BxR, None: 1)."""
+    if archived is not None:  # rows drawn as often as their roles weigh together; within a row, as each does
+      weight_NxR = archived.weight_SxNxR
+      row_B = jax.random.categorical(key, jnp.log(weight_NxR.sum(-1)), shape=(cfg.batch_size,))
+      weight_BxR = weight_NxR[row_B]
+      return archived.tokens_SxNxT[row_B], weight_BxR / jnp.mean(weight_BxR, -1, keepdims=True)
     k_problem, k_demo = jax.random.split(key)
     problems = jax.vmap(exp.task.sample)(jax.random.split(k_problem, cfg.batch_size))
     return exp.protocol.demonstrate(exp.task, exp.layout, problems,
-                                    jax.random.split(k_demo, cfg.batch_size))
+                                    jax.random.split(k_demo, cfg.batch_size)), None
 
   def begin_seed(key, pretrained_R):
     params = (model_lib.init_stack(exp.model, init_and_data_keys(key)[0], exp.num_sets) if pretrained_R is None
               else pretrained_R)
     return params, tx.init(params)
 
-  def chunk_seed(key, params, opt_state, first):
+  def chunk_seed(key, params, opt_state, archived, first):
     keys_N = jax.random.split(init_and_data_keys(key)[1], cfg.steps)
 
     def sgd_step(carry, step):
       def update(carry):
         params, opt_state = carry
         loss, grads = jax.value_and_grad(functools.partial(demonstration_loss, exp))(
-            params, demonstrations(keys_N[jnp.minimum(step, cfg.steps - 1)]))
+            params, *demonstrations(keys_N[jnp.minimum(step, cfg.steps - 1)], archived))
         updates, opt_state = tx.update(grads, opt_state, params)
         return (optax.apply_updates(params, updates), opt_state), loss.astype(jnp.float32)
       # The step is the same for every seed, so this stays a branch under vmap: a skipped step costs nothing.
@@ -82,10 +116,10 @@ def _programs(exp, keys_S) -> tuple[Callable, Callable]:
                                                 exp.config.seeds_at_once)(keys_S)
     return Progress(step=jnp.zeros((), jnp.int32), params=params_S, opt_state=opt_state_S)
 
-  def chunk(progress, keys_S):
+  def chunk(progress, keys_S, archived):
     params_S, opt_state_S, loss_SxC = parallel.over_seeds(
-        lambda key, params, opt_state: chunk_seed(key, params, opt_state, progress.step),
-        exp.config.seeds_at_once)(keys_S, progress.params, progress.opt_state)
+        lambda key, params, opt_state, archived: chunk_seed(key, params, opt_state, archived, progress.step),
+        exp.config.seeds_at_once)(keys_S, progress.params, progress.opt_state, archived)
     return Progress(jnp.minimum(progress.step + C, cfg.steps), params_S, opt_state_S), loss_SxC
 
   if not exp.splits_parameters:
@@ -93,7 +127,7 @@ def _programs(exp, keys_S) -> tuple[Callable, Callable]:
   # On a mesh with a `model` axis the progress is split as the run's parameters are, so that the warm
   # start runs split too (random initial weights included: they are made where they will live).
   progress = jax.eval_shape(begin, keys_S, None)
-  chunk_out = jax.eval_shape(chunk, progress, keys_S)
+  chunk_out = jax.eval_shape(chunk, progress, keys_S, archived)
   return (jax.jit(begin, out_shardings=exp.shardings(progress)),
           jax.jit(chunk, donate_argnums=0, out_shardings=exp.shardings(chunk_out)))
 
@@ -104,12 +138,18 @@ def abstract_progress(exp, keys_S) -> Progress:
   return exp.abstract(jax.eval_shape(begin, keys_S, None))
 
 
-def run(exp, keys_S, progress: Progress | None = None, stop: Callable[[], bool] = lambda: False) -> Progress:
+def run(exp, keys_S, progress: Progress | None = None, stop: Callable[[], bool] = lambda: False,
+        archived: Archived | None = None) -> Progress:
   """The warm start of the seeds of `keys_S` from `progress` (None: from step 0), one call after
   another until `config.sft.steps` or until `stop()` (asked after each call, so that a stopped warm
-  start has something to keep) is true, with a progress bar; returns where it ended."""
+  start has something to keep) is true, with a progress bar; returns where it ended.  It distils
+  `archived` (`config.sft.transcripts` as `transcripts.distillation_set` reads it), or without one the
+  workflow's demonstrations."""
   cfg = exp.config.sft
-  begin, chunk = _programs(exp, keys_S)
+  if cfg.transcripts and archived is None:
+    raise ValueError(f"config.sft.transcripts={cfg.transcripts!r} is distilled by a run (marl_jax.loop, which "
+                     "reads it); this warm start was given no archive")
+  begin, chunk = _programs(exp, keys_S, archived)
   if progress is None:
     # A checkpoint's parameters enter as an argument (shared by the seeds), not as constants of the
     # program, placed as the run's are.
@@ -124,7 +164,7 @@ def run(exp, keys_S, progress: Progress | None = None, stop: Callable[[], bool] 
   with tqdm.tqdm(total=cfg.steps, initial=first, desc="warm start", dynamic_ncols=True,
                  disable=jax.process_index() != 0) as bar:
     while step < cfg.steps:
-      progress, loss_SxC = chunk(progress, keys_S)
+      progress, loss_SxC = chunk(progress, keys_S, archived)
       done = min(cfg.steps - step, loss_SxC.shape[-1])  # the steps this call ran (the last may skip some)
       loss_SxN.append(np.asarray(loss_SxC.addressable_data(0))[:, :done])
       step += done

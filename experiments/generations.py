@@ -1,0 +1,43 @@
+r"""Generations: a team trained, its transcripts of training problems archived, and each next generation
+distilled from the last one's archive (fresh parameters, each role its own messages) before RL.
+
+  python -m marl_jax.generations --config=experiments/generations.py:task=signalling --workdir=workdirs/gen_signalling
+  python -m marl_jax.generations --config=experiments/generations.py:task=hidden_sum,size=cpu --workdir=/tmp/gen_hidden_sum
+  python -m marl_jax.generations --config=experiments/generations.py:size=tiny --workdir=/tmp/gen_tiny
+
+`task` is signalling (the Lewis game: generation 0 learns from scratch, so its code is its own
+convention), hidden_sum (exchange) or arithmetic (one agent); generation 0 warm-starts as
+experiments/tasks.py does.  Settings: --config.generations=N, --config.archive.size (training problems
+per seed), --config.archive.greedy, --config.distil.filter=right|all|credit, --config.distil.steps,
+and any setting of each generation's run as --config.run.KEY=VALUE.
+"""
+import ml_collections
+
+from marl_jax import configs
+
+TASKS = ("signalling", "hidden_sum", "arithmetic")
+
+
+def get_config(arg=None):
+  args = configs.parse_arg(arg, task="signalling", size="cpu")
+  configs.check_choice("task", args.task, TASKS)
+  c = ml_collections.ConfigDict()
+  c.run = configs.sibling(__file__, "tasks").get_config(f"task={args.task},size={args.size}")
+  c.generations = 3
+  # Each seed's team plays `size` training problems, sampled (greedy: its mode), for the next to distil.
+  c.archive = ml_collections.ConfigDict(dict(size=512, greedy=False))
+  # The next generation's warm start on the archive: `steps` at config.run.sft's batch and optimiser,
+  # from the transcripts `filter` keeps (right: the checker scored the team right; all; credit: each
+  # role's tokens weighted by its positive difference credit).
+  c.distil = ml_collections.ConfigDict(dict(steps=max(c.run.sft.steps, 300), filter="right"))
+  if args.task == "signalling" and args.size != "tiny":
+    # From scratch: more steps than a warm-started task, and an entropy bonus that keeps the receiver
+    # from settling on one answer before the sender's messages mean anything.
+    c.run.total_steps, c.run.eval_every, c.run.checkpoint_every = 1000, 100, 500
+    c.run.rl.entropy_coef = 0.01
+  if args.size == "tiny":
+    c.generations, c.archive.size, c.distil.steps = 2, 64, 20
+    c.distil.filter = "all"  # a team trained for seconds is seldom right
+  elif args.size == "gpu":
+    c.archive.size = 2048
+  return c

@@ -1,0 +1,158 @@
+r"""Generations (issue 50): a team's experience handed on.  Generation 0 trains as any run does; its
+team then plays `config.archive.size` training problems per seed (`archive.training_problems`, never
+the evaluation set) and the transcripts are archived; generation g + 1 starts from fresh parameters,
+is distilled from generation g's archive (each role its own role's messages, the transcripts that
+`config.distil.filter` keeps: `right`, `all` or `credit`; `marl_jax.sft`) and then trains with RL as
+usual.  Seed s of every generation distils seed s of the one before, so the seeds are lineages.
+
+  python -m marl_jax.generations --config=experiments/generations.py:task=signalling --workdir=DIR
+
+DIR/genG is generation G's run directory (config.json, metrics.jsonl, checkpoints) and DIR/genG/transcripts
+its archive.  Rerunning the command resumes: a generation trained and archived is kept as it is, an
+unfinished one resumes as any run does (a signal stops the command after saving).  At the end it
+writes DIR/generations.json and prints, per generation, its final evaluation accuracy, its code
+(`eval_topsim`, `eval_mutual_information`, where the task logs them) and the steps it took to reach
+the previous generation's final accuracy, beside the steps generation 0 (from scratch, on the same
+seeds) took to reach that accuracy.
+"""
+import json
+import os
+import sys
+
+import ml_collections
+import numpy as np
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from marl_jax import archive, array_records, checkpoint, checks, cli, experiment, loop, metrics, report, sft
+from marl_jax import workdir as workdir_lib
+from marl_jax.transcripts import MarlTranscripts
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Generations config (experiments/generations.py).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory of the generations; finished ones are kept.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def generation_dir(workdir: str, g: int) -> str:
+  return os.path.join(workdir, f"gen{g}")
+
+
+def archive_dir(workdir: str, g: int) -> str:
+  return os.path.join(generation_dir(workdir, g), "transcripts")
+
+
+def archive_name(config) -> str:
+  return archive.archive_name(config.run.total_steps, config.archive.greedy, config.archive.size)
+
+
+def transcripts_path(config, workdir: str, g: int) -> str:
+  """Where generation g's archive is (`config.sft.transcripts` of generation g + 1)."""
+  return os.path.join(archive_dir(workdir, g), MarlTranscripts.name, archive_name(config))
+
+
+def generation_config(config, workdir: str, g: int) -> ml_collections.ConfigDict:
+  """Generation g's run: `config.run`, and after generation 0 a warm start that distils the previous
+  generation's archive instead of the workflow's demonstrations."""
+  c = ml_collections.ConfigDict(config.run.to_dict())
+  if g:
+    c.sft.update(steps=config.distil.steps, transcripts=transcripts_path(config, workdir, g - 1),
+                 filter=config.distil.filter)
+  return c
+
+
+def check(config, workdir: str) -> None:
+  """Every setting, and the runs of generations 0 and 1, before anything compiles (the archive a
+  generation distils is read when it starts)."""
+  checks.integer("generations", config.generations, 1)
+  checks.integer("archive.size", config.archive.size, 1)
+  checks.integer("distil.steps", config.distil.steps, 1)
+  if config.distil.filter not in sft.FILTERS:
+    raise ValueError(f"config.distil.filter={config.distil.filter!r} is unknown; allowed: {list(sft.FILTERS)}")
+  for g in range(min(config.generations, 2)):
+    try:
+      experiment.build(generation_config(config, workdir, g))
+    except ValueError as e:
+      raise ValueError(f"generation {g}'s run (config.run): {e}") from e
+
+
+def finished(workdir: str, total_steps: int) -> bool:
+  return os.path.isdir(workdir) and checkpoint.latest_step(workdir) == total_steps
+
+
+def steps_to_reach(workdir: str, target_S) -> np.ndarray:
+  """Per seed, the first evaluated step whose accuracy reaches target_S (inf if none does); step 0
+  is the one after the warm start."""
+  rows = [r for r in metrics.read(workdir) if "eval_accuracy" in r]
+  accuracy_NxS = np.stack([report.seed_values(r, "eval_accuracy") for r in rows])
+  steps_N = np.array([r["step"] for r in rows], np.float64)
+  reached_NxS = accuracy_NxS >= np.asarray(target_S)
+  return np.where(reached_NxS.any(0), steps_N[reached_NxS.argmax(0)], np.inf)
+
+
+def summary(config, workdir: str) -> list[dict]:
+  """Per generation: final evaluation values per seed, and from generation 1 on the steps it took to
+  reach the previous generation's final accuracy (per seed) and those generation 0 took."""
+  out = []
+  for g in range(config.generations):
+    d = generation_dir(workdir, g)
+    last = [r for r in metrics.read(d) if "eval_accuracy" in r][-1]
+    row = {"generation": g, **{key: report.seed_values(last, f"eval_{key}").tolist()
+                               for key in ("accuracy", "topsim", "mutual_information") if f"eval_{key}" in last}}
+    if g:
+      target_S = out[-1]["accuracy"]
+      row["target"] = target_S
+      row["steps_to_target"] = steps_to_reach(d, target_S).tolist()
+      row["from_scratch_steps_to_target"] = steps_to_reach(generation_dir(workdir, 0), target_S).tolist()
+    out.append(row)
+  return out
+
+
+def markdown(rows: list[dict]) -> str:
+  def mean(values):
+    return f"{np.mean(values):.3f}" if values else ""
+
+  def steps(values):
+    reached = [v for v in values if np.isfinite(v)]
+    return f"{np.mean(reached):.0f} ({len(reached)}/{len(values)} seeds)" if reached else f"never (0/{len(values)})"
+
+  lines = ["| generation | final eval accuracy | eval topsim | eval MI (bits) | steps to the previous final | "
+           "generation 0's steps to it |", "|---|---|---|---|---|---|"]
+  for row in rows:
+    lines.append(f"| {row['generation']} | {mean(row['accuracy'])} | {mean(row.get('topsim', []))} | "
+                 f"{mean(row.get('mutual_information', []))} | "
+                 f"{steps(row['steps_to_target']) if 'target' in row else ''} | "
+                 f"{steps(row['from_scratch_steps_to_target']) if 'target' in row else ''} |")
+  return "\n".join(lines)
+
+
+def run(config, workdir: str) -> str:
+  """Trains and archives the generations not yet done, then writes the summary (returns its table)."""
+  try:
+    check(config, workdir)
+  except ValueError as e:
+    raise experiment.ConfigError(str(e)) from e
+  total = config.run.total_steps
+  for g in range(config.generations):
+    d = generation_dir(workdir, g)
+    if not finished(d, total):
+      loop.train_and_evaluate(generation_config(config, workdir, g), d)
+      if not finished(d, total):
+        raise SystemExit(f"stopped by a signal in {d}; run the same command again to resume")
+    if not array_records.exists(MarlTranscripts, archive_name(config), archive_dir(workdir, g)):
+      archive.archive_workdir(d, archive_dir(workdir, g), config.archive.greedy, train=config.archive.size)
+  rows = summary(config, workdir)
+  workdir_lib.write_atomically(os.path.join(workdir, "generations.json"), json.dumps(rows, indent=1))
+  return markdown(rows)
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  try:
+    print(run(_CONFIG.value, _WORKDIR.value))
+  except experiment.ConfigError as e:  # one line, no traceback, exit status 1
+    sys.exit(f"FATAL ConfigError: {e}")
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=cli.parse_flags)
