@@ -1,0 +1,153 @@
+"""Generations: distilling an archive reproduces each role's messages (the transcripts the filter
+keeps), archives of training problems are not the evaluation set, bad settings are refused before
+anything compiles, and the command runs through the CLI and resumes without retraining a finished
+generation."""
+import importlib.util
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from marl_jax import archive, array_records, configs, experiment, loop, rollout, sft, state, tasks, text, transcripts
+from marl_jax.protocols import engine
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load(name: str, arg: str):
+  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, f"experiments/{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+def signalling_config(**overrides):
+  config = load("tasks", "task=signalling,size=tiny")
+  config.num_devices = 1
+  config.task.update(num_attributes=2, num_values=3)
+  config.update_from_flattened_dict(overrides)
+  return config
+
+
+def hand_made_archive(exp, data_dir: str, name: str):
+  """Each of the 9 objects twice: once right (the sender writes its values as letters, reversed; the
+  receiver the object) and once wrong (the sender `zz`, the receiver `00`), one seed."""
+  object_NxK = jnp.array(list(itertools.product(range(3), repeat=2)) * 2, jnp.int32)
+  right_N = np.arange(18) < 9
+  N = len(right_N)
+  prompt_NxP = jnp.concatenate([jnp.full((N, 1), text.BOS), text.DIGIT0 + object_NxK], 1)
+  letters_NxK = text.TOKEN_ID["a"] + object_NxK[:, ::-1]
+  sender_NxM = jnp.where(right_N[:, None], letters_NxK, text.TOKEN_ID["z"])
+  receiver_NxK = jnp.where(right_N[:, None], text.DIGIT0 + object_NxK, text.DIGIT0)
+  eos = jnp.full((N, 1), text.EOS)
+  tokens_NxT = engine.assemble(exp.layout, prompt_NxP, [jnp.concatenate([sender_NxM, eos], 1),
+                                                         jnp.concatenate([receiver_NxK, eos], 1)])
+  rows = {"tokens": np.asarray(tokens_NxT), "team_reward": right_N.astype(np.float32),
+          "role_reward": np.repeat(right_N[:, None], 2, 1).astype(np.float32),
+          "seed": np.zeros(N, np.int32), "index": np.arange(N, dtype=np.int32)}
+  array_records.write(transcripts.MarlTranscripts, name, data_dir, rows, archive.layout_metadata(exp))
+  return {"prompt": prompt_NxP[:9], "answer": jnp.concatenate([text.DIGIT0 + object_NxK, eos], 1)[:9],
+          "object": object_NxK[:9]}, tokens_NxT[:9]
+
+
+def test_distilling_an_archive_reproduces_each_roles_right_messages(tmp_path):
+  path = str(tmp_path / transcripts.MarlTranscripts.name / "hand")
+  config = signalling_config(**{"sft.steps": 300, "sft.steps_per_call": 300, "sft.transcripts": path,
+                                "sft.filter": "right", "sft.learning_rate": 3e-3})
+  exp = experiment.build(config)
+  problems, right_NxT = hand_made_archive(exp, str(tmp_path), "hand")
+  archived = transcripts.distillation_set(exp)
+  np.testing.assert_array_equal(archived.weight_SxNxR[0].sum(1), [2] * 9 + [0] * 9)  # the wrong half weighs 0
+  params_S = sft.run(exp, state.seed_keys(config), archived=archived).params
+  params_R = jax.tree.map(lambda x: x[0], params_S)
+  # Near-zero loss on the right transcripts, and greedy play writes them: the sender its code for
+  # each object, the receiver the object back from that code.
+  assert float(sft.demonstration_loss(exp, params_R, right_NxT)) < 0.05
+  played_NxT = rollout.sample(exp, params_R, problems, jax.random.split(jax.random.key(0), 9), greedy=True).tokens_BxT
+  for turn in range(2):
+    np.testing.assert_array_equal(engine.message(exp.layout, played_NxT, turn), engine.message(exp.layout, right_NxT, turn))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"sft.filter": "best"}, "config.sft.filter='best' is unknown; allowed: ['right', 'all', 'credit']"),
+    ({"sft.transcripts": "/nowhere/marl_transcripts/x"}, "is not a transcript archive; allowed: DIR/marl_transcripts/NAME"),
+    ({"sft.filter": "credit"}, "holds no credit; config.sft.filter='credit' needs an archive written with it"),
+], ids=["filter", "missing", "credit"])
+def test_an_archive_that_cannot_be_distilled_is_refused_before_compiling(tmp_path, overrides, message):
+  path = str(tmp_path / transcripts.MarlTranscripts.name / "hand")
+  hand_made_archive(experiment.build(signalling_config()), str(tmp_path), "hand")
+  exp = experiment.build(signalling_config(**{"sft.transcripts": path, **overrides}))
+  with pytest.raises(ValueError, match=re.escape(message)):
+    transcripts.distillation_set(exp)
+  # One archived seed serves every seed of a run.
+  three = experiment.build(signalling_config(**{"sft.transcripts": path, "num_seeds": 3}))
+  assert transcripts.distillation_set(three).tokens_SxNxT.shape[:2] == (3, 18)
+
+
+def test_a_seed_with_nothing_to_learn_and_another_canvas_are_refused(tmp_path):
+  path = str(tmp_path / transcripts.MarlTranscripts.name / "hand")
+  exp = experiment.build(signalling_config())
+  hand_made_archive(exp, str(tmp_path), "hand")
+  # Every transcript wrong: the right ones are none.
+  arrays = transcripts.load_transcripts(str(tmp_path), "hand").arrays
+  array_records.write(transcripts.MarlTranscripts, "wrong", str(tmp_path), {**arrays, "team_reward": 0 * arrays["team_reward"]},
+                      archive.layout_metadata(exp))
+  with pytest.raises(ValueError, match="seed 0 has no transcript that config.sft.filter='right' keeps"):
+    transcripts.distillation_set(experiment.build(signalling_config(**{"sft.transcripts": path[:-4] + "wrong"})))
+  with pytest.raises(ValueError, match="on another canvas"):
+    transcripts.distillation_set(experiment.build(signalling_config(**{"sft.transcripts": path, "task.num_attributes": 3})))
+
+
+def test_an_archive_of_training_problems_is_not_the_evaluation_set():
+  exp = experiment.build(signalling_config(**{"task.num_attributes": 6, "task.num_values": 10}))
+  train = archive.training_problems(exp, 64)
+  evaluation = tasks.eval_problems(exp.task, exp.config.eval.seed, 64)
+  assert not np.any(np.all(np.asarray(train["object"])[:, None] == np.asarray(evaluation["object"])[None], -1))
+  jax.tree.map(np.testing.assert_array_equal, train, archive.training_problems(exp, 64))  # fixed by the seed
+
+
+def generations_cli(workdir: str, *flags: str):
+  return subprocess.run([sys.executable, "-m", "marl_jax.generations", "--config=experiments/generations.py:size=tiny",
+                         f"--workdir={workdir}", *flags], cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+                        capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.slow
+def test_the_tiny_generations_run_through_the_cli_and_resume_without_retraining(tmp_path):
+  workdir = str(tmp_path / "gens")
+  proc = generations_cli(workdir)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "| 1 |" in proc.stdout
+  rows = json.loads(open(os.path.join(workdir, "generations.json")).read())
+  assert [r["generation"] for r in rows] == [0, 1] and "steps_to_target" in rows[1]
+  gen1 = json.loads(open(os.path.join(workdir, "gen1", "config.json")).read())
+  assert gen1["sft"]["transcripts"].endswith("gen0/transcripts/marl_transcripts/train64-step4-sampled")
+  archived = transcripts.load_transcripts(os.path.join(workdir, "gen0", "transcripts"), "train64-step4-sampled")
+  assert archived.metadata["problems"] == "train-seed0-n64"
+  # An interruption: generation 1 killed after its checkpoint 2 (its later checkpoint and log lost),
+  # generation 0's archive never written.  The rerun trains neither generation 0 nor the first steps of
+  # generation 1 again: generation 0's files are untouched, and generation 1 ends where it ended.
+  final = loop.load_params(experiment.build(configs.read_run_config(os.path.join(workdir, "gen1"))),
+                           os.path.join(workdir, "gen1"))
+  gen0_files = {p: os.stat(p).st_mtime_ns for p in (os.path.join(workdir, "gen0", f) for f in ("metrics.jsonl", "config.json"))}
+  subprocess.run(["rm", "-r", os.path.join(workdir, "gen1", "checkpoints", "4"), os.path.join(workdir, "gen0", "transcripts")],
+                 check=True)
+  proc = generations_cli(workdir)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert {p: os.stat(p).st_mtime_ns for p in gen0_files} == gen0_files
+  assert array_records.exists(transcripts.MarlTranscripts, "train64-step4-sampled", os.path.join(workdir, "gen0", "transcripts"))
+  resumed = loop.load_params(experiment.build(configs.read_run_config(os.path.join(workdir, "gen1"))),
+                             os.path.join(workdir, "gen1"))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), resumed, final)
+  # Bad settings: one line naming the key, before anything runs.
+  bad = generations_cli(str(tmp_path / "bad"), "--config.distil.filter=best")
+  assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1] == (
+      "FATAL ConfigError: config.distil.filter='best' is unknown; allowed: ['right', 'all', 'credit']")
+  assert not os.path.exists(tmp_path / "bad")
