@@ -96,14 +96,17 @@ def test_every_workflow_keeps_the_protocol_contract(name):
     assert scored.turn_NxB.shape == (N, B)
   assert protocol.final_answer(layout, tokens_BxT).shape[0] == B
   assert protocol.final_answer(layout, tokens_BxT).shape[1] >= task.answer_len
-  # A workflow with judging roles returns their verdicts, one row per judge, as levels of a vocabulary of
-  # probabilities, and the checker's 0/1 verdict on the judged answer.
+  # A workflow with judging roles returns their verdicts on each judged answer as levels of a vocabulary
+  # of probabilities, the checker's 0/1 verdict on each answer, and the distinct roles that wrote them.
   judgments = scored.judgments
   assert (judgments is None) == (not protocol.judge_roles)
   if judgments is not None:
-    assert judgments.level_JxB.shape == (len(protocol.judge_roles), B) and set(protocol.judge_roles) < set(range(R))
-    assert bool(jnp.all((judgments.level_JxB >= 0) & (judgments.level_JxB < len(judgments.levels))))
-    assert all(0 <= p <= 1 for p in judgments.levels) and set(np.unique(judgments.truth_B)) <= {0, 1}
+    J, K = len(protocol.judge_roles), len(judgments.answer_roles)
+    assert judgments.level_JxKxB.shape == (J, K, B) and judgments.truth_KxB.shape == (K, B)
+    assert len(set(judgments.answer_roles)) == K and not set(judgments.answer_roles) & set(protocol.judge_roles)
+    assert set(protocol.judge_roles) | set(judgments.answer_roles) <= set(range(R))
+    assert bool(jnp.all((judgments.level_JxKxB >= 0) & (judgments.level_JxKxB < len(judgments.levels))))
+    assert all(0 <= p <= 1 for p in judgments.levels) and set(np.unique(judgments.truth_KxB)) <= {0, 1}
 
 
 @pytest.mark.parametrize("name", sorted(protocols.REGISTRY))

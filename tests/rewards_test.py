@@ -15,7 +15,7 @@ import re
 
 from jax.sharding import PartitionSpec as P
 
-from marl_jax import cli, configs, experiment, parallel, rewards, state, train
+from marl_jax import cli, configs, credit, experiment, parallel, rewards, state, train
 from marl_jax.protocols import engine
 from marl_jax.protocols.peer_review import PeerReview
 from marl_jax.rewards import audited, peer_prediction, reputation
@@ -24,15 +24,16 @@ EXPERIMENTS = pathlib.Path(__file__).resolve().parents[1] / "experiments"
 LEVELS = (0.0, 1 / 3, 2 / 3, 1.0)
 
 
-def _reviewed(level_JxB, audited_B, truth_B, levels=LEVELS):
-  audited_B, truth_B = jnp.asarray(audited_B), jnp.asarray(truth_B, jnp.float32)
-  return rewards.Reviewed(level_JxB=jnp.asarray(level_JxB), audited_B=audited_B,
-                          label_B=jnp.where(audited_B, truth_B, 0.0), levels=levels)
+def _reviewed(level_JxA, audited_A, truth_A, levels=LEVELS):
+  audited_A, truth_A = jnp.asarray(audited_A), jnp.asarray(truth_A, jnp.float32)
+  return rewards.Reviewed(level_JxA=jnp.asarray(level_JxA), audited_A=audited_A,
+                          label_A=jnp.where(audited_A, truth_A, 0.0), levels=levels)
 
 
 def _judgments(level_JxB, truth_B, levels=LEVELS):
-  return engine.Judgments(level_JxB=jnp.asarray(level_JxB), truth_B=jnp.asarray(truth_B, jnp.float32),
-                          levels=levels)
+  """One judged answer per episode (the solver's)."""
+  return engine.Judgments(level_JxKxB=jnp.asarray(level_JxB)[:, None], truth_KxB=jnp.asarray(truth_B, jnp.float32)[None],
+                          levels=levels, answer_roles=(0,))
 
 
 def _peer(pay, **settings):
@@ -47,9 +48,9 @@ def test_every_payment_rule_keeps_the_contract(pay):
   level_JxB = jax.random.randint(jax.random.key(0), (J, B), 0, len(LEVELS))
   judgments = _judgments(level_JxB, jnp.arange(B) % 3 == 0)
   state0 = rule.init(J)
-  judged_B, pay_JxB, state1, metrics = jax.jit(lambda s: rewards.settle(rule, s, judgments, jnp.arange(B) % 2 == 0))(state0)
-  assert judged_B.shape == (B,) and pay_JxB.shape == (J, B)
-  chex.assert_tree_all_finite((judged_B, pay_JxB, state1))
+  judged_KxB, pay_JxB, state1, metrics = jax.jit(lambda s: rewards.settle(rule, s, judgments, jnp.arange(B) % 2 == 0))(state0)
+  assert judged_KxB.shape == (1, B) and pay_JxB.shape == (J, B)
+  chex.assert_tree_all_finite((judged_KxB, pay_JxB, state1))
   chex.assert_trees_all_equal_shapes(state0, state1)
   assert all(jnp.ndim(v) == 0 or jnp.shape(v) == (J,) for v in metrics.values())
   with pytest.raises(dataclasses.FrozenInstanceError):
@@ -67,8 +68,8 @@ def test_the_docs_list_every_payment_rules_settings_and_show_team_whole():
 def test_team_pays_every_judge_the_judged_reward():
   # Two judges state 1 and 1/3 (mean 2/3), then 0 and 0 (mean 0); the second episode is audited, right.
   rule = _peer("team", audit_rate=0.5)
-  judged_B, pay_JxB, _, _ = rewards.settle(rule, (), _judgments([[3, 0], [1, 0]], [0, 1]), jnp.array([False, True]))
-  np.testing.assert_allclose(judged_B, [2 / 3, 1.0], rtol=1e-6)
+  judged_KxB, pay_JxB, _, _ = rewards.settle(rule, (), _judgments([[3, 0], [1, 0]], [0, 1]), jnp.array([False, True]))
+  np.testing.assert_allclose(judged_KxB, [[2 / 3, 1.0]], rtol=1e-6)
   np.testing.assert_allclose(pay_JxB, [[2 / 3, 1.0], [2 / 3, 1.0]], rtol=1e-6)
 
 
@@ -77,8 +78,8 @@ def test_the_stage_rewards_audited_episodes_by_the_checker_and_charges_caught_ac
   # rejected right (audited: the truth, 1), stated 2/3 of a right answer (not audited: 2/3).
   rule = _peer("audited", audit_rate=0.5, penalty=0.5)
   judgments = _judgments([[3, 3, 0, 2]], [0, 0, 1, 1])
-  judged_B, pay_JxB, _, metrics = rewards.settle(rule, (), judgments, jnp.array([True, False, True, False]))
-  np.testing.assert_allclose(judged_B, [-0.5, 1.0, 1.0, 2 / 3], rtol=1e-6)
+  judged_KxB, pay_JxB, _, metrics = rewards.settle(rule, (), judgments, jnp.array([True, False, True, False]))
+  np.testing.assert_allclose(judged_KxB, [[-0.5, 1.0, 1.0, 2 / 3]], rtol=1e-6)
   # The judge: the Brier score on audited episodes, 1 - (1 - 0)^2 and 1 - (0 - 1)^2; nothing elsewhere.
   np.testing.assert_allclose(pay_JxB, [[0.0, 0.0, 0.0, 0.0]], atol=1e-7)
   np.testing.assert_allclose(metrics["labels_per_episode"], 0.5)
@@ -87,6 +88,33 @@ def test_the_stage_rewards_audited_episodes_by_the_checker_and_charges_caught_ac
   np.testing.assert_allclose(metrics["distortion"], (1 + 1 + 0 + 2 / 3) / 4 - 0.5, rtol=1e-6)
   np.testing.assert_allclose(metrics["false_accept"], [1.0])  # both wrong answers accepted
   np.testing.assert_allclose(metrics["false_reject"], [0.5])  # one of the two right ones rejected
+
+
+def test_each_judged_answer_pays_its_role_and_the_team_gets_their_mean():
+  # Best-of-n's shape: a judge picks one of two candidates (levels 0 and 1).  Episode 0 picks candidate
+  # 1 (wrong; candidate 0 is right), episode 1 candidate 0 (both right).
+  judgments = engine.Judgments(level_JxKxB=jnp.array([[[0, 1], [1, 0]]]), truth_KxB=jnp.array([[1.0, 1.0], [0.0, 1.0]]),
+                               levels=(0.0, 1.0), answer_roles=(0, 1))
+  # Without audits, through the stage: each solver is paid for being picked; the team outcome and the
+  # judge (team pay) the mean over the two candidates.
+  roles, judge_roles = ("solver0", "solver1", "judge"), (2,)
+  outcome = credit.Outcome(tokens_BxT=jnp.zeros((2, 3), jnp.int32), team_B=jnp.zeros(2), role_RxB=jnp.zeros((3, 2)),
+                           group_size=2)
+  scored = engine.Scored(team_B=jnp.zeros(2), role_RxB=jnp.zeros((3, 2)), metrics={}, judgments=judgments)
+  mesh = parallel.make_mesh(1, 1)
+  stage = parallel.shard_map(lambda key_B: rewards.assign(_peer("team"), roles, judge_roles, (), scored, outcome, key_B)[1],
+                             mesh, in_specs=(P(parallel.DATA),), out_specs=P())
+  paid = stage(jax.random.split(jax.random.key(0), 2))
+  np.testing.assert_allclose(paid.role_RxB, [[0.0, 1.0], [1.0, 0.0], [0.5, 0.5]])
+  np.testing.assert_allclose(paid.team_B, [0.5, 0.5])
+  # Both episodes audited, a penalty of 0.5: the right candidates get 1, the picked wrong one -0.5, and
+  # each audit sends both candidates' labels to the loss.
+  judged_KxB, pay_JxB, _, metrics = rewards.settle(_peer("team", audit_rate=1.0, penalty=0.5), (), judgments,
+                                                   jnp.array([True, True]))
+  np.testing.assert_allclose(judged_KxB, [[1.0, 1.0], [-0.5, 1.0]])
+  np.testing.assert_allclose(pay_JxB, [[0.25, 1.0]])
+  np.testing.assert_allclose(metrics["labels_per_episode"], 2.0)
+  np.testing.assert_allclose(metrics["false_accept"], [1.0])  # the one wrong candidate was picked
 
 
 def test_audited_pays_the_brier_score_on_audited_episodes_only():
@@ -223,7 +251,7 @@ def test_without_audits_the_checker_does_not_reach_the_update(pay):
         scored = super().rewards(task, layout, problems, tokens_BxT)
         f = lambda x: jnp.where(flip, 1 - x, x)
         return scored.replace(team_B=f(scored.team_B), role_RxB=f(scored.role_RxB),
-                              judgments=scored.judgments.replace(truth_B=f(scored.judgments.truth_B)))
+                              judgments=scored.judgments.replace(truth_KxB=f(scored.judgments.truth_KxB)))
 
     protocol = FlippedChecker(**{f.name: getattr(exp.protocol, f.name) for f in dataclasses.fields(exp.protocol)})
     flipped = dataclasses.replace(exp, protocol=protocol)

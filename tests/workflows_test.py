@@ -221,8 +221,9 @@ def test_peer_review_rewards_and_judgments_by_hand():
   assert not layout.visible_SxR[layout.segment_names.index("judge00"), 2]  # judges do not read each other
   scored = protocol.rewards(TASK, layout, problems, tokens_BxT)
   np.testing.assert_array_equal(scored.team_B, [1, 0, 1, 0])
-  np.testing.assert_array_equal(scored.judgments.level_JxB, [[3, 1, 0, 0], [2, 3, 0, 0]])
-  np.testing.assert_array_equal(scored.judgments.truth_B, [1, 0, 1, 0])
+  np.testing.assert_array_equal(scored.judgments.level_JxKxB[:, 0], [[3, 1, 0, 0], [2, 3, 0, 0]])
+  np.testing.assert_array_equal(scored.judgments.truth_KxB, [[1, 0, 1, 0]])
+  assert scored.judgments.answer_roles == (0,)
   # A judge's signal: its verdict (accept: more than 1/2) agrees with the checker.
   np.testing.assert_array_equal(scored.role_RxB, [[1, 0, 1, 0], [1, 1, 0, 1], [1, 0, 0, 1]])
   np.testing.assert_allclose(scored.metrics["accept_rate"], 3 / 8)
@@ -242,7 +243,7 @@ def test_peer_review_demonstrations_state_levels_on_the_wanted_side(error_rate):
   tokens_BxT = protocol.demonstrate(task, layout, problems, jax.random.split(jax.random.key(1), 256))
   scored = protocol.rewards(task, layout, problems, tokens_BxT)
   np.testing.assert_array_equal(scored.role_RxB[1:], 1.0 - error_rate)
-  assert set(np.unique(scored.judgments.level_JxB)) == {0, 1, 2, 3}
+  assert set(np.unique(scored.judgments.level_JxKxB)) == {0, 1, 2, 3}
 
 
 def test_best_of_n_schedule_and_visibility():
@@ -291,6 +292,13 @@ def test_best_of_n_pick_and_rewards_by_hand():
   assert "judge/member_accuracy" not in m
   np.testing.assert_allclose(m["readable_pick"], 3 / 7)
   np.testing.assert_allclose(m["same_message_rate"], 0.0)
+  # The judge's verdicts for rewards from peers: it endorses the candidate it picked, none when its pick
+  # is unreadable or it is absent; the checker's verdict on every candidate.
+  assert protocol.judge_roles == (3,) and out.judgments.answer_roles == (0, 1, 2)
+  np.testing.assert_array_equal(out.judgments.level_JxKxB[0], [[0, 0, 0, 0, 0, 0, 0],
+                                                               [1, 0, 0, 0, 0, 0, 0],
+                                                               [0, 1, 0, 0, 0, 1, 0]])
+  np.testing.assert_array_equal(out.judgments.truth_KxB, out.role_RxB[:3])
 
 
 def test_best_of_n_demonstrations_pick_right_candidates():

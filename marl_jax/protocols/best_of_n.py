@@ -8,6 +8,10 @@ than solving on subset_sum and stack_program, so this is where a judge's edge ov
 Per-role signals (and `solverI/member_accuracy`): a solver's own answer is right; the judge's is that its pick is readable and right
 where some candidate is right, readable where none is (no pick could be right: the judge is not
 blamed for its solvers, but a malformed pick is its own fault).
+
+The judge judges: its verdict on each candidate is whether it picked it (vocabulary (0, 1); an
+unreadable pick endorses none), which rewards from peers (`config.reward.source=peer`) read: each
+solver is then paid for being picked.
 """
 import dataclasses
 
@@ -33,6 +37,10 @@ class BestOfN(engine.Protocol):
     turns = tuple(engine.Turn(s, task.answer_len) for s in solvers) + (engine.Turn("judge", 2),)
     return cls(roles=solvers + ("judge",), turns=turns, candidates=candidates, **kwargs)
 
+  @property
+  def judge_roles(self) -> tuple[int, ...]:
+    return (self.candidates,)
+
   def answers(self, layout, tokens_BxT):
     return jnp.stack([engine.message(layout, tokens_BxT, i) for i in range(self.candidates)])
 
@@ -53,8 +61,11 @@ class BestOfN(engine.Protocol):
     team_B = score(problems, self.final_answer(layout, tokens_BxT))
     right_KxB = jnp.stack([score(problems, a) for a in answers_KxBxA])
     oracle_B = right_KxB.max(0)
-    _, readable_B = self.pick(layout, tokens_BxT)
+    pick_B, readable_B = self.pick(layout, tokens_BxT)
     judge_B = jnp.where(readable_B, jnp.where(oracle_B > 0, team_B, 1.0), 0.0)
+    picked_KxB = readable_B & (pick_B == jnp.arange(self.candidates)[:, None])
+    judgments = engine.Judgments(level_JxKxB=picked_KxB[None].astype(jnp.int32), truth_KxB=right_KxB,
+                                 levels=(0.0, 1.0), answer_roles=tuple(range(self.candidates)))
     metrics = {
         "accuracy": team_B.mean(),
         "candidate_accuracy": right_KxB.mean(),
@@ -66,7 +77,7 @@ class BestOfN(engine.Protocol):
         **engine.member_accuracy(self.roles[:self.candidates], right_KxB),  # candidate_accuracy's terms
     }
     return engine.Scored(team_B=team_B, role_RxB=jnp.concatenate([right_KxB, judge_B[None]]),
-                         metrics=metrics)
+                         metrics=metrics, judgments=judgments)
 
   def demonstrate(self, task, layout, problems, key_B):
     """Noisy candidates; the judge picks a right one at random, or at `judge_demo_error_rate` a wrong

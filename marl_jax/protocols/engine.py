@@ -101,18 +101,19 @@ class Layout:
 
 @flax.struct.dataclass
 class Judgments:
-  """What the judging roles (`Protocol.judge_roles`) said of the answer they judged, for rewards from
-  peers (`marl_jax.rewards`).  A judge states how likely the answer is right as one level of a small
-  confidence vocabulary: level d means probability `levels[d]` (a plain ACCEPT / REJECT verdict is
-  the vocabulary (0, 1))."""
-  level_JxB: jax.Array  # each judge's stated level (an unreadable verdict states level 0)
-  truth_B: jax.Array  # the task's checker on the judged answer, 0 or 1: for audits and monitoring only
+  """What the judging roles (`Protocol.judge_roles`) said of the K answers they judged in each episode,
+  for rewards from peers (`marl_jax.rewards`).  A judge states how likely an answer is right as one
+  level of a small confidence vocabulary: level d means probability `levels[d]` (a plain ACCEPT /
+  REJECT verdict, or picking a candidate or not, is the vocabulary (0, 1))."""
+  level_JxKxB: jax.Array  # each judge's stated level on each answer (an unreadable verdict states 0)
+  truth_KxB: jax.Array  # the task's checker on each answer, 0 or 1: for audits and monitoring only
   levels: tuple[float, ...] = flax.struct.field(pytree_node=False)
+  answer_roles: tuple[int, ...] = flax.struct.field(pytree_node=False)  # the role that wrote answer k
 
   @property
-  def stated_JxB(self) -> jax.Array:
-    """Each judge's stated probability that the answer is right."""
-    return jnp.asarray(self.levels, jnp.float32)[self.level_JxB]
+  def stated_JxKxB(self) -> jax.Array:
+    """Each judge's stated probability that each answer is right."""
+    return jnp.asarray(self.levels, jnp.float32)[self.level_JxKxB]
 
 
 @flax.struct.dataclass

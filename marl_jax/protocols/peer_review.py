@@ -60,9 +60,9 @@ class PeerReview(engine.Protocol):
 
   def rewards(self, task, layout, problems, tokens_BxT):
     right_B = jax.vmap(task.score)(problems, self.final_answer(layout, tokens_BxT))
-    judgments = engine.Judgments(level_JxB=self.verdicts(layout, tokens_BxT), truth_B=right_B,
-                                 levels=self.levels)
-    accept_JxB, wrong_B = judgments.stated_JxB > 0.5, right_B == 0
+    judgments = engine.Judgments(level_JxKxB=self.verdicts(layout, tokens_BxT)[:, None], truth_KxB=right_B[None],
+                                 levels=self.levels, answer_roles=(0,))
+    accept_JxB, wrong_B = judgments.stated_JxKxB[:, 0] > 0.5, right_B == 0
     verdict_ok_JxB = (accept_JxB == (right_B > 0)).astype(jnp.float32)
     metrics = {
         "accuracy": right_B.mean(),

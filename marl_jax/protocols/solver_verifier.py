@@ -69,8 +69,8 @@ class SolverVerifier(engine.Protocol):
         "verdict_accuracy": verdict_ok_B.mean(),
         **engine.member_accuracy(("solver",), first_right_B[None]),  # its first answer, before review
     }
-    judgments = engine.Judgments(level_JxB=accept_KxB[:1].astype(jnp.int32), truth_B=first_right_B,
-                                 levels=(0.0, 1.0))
+    judgments = engine.Judgments(level_JxKxB=accept_KxB[:1, None].astype(jnp.int32), truth_KxB=first_right_B[None],
+                                 levels=(0.0, 1.0), answer_roles=(SOLVER,))
     return engine.Scored(team_B=team_B, role_RxB=jnp.stack([first_right_B, verdict_ok_B]),
                          metrics=metrics, judgments=judgments)
 

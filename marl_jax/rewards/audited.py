@@ -24,6 +24,6 @@ class Audited(base.PayRule):
   needs_audits = True
   pays_team_reward = False
 
-  def pay(self, state, reviewed, judged_B):
-    score_JxB = brier_score(reviewed.stated_JxB, reviewed.label_B)
-    return jnp.where(reviewed.audited_B, score_JxB, 0.0), state, {}
+  def pay(self, state, reviewed, judged_A):
+    score_JxA = brier_score(reviewed.stated_JxA, reviewed.label_A)
+    return jnp.where(reviewed.audited_A, score_JxA, 0.0), state, {}

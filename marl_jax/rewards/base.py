@@ -1,19 +1,21 @@
 """The reward stage: where the judged roles' outcome reward comes from, and how the judges are paid.
 
 It runs in the step between the protocol's scoring and credit.  `source=checker` (the default) passes
-the scored outcome through untouched.  `source=peer` replaces it: the judged roles (every role that is
-not a judge, `Protocol.judge_roles`) get the judges' aggregate verdict, each judge gets what its
-payment rule pays, and the task's checker reaches the loss only on audited episodes, drawn per episode
-at `audit_rate` from a key of their own (after sampling, so nothing an agent reads tells an audited
-episode from another).  On an audited episode the judged roles get the checker's verdict, less
-`penalty` when the judges accepted a wrong answer (caught).
+the scored outcome through untouched.  `source=peer` replaces it: the role that wrote each judged
+answer (`Judgments.answer_roles`) gets the judges' aggregate verdict on it, each judge
+(`Protocol.judge_roles`) gets what its payment rule pays, any other role and the team outcome get the
+mean over the episode's judged answers, and the task's checker reaches the loss only on audited
+episodes, drawn per episode at `audit_rate` from a key of their own (after sampling, so nothing an
+agent reads tells an audited episode from another).  On an audited episode each judged answer's role
+gets the checker's verdict, less `penalty` when the judges accepted a wrong answer (caught).
 
 A payment rule is a frozen dataclass whose fields are its settings (`config.reward.KEY`, beside the
 shared `source`, `audit_rate`, `penalty`), registered by name with `@register("name")`
 (`config.reward.pay`).  It sees the judges' verdicts and the audits (`Reviewed`), never the checker's
 verdict on an episode that was not audited, so with `audit_rate=0` no ground truth reaches the loss
-by construction.  It may keep state in `TrainState.reward` (`init`), updated from the global batch so
-that every device holds the same.
+by construction.  It works on the judged answers of the global batch (A = K answers x B episodes, one
+axis), and may keep state in `TrainState.reward` (`init`), updated from the global batch so that every
+device holds the same.
 """
 import dataclasses
 from typing import Any, ClassVar
@@ -37,20 +39,20 @@ AUDIT_STREAM = 2**31 - 1
 
 @flax.struct.dataclass
 class Reviewed:
-  """What a payment rule sees of the global batch: the judges' verdicts, which episodes were audited and
-  the checker's verdict on those (0 on the others)."""
-  level_JxB: jax.Array  # each judge's stated confidence level
-  audited_B: jax.Array  # bool
-  label_B: jax.Array  # the checker's verdict (0 or 1) where audited, 0 elsewhere
+  """What a payment rule sees of the global batch's A judged answers: the judges' verdicts, which were
+  audited (their episode was) and the checker's verdict on those (0 on the others)."""
+  level_JxA: jax.Array  # each judge's stated confidence level
+  audited_A: jax.Array  # bool
+  label_A: jax.Array  # the checker's verdict (0 or 1) where audited, 0 elsewhere
   levels: tuple[float, ...] = flax.struct.field(pytree_node=False)  # level d states probability levels[d]
 
   @property
-  def stated_JxB(self) -> jax.Array:
-    return jnp.asarray(self.levels, jnp.float32)[self.level_JxB]
+  def stated_JxA(self) -> jax.Array:
+    return jnp.asarray(self.levels, jnp.float32)[self.level_JxA]
 
   @property
-  def accept_JxB(self) -> jax.Array:
-    return self.stated_JxB > 0.5
+  def accept_JxA(self) -> jax.Array:
+    return self.stated_JxA > 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,12 +73,12 @@ class PayRule:
     return ()
 
   def aggregate(self, state, reviewed: Reviewed) -> jax.Array:
-    """reported_B: the judges' joint verdict, the judged roles' reward where there is no audit."""
-    return reviewed.stated_JxB.mean(0)
+    """reported_A: the judges' joint verdict on each answer, its role's reward where there is no audit."""
+    return reviewed.stated_JxA.mean(0)
 
-  def pay(self, state, reviewed: Reviewed, judged_B) -> tuple[jax.Array, Any, dict]:
-    """(pay_JxB, the updated state, metrics: scalars, or J-vectors logged as JUDGE/NAME), given the
-    judged roles' reward judged_B."""
+  def pay(self, state, reviewed: Reviewed, judged_A) -> tuple[jax.Array, Any, dict]:
+    """(pay_JxA: each judge's pay for its verdict on each answer; the updated state; metrics: scalars,
+    or J-vectors logged as JUDGE/NAME), given the judged roles' reward for each answer judged_A."""
     raise NotImplementedError
 
 
@@ -138,38 +140,48 @@ def assign(rule: PayRule, roles: tuple[str, ...], judge_roles: tuple[int, ...], 
     raise ValueError("config.reward.source='peer' needs a workflow whose only reward is the judged outcome "
                      "(no auxiliary or per-turn rewards) and that returns its judges' verdicts")
   B = outcome.team_B.shape[0]
+  judgments = scored.judgments
   audited_B = parallel.gather_rows(draw_audits(audit_key_B, rule.audit_rate))
-  judged_B, pay_JxB, state, metrics = settle(rule, state, scored.judgments, audited_B)
-  # Every role but the judges gets the judged roles' reward, the team outcome as credit sees it.
-  role_RxB = jnp.broadcast_to(judged_B, (len(roles),) + judged_B.shape).at[jnp.asarray(judge_roles)].set(pay_JxB)
-  outcome = outcome.replace(team_B=parallel.own_rows(judged_B, B), role_RxB=parallel.own_rows(role_RxB, B))
-  return (scored.replace(team_B=judged_B, role_RxB=role_RxB), outcome, state,
+  judged_KxB, pay_JxB, state, metrics = settle(rule, state, judgments, audited_B)
+  # The team outcome, and the reward of any role that neither judges nor answers: the mean over the
+  # episode's judged answers (the one answer's reward where there is one).
+  team_B = judged_KxB.mean(0)
+  role_RxB = jnp.broadcast_to(team_B, (len(roles),) + team_B.shape)
+  role_RxB = role_RxB.at[jnp.asarray(judgments.answer_roles)].set(judged_KxB).at[jnp.asarray(judge_roles)].set(pay_JxB)
+  outcome = outcome.replace(team_B=parallel.own_rows(team_B, B), role_RxB=parallel.own_rows(role_RxB, B))
+  return (scored.replace(team_B=team_B, role_RxB=role_RxB), outcome, state,
           name_judges(metrics, roles, judge_roles))
 
 
 def settle(rule: PayRule, state, judgments: engine.Judgments, audited_B
            ) -> tuple[jax.Array, jax.Array, Any, dict]:
-  """(judged_B: the judged roles' reward, audits and penalty applied; pay_JxB: each judge's; the rule's
-  updated state; metrics) for the episodes `audited_B` of the global batch."""
-  reviewed = Reviewed(level_JxB=judgments.level_JxB, audited_B=audited_B,
-                      label_B=jnp.where(audited_B, judgments.truth_B, 0.0), levels=judgments.levels)
-  reported_B = rule.aggregate(state, reviewed)
-  caught_B = audited_B & (reported_B > 0.5) & (reviewed.label_B == 0)
-  judged_B = jnp.where(audited_B, reviewed.label_B - rule.penalty * caught_B, reported_B)
-  pay_JxB, state, rule_metrics = rule.pay(state, reviewed, judged_B)
-  return judged_B, pay_JxB, state, {**monitor(reviewed, judgments.truth_B, reported_B), **rule_metrics}
+  """(judged_KxB: each answer's role's reward, audits and penalty applied; pay_JxB: each judge's, the
+  mean of its pay over the episode's answers; the rule's updated state; metrics) for the episodes
+  `audited_B` of the global batch.  The rule sees the K x B answers as one axis."""
+  J, K, B = judgments.level_JxKxB.shape
+  audited_A = jnp.broadcast_to(audited_B, (K, B)).reshape(K * B)
+  reviewed = Reviewed(level_JxA=judgments.level_JxKxB.reshape(J, K * B), audited_A=audited_A,
+                      label_A=jnp.where(audited_A, judgments.truth_KxB.reshape(K * B), 0.0),
+                      levels=judgments.levels)
+  reported_A = rule.aggregate(state, reviewed)
+  caught_A = audited_A & (reported_A > 0.5) & (reviewed.label_A == 0)
+  judged_A = jnp.where(audited_A, reviewed.label_A - rule.penalty * caught_A, reported_A)
+  pay_JxA, state, rule_metrics = rule.pay(state, reviewed, judged_A)
+  metrics = {**monitor(reviewed, judgments.truth_KxB.reshape(K * B), reported_A, K), **rule_metrics}
+  return judged_A.reshape(K, B), pay_JxA.reshape(J, K, B).mean(1), state, metrics
 
 
-def monitor(reviewed: Reviewed, truth_B, reported_B) -> dict:
-  """What the checker says of the judges (it scores every episode for these, never for the loss):
-  the accuracy, what the judges' verdict reports of it and the distortion between them, each judge's
-  false accepts (accepted among wrong answers) and false rejects, and the ground-truth labels that
-  reached the loss per episode."""
-  wrong_B = truth_B == 0
-  return {"true_accuracy": truth_B.mean(), "reported_accuracy": reported_B.mean(),
-          "distortion": reported_B.mean() - truth_B.mean(), "labels_per_episode": reviewed.audited_B.mean(),
-          "false_accept": jax.vmap(engine.rate, (0, None))(reviewed.accept_JxB, wrong_B),
-          "false_reject": jax.vmap(engine.rate, (0, None))(~reviewed.accept_JxB, ~wrong_B)}
+def monitor(reviewed: Reviewed, truth_A, reported_A, answers_per_episode: int) -> dict:
+  """What the checker says of the judges (it scores every answer for these, never for the loss): the
+  judged answers' accuracy, what the judges' verdict reports of it and the distortion between them,
+  each judge's false accepts (accepted among wrong answers) and false rejects, and the ground-truth
+  labels (one per audited answer) that reached the loss per episode."""
+  wrong_A = truth_A == 0
+  return {"true_accuracy": truth_A.mean(), "reported_accuracy": reported_A.mean(),
+          "distortion": reported_A.mean() - truth_A.mean(),
+          "labels_per_episode": reviewed.audited_A.mean() * answers_per_episode,
+          "false_accept": jax.vmap(engine.rate, (0, None))(reviewed.accept_JxA, wrong_A),
+          "false_reject": jax.vmap(engine.rate, (0, None))(~reviewed.accept_JxA, ~wrong_A)}
 
 
 def name_judges(metrics: dict, roles, judge_roles) -> dict:

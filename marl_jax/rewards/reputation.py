@@ -44,12 +44,12 @@ class Reputation(base.PayRule):
     return jnp.stack([jnp.full(num_judges, self.prior_right), jnp.full(num_judges, self.prior_wrong)])
 
   def aggregate(self, state, reviewed):
-    return weights(*state) @ reviewed.stated_JxB
+    return weights(*state) @ reviewed.stated_JxA
 
-  def pay(self, state, reviewed, judged_B):
-    agree_JxB = reviewed.accept_JxB == (reviewed.label_B > 0)
-    right_J = (agree_JxB & reviewed.audited_B).sum(1)
-    wrong_J = (~agree_JxB & reviewed.audited_B).sum(1)
+  def pay(self, state, reviewed, judged_A):
+    agree_JxA = reviewed.accept_JxA == (reviewed.label_A > 0)
+    right_J = (agree_JxA & reviewed.audited_A).sum(1)
+    wrong_J = (~agree_JxA & reviewed.audited_A).sum(1)
     counts_2xJ = state + jnp.stack([right_J, wrong_J])
     metrics = {"reputation": counts_2xJ[0] / counts_2xJ.sum(0), "weight": weights(*state)}
-    return jnp.broadcast_to(judged_B, reviewed.level_JxB.shape), counts_2xJ, metrics
+    return jnp.broadcast_to(judged_A, reviewed.level_JxA.shape), counts_2xJ, metrics

@@ -12,5 +12,5 @@ from marl_jax.rewards import base
 @dataclasses.dataclass(frozen=True)
 class Team(base.PayRule):
 
-  def pay(self, state, reviewed, judged_B):
-    return jnp.broadcast_to(judged_B, reviewed.level_JxB.shape), state, {}
+  def pay(self, state, reviewed, judged_A):
+    return jnp.broadcast_to(judged_A, reviewed.level_JxA.shape), state, {}
