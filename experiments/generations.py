@@ -32,9 +32,11 @@ def get_config(arg=None):
   c.distil = ml_collections.ConfigDict(dict(steps=max(c.run.sft.steps, 300), filter="right"))
   if args.task == "signalling" and args.size != "tiny":
     # From scratch: more steps than a warm-started task, and an entropy bonus that keeps the receiver
-    # from settling on one answer before the sender's messages mean anything.
+    # from settling on one answer before the sender's messages mean anything (k=2, v=4, one seed, 1500
+    # steps: final eval accuracy 0.351 without it, 0.400 with it, 0.451 with it at learning rate 1e-3;
+    # chance 0.25; docs/generations.md).
     c.run.total_steps, c.run.eval_every, c.run.checkpoint_every = 1000, 100, 500
-    c.run.rl.entropy_coef = 0.01
+    c.run.rl.entropy_coef, c.run.optim.learning_rate = 0.01, 1e-3
   if args.size == "tiny":
     c.generations, c.archive.size, c.distil.steps = 2, 64, 20
     c.distil.filter = "all"  # a team trained for seconds is seldom right

@@ -28,11 +28,6 @@ from marl_jax import archive, array_records, checkpoint, checks, cli, experiment
 from marl_jax import workdir as workdir_lib
 from marl_jax.transcripts import MarlTranscripts
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Generations config (experiments/generations.py).")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory of the generations; finished ones are kept.")
-flags.mark_flags_as_required(["config", "workdir"])
-
-
 def generation_dir(workdir: str, g: int) -> str:
   return os.path.join(workdir, f"gen{g}")
 
@@ -149,10 +144,15 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
   try:
-    print(run(_CONFIG.value, _WORKDIR.value))
+    print(run(flags.FLAGS.config, flags.FLAGS.workdir))
   except experiment.ConfigError as e:  # one line, no traceback, exit status 1
     sys.exit(f"FATAL ConfigError: {e}")
 
 
 if __name__ == "__main__":
+  # Defined here, not on import: the docs and the tests import this module beside others that define
+  # the same flags (`benchmark`).
+  config_flags.DEFINE_config_file("config", None, "Generations config (experiments/generations.py).")
+  flags.DEFINE_string("workdir", None, "Directory of the generations; finished ones are kept.")
+  flags.mark_flags_as_required(["config", "workdir"])
   app.run(main, flags_parser=cli.parse_flags)
