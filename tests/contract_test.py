@@ -104,6 +104,7 @@ def test_every_workflow_keeps_the_protocol_contract(name):
     J, K = len(protocol.judge_roles), len(judgments.answer_roles)
     assert judgments.level_JxKxB.shape == (J, K, B) and judgments.truth_KxB.shape == (K, B)
     assert len(set(judgments.answer_roles)) == K and not set(judgments.answer_roles) & set(protocol.judge_roles)
+    assert scored.aux_KxB is None  # rewards from peers replace the outcome the auxiliary terms are added to
     assert set(protocol.judge_roles) | set(judgments.answer_roles) <= set(range(R))
     assert bool(jnp.all((judgments.level_JxKxB >= 0) & (judgments.level_JxKxB < len(judgments.levels))))
     assert all(0 <= p <= 1 for p in judgments.levels) and set(np.unique(judgments.truth_KxB)) <= {0, 1}

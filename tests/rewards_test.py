@@ -17,7 +17,6 @@ from jax.sharding import PartitionSpec as P
 
 from marl_jax import cli, configs, credit, experiment, parallel, rewards, state, train
 from marl_jax.protocols import engine
-from marl_jax.protocols.peer_review import PeerReview
 from marl_jax.rewards import audited, peer_prediction, reputation
 
 EXPERIMENTS = pathlib.Path(__file__).resolve().parents[1] / "experiments"
@@ -234,19 +233,29 @@ def test_the_solver_verifier_pair_runs_on_peer_rewards_with_its_one_judge():
     experiment.build(config)
 
 
-@pytest.mark.parametrize("pay", ["team", "peer_prediction"])
-def test_without_audits_the_checker_does_not_reach_the_update(pay):
+def _debate_rewarded_by_its_verifier(pay):
+  config = _config("debate", "size=tiny,task=subset_sum,scorer=verifier")
+  config.reward = configs.reward_config(pay, source="peer")
+  return config
+
+
+@pytest.mark.parametrize("config", [
+    lambda: _config("peer_review", "size=tiny,pay=team,audit_rate=0"),
+    lambda: _config("peer_review", "size=tiny,pay=peer_prediction,audit_rate=0"),
+    lambda: _debate_rewarded_by_its_verifier("team"),  # its per-turn influence rewards read the verifier
+], ids=["peer_review:team", "peer_review:peer_prediction", "debate:team"])
+def test_without_audits_the_checker_does_not_reach_the_update(config):
   # source=peer, audit_rate=0: one compiled step, run with the task's checker and with a checker that
   # says the opposite (a traced switch, so both runs are one program): the updated state is
   # bit-identical, and no ground-truth label reached the loss.
-  exp = experiment.build(_config("peer_review", f"size=tiny,pay={pay},audit_rate=0"))
+  exp = experiment.build(config())
   start = state.init_state(exp, jax.random.PRNGKey(0))
   keys_3xB = jax.random.split(jax.random.PRNGKey(1), 3 * exp.config.rl.batch_size).reshape(
       3, exp.config.rl.batch_size, -1)
 
   @jax.jit
   def step(flip):
-    class FlippedChecker(PeerReview):
+    class FlippedChecker(type(exp.protocol)):
       def rewards(self, task, layout, problems, tokens_BxT):
         scored = super().rewards(task, layout, problems, tokens_BxT)
         f = lambda x: jnp.where(flip, 1 - x, x)

@@ -446,6 +446,12 @@ def test_debate_with_a_verifier_by_hand():
   np.testing.assert_allclose(m["false_accept"], 1 / 2)  # accepted among the two wrong answers
   np.testing.assert_allclose(m["false_reject"], 4 / 6)  # rejected among the six right ones
   np.testing.assert_allclose(m["fix_rate"], 1.0)  # still the checker's: agent1 fixed its answer
+  # The verifier judges: its verdicts on the last-round answers (reject, accept; then the absent
+  # verifier's none) are the judgments rewards from peers read, beside the checker's (both right).
+  assert protocol.judge_roles == (2,) and out.judgments.answer_roles == (0, 1)
+  np.testing.assert_array_equal(out.judgments.level_JxKxB, [[[0, 0], [1, 0]]])
+  np.testing.assert_array_equal(out.judgments.truth_KxB, [[1, 1], [1, 1]])
+  assert protocols.make("debate", TASK, agents=2, rounds=1).judge_roles == ()  # the checker scores: no judge
   # The same debate scored by the checker: agent1's round-0 turn read by agent0 (still right) earns
   # nothing, agent0's round-0 turn +beta (agent1 went right), agent1's revision +alpha.
   checker = protocols.make("debate", TASK, agents=2, rounds=1, alpha=0.5, beta=0.25)

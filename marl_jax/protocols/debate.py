@@ -25,6 +25,11 @@ parameter set after the warm start, where it learns from the checker's verdicts,
 the truth; `fix_rate`, `break_rate` stay the checker's, and `verdict_accuracy`, `false_accept`,
 `false_reject` say how far the two differ.
 
+With the verifier, the debate has a judge: its verdicts on the last-round answers are the
+judgments that rewards from peers (`config.reward.source=peer`) read, so each agent can be paid by the
+verifier's verdict on its last answer instead of by the checker (the influence rewards already read
+the verifier alone).
+
 Per-role signals: an agent's last-round answer is right (also its `agentI/member_accuracy`); the verifier's, the fraction of its verdicts
 that agree with the checker.  An `<absent>` answer (a counterfactual) counts as a wrong vote left out
 of the majority; an `<absent>` verifier judges every answer wrong, so no turn earns a bonus.
@@ -74,6 +79,10 @@ class Debate(engine.Protocol):
     return cls(roles=names, turns=turns, agents=agents, rounds=rounds, alpha=alpha, beta=beta,
                scorer=scorer, vote_key=task.vote_key, **kwargs)
 
+  @property
+  def judge_roles(self) -> tuple[int, ...]:
+    return (self.agents,) if self.scorer == "verifier" else ()
+
   def answers(self, layout, tokens_BxT):
     """answers_JxKxBxA: every agent's answer in every round (J = rounds + 1)."""
     K = self.agents
@@ -97,9 +106,11 @@ class Debate(engine.Protocol):
     majority_right_JxB = jnp.stack([score(problems, vote.majority(a, self.vote_key)) for a in answers_JxKxBxA])
     team_B = majority_right_JxB[-1]
     delta_J1xKxB, before_J1xKxB = right_JxKxB[1:] - right_JxKxB[:-1], right_JxKxB[:-1]
-    judged_JxKxB, role_RxB, judged = right_JxKxB, right_JxKxB[-1], {}
+    judged_JxKxB, role_RxB, judged, judgments = right_JxKxB, right_JxKxB[-1], {}, None
     if self.scorer == "verifier":
       accepted_JxKxB, wrong_JxKxB = self.verdicts(layout, tokens_BxT), right_JxKxB == 0
+      judgments = engine.Judgments(level_JxKxB=accepted_JxKxB[-1:].astype(jnp.int32), truth_KxB=right_JxKxB[-1],
+                                   levels=(0.0, 1.0), answer_roles=tuple(range(K)))
       judged_JxKxB = accepted_JxKxB.astype(right_JxKxB.dtype)
       agree_B = (accepted_JxKxB != wrong_JxKxB).mean((0, 1))
       role_RxB = jnp.concatenate([role_RxB, agree_B[None]])
@@ -122,7 +133,8 @@ class Debate(engine.Protocol):
         # Each agent's last-round answer, the one its vote is: after reading the others.
         **engine.member_accuracy(self.roles[:K], right_JxKxB[-1]),
     }
-    return engine.Scored(team_B=team_B, role_RxB=role_RxB, metrics=metrics, turn_NxB=turn_NxB)
+    return engine.Scored(team_B=team_B, role_RxB=role_RxB, metrics=metrics, turn_NxB=turn_NxB,
+                         judgments=judgments)
 
   def demonstrate(self, task, layout, problems, key_B):
     """Round 0: each agent's own (noisy) answer; every later round: each agent adopts the majority of

@@ -155,9 +155,12 @@ class Protocol:
 
     aux_weights(step) -> weights_K         their weights at training step `step` (a traced scalar)
 
-  and, when some roles judge another's answer (solver-verifier's verifier, peer review's judges)::
+  and, when some roles judge another's answer (solver-verifier's verifier, peer review's judges,
+  best-of-n's judge, debate's verifier)::
 
-    judge_roles -> tuple[int, ...]         those roles; `rewards` then returns `Scored.judgments`
+    judge_roles -> tuple[int, ...]         those roles; `rewards` then returns `Scored.judgments`, no
+                                           auxiliary terms, and per-turn rewards that do not read the
+                                           checker (rewards from peers keep them as they are)
 
   `hidden` lists (segment, role) pairs a role does not read; a `Turn.hidden` hides more from one turn.
   `rewards` does not take the training step: a reward that changes over training (delegate's annealed

@@ -136,9 +136,6 @@ def assign(rule: PayRule, roles: tuple[str, ...], judge_roles: tuple[int, ...], 
   `audit_key_B` this device's rows."""
   if rule.source == "checker":
     return scored, outcome, state, {}
-  if scored.aux_KxB is not None or scored.turn_NxB is not None or scored.judgments is None:
-    raise ValueError("config.reward.source='peer' needs a workflow whose only reward is the judged outcome "
-                     "(no auxiliary or per-turn rewards) and that returns its judges' verdicts")
   B = outcome.team_B.shape[0]
   judgments = scored.judgments
   audited_B = parallel.gather_rows(draw_audits(audit_key_B, rule.audit_rate))
