@@ -11,20 +11,23 @@ DIR/genG is generation G's run directory (config.json, metrics.jsonl, checkpoint
 its archive.  Rerunning the command resumes: a generation trained and archived is kept as it is, an
 unfinished one resumes as any run does (a signal stops the command after saving).  At the end it
 writes DIR/generations.json and prints, per generation, its final evaluation accuracy, its code
-(`eval_topsim`, `eval_mutual_information`, where the task logs them) and the steps it took to reach
-the previous generation's final accuracy, beside the steps generation 0 (from scratch, on the same
-seeds) took to reach that accuracy.
+(`eval_topsim`, `eval_mutual_information`, where the task logs them), the steps it took to reach the
+previous generation's final accuracy, beside the steps generation 0 (from scratch, on the same seeds)
+took to reach that accuracy, and the share of evaluation problems on which each role writes the
+previous generation's messages (greedy).
 """
 import json
 import os
 import sys
 
+import jax
 import ml_collections
 import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from marl_jax import archive, array_records, checkpoint, checks, cli, experiment, loop, metrics, report, sft
+from marl_jax import archive, array_records, checkpoint, checks, cli, codes, configs, evaluate, experiment, loop
+from marl_jax import metrics, report, sft
 from marl_jax import workdir as workdir_lib
 from marl_jax.transcripts import MarlTranscripts
 
@@ -84,9 +87,27 @@ def steps_to_reach(workdir: str, target_S) -> np.ndarray:
   return np.where(reached_NxS.any(0), steps_N[reached_NxS.argmax(0)], np.inf)
 
 
+def code_agreement(workdir: str, g: int) -> dict[str, list[float]]:
+  """`ROLE_agreement` per seed: the share of evaluation problems on which generation g's final team
+  writes, greedily, the same messages for ROLE as generation g - 1's (`codes.agreement`)."""
+  d = generation_dir(workdir, g)
+  exp = experiment.build(configs.read_run_config(d))
+  problems = evaluate.eval_problems(exp, exp.config.eval.data_dir)
+  S, N = exp.config.num_seeds, problems["prompt"].shape[0]
+  now, before = (archive.sample_transcripts(exp, loop.load_params(exp, w), problems, jax.random.PRNGKey(0),
+                                            greedy=True, with_credit=False)["tokens"].reshape(S, N, -1)
+                 for w in (d, generation_dir(workdir, g - 1)))
+  out = {}
+  for r, role in enumerate(exp.layout.roles):
+    slots = np.concatenate([np.arange(*exp.layout.turn_slices[i]) for i in exp.layout.role_turns(r)])
+    out[f"{role}_agreement"] = [float(codes.agreement(now[s][:, slots], before[s][:, slots])) for s in range(S)]
+  return out
+
+
 def summary(config, workdir: str) -> list[dict]:
   """Per generation: final evaluation values per seed, and from generation 1 on the steps it took to
-  reach the previous generation's final accuracy (per seed) and those generation 0 took."""
+  reach the previous generation's final accuracy (per seed), those generation 0 took, and how much of
+  the previous generation's code each role writes (`code_agreement`)."""
   out = []
   for g in range(config.generations):
     d = generation_dir(workdir, g)
@@ -98,6 +119,7 @@ def summary(config, workdir: str) -> list[dict]:
       row["target"] = target_S
       row["steps_to_target"] = steps_to_reach(d, target_S).tolist()
       row["from_scratch_steps_to_target"] = steps_to_reach(generation_dir(workdir, 0), target_S).tolist()
+      row.update(code_agreement(workdir, g))
     out.append(row)
   return out
 
@@ -110,13 +132,16 @@ def markdown(rows: list[dict]) -> str:
     reached = [v for v in values if np.isfinite(v)]
     return f"{np.mean(reached):.0f} ({len(reached)}/{len(values)} seeds)" if reached else f"never (0/{len(values)})"
 
+  def agreement(row):
+    return ", ".join(f"{k.removesuffix('_agreement')} {np.mean(v):.3f}" for k, v in row.items() if k.endswith("_agreement"))
+
   lines = ["| generation | final eval accuracy | eval topsim | eval MI (bits) | steps to the previous final | "
-           "generation 0's steps to it |", "|---|---|---|---|---|---|"]
+           "generation 0's steps to it | same messages as the previous |", "|---|---|---|---|---|---|---|"]
   for row in rows:
     lines.append(f"| {row['generation']} | {mean(row['accuracy'])} | {mean(row.get('topsim', []))} | "
                  f"{mean(row.get('mutual_information', []))} | "
                  f"{steps(row['steps_to_target']) if 'target' in row else ''} | "
-                 f"{steps(row['from_scratch_steps_to_target']) if 'target' in row else ''} |")
+                 f"{steps(row['from_scratch_steps_to_target']) if 'target' in row else ''} | {agreement(row)} |")
   return "\n".join(lines)
 
 

@@ -127,6 +127,7 @@ def test_the_tiny_generations_run_through_the_cli_and_resume_without_retraining(
   assert "| 1 |" in proc.stdout
   rows = json.loads(open(os.path.join(workdir, "generations.json")).read())
   assert [r["generation"] for r in rows] == [0, 1] and "steps_to_target" in rows[1]
+  assert 0 <= rows[1]["sender_agreement"][0] <= 1 and "receiver_agreement" in rows[1]
   gen1 = json.loads(open(os.path.join(workdir, "gen1", "config.json")).read())
   assert gen1["sft"]["transcripts"].endswith("gen0/transcripts/marl_transcripts/train64-step4-sampled")
   archived = transcripts.load_transcripts(os.path.join(workdir, "gen0", "transcripts"), "train64-step4-sampled")
