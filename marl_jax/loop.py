@@ -17,7 +17,7 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from marl_jax import checkpoint, evaluate, experiment, memory, metrics as metrics_lib, parallel, sft, state
-from marl_jax import transcripts
+from marl_jax import newcomers, transcripts
 from marl_jax import train
 from marl_jax import model as model_lib
 from marl_jax import workdir as workdir_lib
@@ -98,7 +98,13 @@ def _setup(config: ml_collections.ConfigDict, workdir: str):
           f"{math.gcd(start, config.total_steps)} (they divide both step {start} and the "
           f"{config.total_steps - start} steps left)")
     state_S = None if start is None else checkpoint.restore(workdir, state.abstract_state(exp))
+    replaced = newcomers.replaced_sets(exp)  # before the team is read: newcomers it cannot place are refused
     init_params_S = load_params(exp, config.init_from) if config.init_from and start is None else None
+    if replaced and init_params_S is not None:
+      source = config.newcomers.source
+      newcomers_S = (newcomers.fresh_params(exp) if source == newcomers.FRESH else
+                     load_params(exp, source, flag=f"config.newcomers.source={source!r}"))
+      init_params_S = newcomers.join(exp, init_params_S, newcomers_S)
     warm_starts = start is None and init_params_S is None and config.sft.steps
     progress = (checkpoint.restore_warm_start(workdir, sft.abstract_progress(exp, state.seed_keys(config)),
                                               config.sft.steps) if warm_starts else None)

@@ -1,0 +1,85 @@
+"""Newcomers: a run that joins a trained team with a role replaced changes only that role's parameters
+at step 0 (fresh ones, or another team's), keeps the rest frozen when asked, and refuses newcomers it
+cannot place."""
+import jax
+import numpy as np
+import pytest
+from archive_test import tiny_experiment, write_run
+
+from marl_jax import checkpoint, experiment, loop, state
+
+
+def two_seeds(**settings):
+  config = tiny_experiment("signalling").config
+  config.num_seeds = 2
+  config.update_from_flattened_dict(settings)
+  return config
+
+
+def team(workdir: str, seed: int) -> str:
+  """A tiny signalling team of two seeds (random parameters from `seed`), saved as training saves it."""
+  write_run(workdir, experiment.build(two_seeds(seed=seed)))
+  return workdir
+
+
+def newcomer_run(workdir: str, team_dir: str, total_steps: int = 0, **settings):
+  config = two_seeds(init_from=team_dir, total_steps=total_steps, **settings)
+  loop.train_and_evaluate(config, workdir)
+  exp = experiment.build(config)
+  return [checkpoint.restore(workdir, state.abstract_state(exp), step).params for step in (0, total_steps)]
+
+
+def sets(params_S, s):
+  return jax.tree.map(lambda x: np.asarray(x[:, s]), params_S)
+
+
+def same(a, b):
+  return all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+@pytest.fixture(scope="module")
+def teams(tmp_path_factory):
+  root = tmp_path_factory.mktemp("teams")
+  return team(str(root / "a"), seed=0), team(str(root / "b"), seed=1)
+
+
+SENDER, RECEIVER = 0, 1  # isolated sets, in role order
+
+
+def saved_team(workdir):
+  return loop.load_params(experiment.build(two_seeds()), workdir)
+
+
+def test_a_fresh_newcomer_replaces_only_its_roles_parameters_at_step_0(teams, tmp_path):
+  a, _ = teams
+  fresh, _ = newcomer_run(str(tmp_path / "fresh"), a, **{"newcomers.roles": "receiver"})
+  team_a = saved_team(a)
+  assert same(sets(fresh, SENDER), sets(team_a, SENDER))
+  assert not same(sets(fresh, RECEIVER), sets(team_a, RECEIVER))
+
+
+def test_a_newcomer_from_another_team_brings_that_teams_role(teams, tmp_path):
+  a, b = teams
+  sender, receiver = SENDER, RECEIVER
+  team_a, team_b = saved_team(a), saved_team(b)
+  other, _ = newcomer_run(str(tmp_path / "other"), a, **{"newcomers.roles": "receiver", "newcomers.source": b})
+  assert same(sets(other, sender), sets(team_a, sender)) and same(sets(other, receiver), sets(team_b, receiver))
+
+
+def test_the_rest_of_the_team_stays_frozen_when_asked(teams, tmp_path):
+  a, _ = teams
+  start, end = newcomer_run(str(tmp_path / "frozen"), a, total_steps=2,
+                            **{"newcomers.roles": "receiver", "roles.trainable": "0,1"})
+  assert same(sets(end, 0), sets(start, 0)) and not same(sets(end, 1), sets(start, 1))
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"newcomers.roles": "judge"}, "config.newcomers.roles names ['judge']; allowed: roles of this workflow"),
+    ({"newcomers.roles": "receiver", "roles.sharing": "shared"}, "would replace roles ['sender'] too"),
+    ({"newcomers.roles": "receiver", "init_from": ""}, "needs config.init_from"),
+], ids=["unknown", "shared", "no_team"])
+def test_newcomers_that_cannot_be_placed_are_refused(teams, tmp_path, settings, message):
+  config = two_seeds(**{"init_from": teams[0], **settings})
+  with pytest.raises(experiment.ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    loop.train_and_evaluate(config, str(tmp_path / "refused"))
+  assert not (tmp_path / "refused").exists()
