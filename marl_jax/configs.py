@@ -118,8 +118,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint_every = 100
   c.init_from = ""  # a workdir whose latest checkpoint gives the starting parameters
   # Newcomers joining the team of init_from: roles (comma-separated names) whose parameters are replaced,
-  # by fresh ones (source 'fresh') or by another team's (source: its workdir) (`marl_jax.newcomers`).
-  c.newcomers = ml_collections.ConfigDict(dict(roles="", source="fresh"))
+  # by fresh ones (source 'fresh') or by another team's (source: its workdir); distil: the warm start
+  # (config.sft) trains them alone first (`marl_jax.newcomers`).
+  c.newcomers = ml_collections.ConfigDict(dict(roles="", source="fresh", distil=False))
   c.num_devices = 0  # 0: every visible device
   # Devices each parameter set is split over (a `model` mesh axis; the batch is split over the rest):
   # for language models too large for one device, by config.model.sharding_rules (docs/devices.md).

@@ -102,10 +102,10 @@ def _setup(config: ml_collections.ConfigDict, workdir: str):
     init_params_S = load_params(exp, config.init_from) if config.init_from and start is None else None
     if replaced and init_params_S is not None:
       source = config.newcomers.source
-      newcomers_S = (newcomers.fresh_params(exp) if source == newcomers.FRESH else
+      newcomers_S = (newcomers.fresh_params(exp, state.seed_keys(config)) if source == newcomers.FRESH else
                      load_params(exp, source, flag=f"config.newcomers.source={source!r}"))
       init_params_S = newcomers.join(exp, init_params_S, newcomers_S)
-    warm_starts = start is None and init_params_S is None and config.sft.steps
+    warm_starts = start is None and _warm_starts(config, init_params_S)
     progress = (checkpoint.restore_warm_start(workdir, sft.abstract_progress(exp, state.seed_keys(config)),
                                               config.sft.steps) if warm_starts else None)
     archived = transcripts.distillation_set(exp) if warm_starts else None
@@ -113,6 +113,12 @@ def _setup(config: ml_collections.ConfigDict, workdir: str):
   except (ValueError, OSError) as e:
     raise experiment.ConfigError(str(e)) from e
   return exp, start, state_S, init_params_S, progress, archived, eval_problems
+
+
+def _warm_starts(config, init_params_S) -> bool:
+  """Whether a new run warm-starts: without starting parameters (`init_from`), or to distil the
+  newcomers who joined them (`config.newcomers.distil`)."""
+  return bool(config.sft.steps) and (init_params_S is None or newcomers.distilled(config))
 
 
 @contextlib.contextmanager
@@ -251,9 +257,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
     try:
       if start is None:
         start = 0
-        if init_params_S is None and config.sft.steps:
+        if _warm_starts(config, init_params_S):
           progress = sft.run(exp, state.seed_keys(config), progress, stop=lambda: _stop_agreed(requested),
-                             archived=archived)
+                             archived=archived, joined=init_params_S)
           if _stop_agreed(requested):  # what it did is kept, for a rerun to resume
             _check_start(config, progress.params)
             checkpoint.save_warm_start(workdir, progress)

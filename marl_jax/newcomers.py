@@ -2,15 +2,17 @@
 `config.newcomers.roles` (comma-separated role names), by fresh parameters (`config.newcomers.source=fresh`)
 or by the same roles of another independently trained team (`source=DIR`, its latest checkpoint, or
 `DIR:best`).  The rest of the team keeps its parameters, and trains on or stays frozen as
-`config.roles.trainable` says.  A newcomer has a parameter set of its own; the run then trains as any
-run started from `init_from` does, and its checkpoint 0 is the team the newcomers joined.
+`config.roles.trainable` says.  With `config.newcomers.distil` the warm start (`config.sft`: the
+workflow's demonstrations, or the team's archive as `config.sft.transcripts`) first trains the
+newcomers alone, each its own role's messages, the rest of the team unchanged.  A newcomer has a
+parameter set of its own; the run then trains as any run started from `init_from` does, and its
+checkpoint 0 is the team the newcomers joined (after their distillation).
 """
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from marl_jax import model as model_lib
-from marl_jax import state
 from marl_jax.experiment import Experiment
 
 FRESH = "fresh"
@@ -42,9 +44,14 @@ def replaced_sets(exp: Experiment) -> tuple[int, ...]:
   return tuple(sets)
 
 
-def fresh_params(exp: Experiment):
-  """params_S of a random initialisation per seed, apart from the team's own."""
-  keys_S = jax.vmap(lambda k: jax.random.fold_in(k, _FRESH_KEYS))(state.seed_keys(exp.config))
+def distilled(config) -> bool:
+  """Whether the warm start trains newcomers (`config.newcomers.distil`) before RL."""
+  return bool(config.newcomers.distil and str(config.newcomers.roles).strip())
+
+
+def fresh_params(exp: Experiment, keys_S):
+  """params_S of a random initialisation per seed (from the seeds' keys_S), apart from the team's own."""
+  keys_S = jax.vmap(lambda k: jax.random.fold_in(k, _FRESH_KEYS))(keys_S)
   return jax.jit(jax.vmap(lambda k: model_lib.init_stack(exp.model, k, exp.num_sets)))(keys_S)
 
 

@@ -27,7 +27,7 @@ import tqdm
 
 from marl_jax import experiment
 from marl_jax import model as model_lib
-from marl_jax import parallel, sampling, text
+from marl_jax import newcomers, parallel, sampling, text
 
 FILTERS = ("right", "all", "credit")  # config.sft.filter: which archived transcripts a warm start distils
 
@@ -65,14 +65,17 @@ def demonstration_loss(exp, params_R, tokens_BxT, weight_BxR=None):
 
 
 def _programs(exp, keys_S, archived: Archived | None = None) -> tuple[Callable, Callable]:
-  """(begin, chunk), compiled at their first calls: `begin(keys_S, pretrained_R)` the Progress at step 0
-  (random parameters, or the model's pretrained ones), and `chunk(progress, keys_S, archived)` (progress
+  """(begin, chunk), compiled at their first calls: `begin(keys_S, pretrained_R, joined_S)` the Progress
+  at step 0 (random parameters, the model's pretrained ones, or a team the newcomers joined), and `chunk(progress, keys_S, archived)` (progress
   donated; `archived` as given here, or None) the next `config.sft.steps_per_call` steps with
   each step's demonstration loss, loss_SxC.  Steps
   past `config.sft.steps` are skipped (a loss of 0), so that one program serves every call."""
   cfg = exp.config.sft
-  tx = model_lib.trainable(exp.model, experiment.make_optimizer(experiment.sft_optim(exp.config), cfg.steps,
-                                                                "sft"))
+  tx = experiment.make_optimizer(experiment.sft_optim(exp.config), cfg.steps, "sft")
+  if newcomers.distilled(exp.config):  # the newcomers learn, the rest of the team stays as it was
+    tx = model_lib.per_set(exp.model, tx, np.isin(np.arange(exp.num_sets), newcomers.replaced_sets(exp)))
+  else:
+    tx = model_lib.trainable(exp.model, tx)
   C = min(cfg.steps_per_call, cfg.steps)
   # A seed's keys: its initial parameters', and the one its step keys are split from (as many as
   # config.sft.steps, whatever the calls: a chunked warm start is the same as one scan).
@@ -90,9 +93,9 @@ def _programs(exp, keys_S, archived: Archived | None = None) -> tuple[Callable, 
     return exp.protocol.demonstrate(exp.task, exp.layout, problems,
                                     jax.random.split(k_demo, cfg.batch_size)), None
 
-  def begin_seed(key, pretrained_R):
-    params = (model_lib.init_stack(exp.model, init_and_data_keys(key)[0], exp.num_sets) if pretrained_R is None
-              else pretrained_R)
+  def begin_seed(key, pretrained_R, joined_R):
+    params = (joined_R if joined_R is not None else pretrained_R if pretrained_R is not None else
+              model_lib.init_stack(exp.model, init_and_data_keys(key)[0], exp.num_sets))
     return params, tx.init(params)
 
   def chunk_seed(key, params, opt_state, archived, first):
@@ -111,9 +114,9 @@ def _programs(exp, keys_S, archived: Archived | None = None) -> tuple[Callable, 
     (params, opt_state), loss_C = jax.lax.scan(sgd_step, (params, opt_state), first + jnp.arange(C))
     return params, opt_state, loss_C
 
-  def begin(keys_S, pretrained_R):
-    params_S, opt_state_S = parallel.over_seeds(lambda key: begin_seed(key, pretrained_R),
-                                                exp.config.seeds_at_once)(keys_S)
+  def begin(keys_S, pretrained_R, joined_S):
+    params_S, opt_state_S = parallel.over_seeds(lambda key, joined: begin_seed(key, pretrained_R, joined),
+                                                exp.config.seeds_at_once)(keys_S, joined_S)
     return Progress(step=jnp.zeros((), jnp.int32), params=params_S, opt_state=opt_state_S)
 
   def chunk(progress, keys_S, archived):
@@ -126,7 +129,7 @@ def _programs(exp, keys_S, archived: Archived | None = None) -> tuple[Callable, 
     return jax.jit(begin), jax.jit(chunk, donate_argnums=0)
   # On a mesh with a `model` axis the progress is split as the run's parameters are, so that the warm
   # start runs split too (random initial weights included: they are made where they will live).
-  progress = jax.eval_shape(begin, keys_S, None)
+  progress = jax.eval_shape(begin, keys_S, None, None)
   chunk_out = jax.eval_shape(chunk, progress, keys_S, archived)
   return (jax.jit(begin, out_shardings=exp.shardings(progress)),
           jax.jit(chunk, donate_argnums=0, out_shardings=exp.shardings(chunk_out)))
@@ -135,16 +138,17 @@ def _programs(exp, keys_S, archived: Archived | None = None) -> tuple[Callable, 
 def abstract_progress(exp, keys_S) -> Progress:
   """Shapes, dtypes and shardings of the Progress of the seeds of `keys_S`, for restoring a saved one."""
   begin, _ = _programs(exp, keys_S)
-  return exp.abstract(jax.eval_shape(begin, keys_S, None))
+  return exp.abstract(jax.eval_shape(begin, keys_S, None, None))
 
 
 def run(exp, keys_S, progress: Progress | None = None, stop: Callable[[], bool] = lambda: False,
-        archived: Archived | None = None) -> Progress:
+        archived: Archived | None = None, joined=None) -> Progress:
   """The warm start of the seeds of `keys_S` from `progress` (None: from step 0), one call after
   another until `config.sft.steps` or until `stop()` (asked after each call, so that a stopped warm
   start has something to keep) is true, with a progress bar; returns where it ended.  It distils
   `archived` (`config.sft.transcripts` as `transcripts.distillation_set` reads it), or without one the
-  workflow's demonstrations."""
+  workflow's demonstrations; into the newcomers of `joined` (params_S of a team they joined, with
+  `config.newcomers.distil`: only their sets learn), or else into fresh or pretrained parameters."""
   cfg = exp.config.sft
   if cfg.transcripts and archived is None:
     raise ValueError(f"config.sft.transcripts={cfg.transcripts!r} is distilled by a run (marl_jax.loop, which "
@@ -156,7 +160,7 @@ def run(exp, keys_S, progress: Progress | None = None, stop: Callable[[], bool] 
     pretrained_R = model_lib.pretrained_stack(exp.model, exp.num_sets)
     if pretrained_R is not None and exp.splits_parameters:
       pretrained_R = jax.device_put(pretrained_R, exp.shardings(pretrained_R))
-    progress = begin(keys_S, pretrained_R)
+    progress = begin(keys_S, pretrained_R, joined if newcomers.distilled(exp.config) else None)
   first = step = int(progress.step.addressable_data(0))
   if first:
     print(f"warm start: resuming at step {first} of {cfg.steps}")

@@ -1,12 +1,14 @@
 """Newcomers: a run that joins a trained team with a role replaced changes only that role's parameters
-at step 0 (fresh ones, or another team's), keeps the rest frozen when asked, and refuses newcomers it
-cannot place."""
+at step 0 (fresh ones, or another team's), keeps the rest frozen when asked, distils a newcomer on an
+archive leaving the team as it was, and refuses newcomers it cannot place."""
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from archive_test import tiny_experiment, write_run
+from generations_test import hand_made_archive
 
-from marl_jax import checkpoint, experiment, loop, state
+from marl_jax import checkpoint, experiment, loop, sft, state, transcripts
 
 
 def two_seeds(**settings):
@@ -83,3 +85,21 @@ def test_newcomers_that_cannot_be_placed_are_refused(teams, tmp_path, settings, 
   with pytest.raises(experiment.ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
     loop.train_and_evaluate(config, str(tmp_path / "refused"))
   assert not (tmp_path / "refused").exists()
+
+
+@pytest.mark.slow
+def test_a_distilled_newcomer_learns_its_roles_messages_and_the_team_stays(teams, tmp_path):
+  # A fresh receiver joins team a and, before RL, distils the right transcripts of a hand-made archive
+  # (`generations_test`): it reads each code back to its object, while the sender is unchanged.
+  path = str(tmp_path / transcripts.MarlTranscripts.name / "hand")
+  config = two_seeds(**{"task.num_attributes": 2, "task.num_values": 3})
+  _, right_NxT = hand_made_archive(experiment.build(config), str(tmp_path), "hand")
+  start, _ = newcomer_run(str(tmp_path / "distilled"), teams[0], **{
+      "task.num_attributes": 2, "task.num_values": 3, "newcomers.roles": "receiver", "newcomers.distil": True,
+      "sft.steps": 300, "sft.steps_per_call": 300, "sft.transcripts": path, "sft.learning_rate": 3e-3})
+  assert same(sets(start, SENDER), sets(saved_team(teams[0]), SENDER))
+  exp = experiment.build(config)
+  receiver_only_NxR = jnp.tile(jnp.array([[0.0, 1.0]]), (9, 1))
+  for s in range(2):
+    params_R = jax.tree.map(lambda x: x[s], start)
+    assert float(sft.demonstration_loss(exp, params_R, right_NxT, receiver_only_NxR)) < 0.05
