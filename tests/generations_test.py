@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from marl_jax import archive, array_records, configs, experiment, loop, rollout, sft, state, tasks, text, transcripts
+from marl_jax import archive, array_records, configs, experiment, generations, loop, rollout, sft, state, tasks, text, transcripts
 from marl_jax.protocols import engine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -152,3 +152,15 @@ def test_the_tiny_generations_run_through_the_cli_and_resume_without_retraining(
   assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1] == (
       "FATAL ConfigError: config.distil.filter='best' is unknown; allowed: ['right', 'all', 'credit']")
   assert not os.path.exists(tmp_path / "bad")
+
+
+@pytest.mark.parametrize("task_name", ["signalling", "hidden_sum", "arithmetic"])
+def test_the_config_builds_both_kinds_of_generation_at_every_size(task_name, tmp_path):
+  for size in ("tiny", "cpu", "gpu"):
+    config = load("generations", f"task={task_name},size={size}")
+    config.run.num_devices = 1
+    generations.check(config, str(tmp_path))  # generation 0's run, and generation 1's (it distils)
+    assert generations.generation_config(config, str(tmp_path), 1).sft.transcripts.startswith(str(tmp_path / "gen0"))
+    assert (config.run.sft.steps == 0) == (task_name == "signalling")  # only signalling learns from scratch
+  with pytest.raises(ValueError, match=r"config argument task='stack_program' is unknown"):
+    load("generations", "task=stack_program")
