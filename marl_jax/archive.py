@@ -138,6 +138,8 @@ def main(argv=None) -> None:
   parser.add_argument("--train", type=int, default=0,
                       help="sample this many training problems instead of the evaluation set")
   args = parser.parse_args(argv)
+  if args.train < 0:
+    parser.error(f"--train={args.train}; allowed: 0 (the evaluation set) or a number of training problems")
   out = args.out or os.path.join(args.workdir, "transcripts")
   with cli.refusing_bad_input(parser):
     name = archive_workdir(args.workdir, out, args.greedy, args.data_dir, args.train)

@@ -31,6 +31,7 @@ from marl_jax import metrics, report, sft
 from marl_jax import workdir as workdir_lib
 from marl_jax.transcripts import MarlTranscripts
 
+
 def generation_dir(workdir: str, g: int) -> str:
   return os.path.join(workdir, f"gen{g}")
 

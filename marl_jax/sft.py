@@ -49,6 +49,7 @@ class Archived:
 
 
 def check_filter(config) -> None:
+  """Refuses an unknown `config.sft.filter`."""
   if config.sft.filter not in FILTERS:
     raise ValueError(f"config.sft.filter={config.sft.filter!r} is unknown; allowed: {list(FILTERS)}")
 
@@ -66,10 +67,10 @@ def demonstration_loss(exp, params_R, tokens_BxT, weight_BxR=None):
 
 def _programs(exp, keys_S, archived: Archived | None = None) -> tuple[Callable, Callable]:
   """(begin, chunk), compiled at their first calls: `begin(keys_S, pretrained_R, joined_S)` the Progress
-  at step 0 (random parameters, the model's pretrained ones, or a team the newcomers joined), and `chunk(progress, keys_S, archived)` (progress
-  donated; `archived` as given here, or None) the next `config.sft.steps_per_call` steps with
-  each step's demonstration loss, loss_SxC.  Steps
-  past `config.sft.steps` are skipped (a loss of 0), so that one program serves every call."""
+  at step 0 (random parameters, the model's pretrained ones, or a team the newcomers joined), and
+  `chunk(progress, keys_S, archived)` (progress donated; `archived` as given here, or None) the next
+  `config.sft.steps_per_call` steps with each step's demonstration loss, loss_SxC.  Steps past
+  `config.sft.steps` are skipped (a loss of 0), so that one program serves every call."""
   cfg = exp.config.sft
   tx = experiment.make_optimizer(experiment.sft_optim(exp.config), cfg.steps, "sft")
   if newcomers.distilled(exp.config):  # the newcomers learn, the rest of the team stays as it was

@@ -60,6 +60,7 @@ def test_a_fresh_newcomer_replaces_only_its_roles_parameters_at_step_0(teams, tm
   assert not same(sets(fresh, RECEIVER), sets(team_a, RECEIVER))
 
 
+@pytest.mark.slow  # the fast tier keeps the fresh newcomer's case
 def test_a_newcomer_from_another_team_brings_that_teams_role(teams, tmp_path):
   a, b = teams
   sender, receiver = SENDER, RECEIVER
@@ -68,6 +69,7 @@ def test_a_newcomer_from_another_team_brings_that_teams_role(teams, tmp_path):
   assert same(sets(other, sender), sets(team_a, sender)) and same(sets(other, receiver), sets(team_b, receiver))
 
 
+@pytest.mark.slow  # it trains: a compile of the step
 def test_the_rest_of_the_team_stays_frozen_when_asked(teams, tmp_path):
   a, _ = teams
   start, end = newcomer_run(str(tmp_path / "frozen"), a, total_steps=2,
