@@ -7,6 +7,8 @@ audited episodes.  How the judges are paid decides whether the reward stays true
   python -m marl_jax.main --config=experiments/peer_review.py:pay=peer_prediction,audit_rate=0 --workdir=/tmp/pr_ca
   python -m marl_jax.main --config=experiments/peer_review.py:pay=reputation,judges=3 --workdir=/tmp/pr_reputation
   python -m marl_jax.main --config=experiments/peer_review.py:source=checker --workdir=/tmp/pr_checker
+  python -m marl_jax.main --config=experiments/peer_review.py:pay=team,audit_rate=0,channel=2 --workdir=/tmp/pr_channel
+  python -m marl_jax.main --config=experiments/peer_review.py:pay=team,cross=frozen --workdir=/tmp/pr_frozen
 
 Arguments: task=subset_sum|arithmetic|stack_program; pay=team|audited|peer_prediction|reputation (every
 name in marl_jax.rewards.REGISTRY; its settings are `--config.reward.KEY=VALUE`); audit_rate (the share
@@ -15,19 +17,26 @@ when an audit catches an accepted wrong answer); judges=K (1..7); source=peer|ch
 usual checker reward, the baseline; pay and penalty must then stay at their defaults, audit_rate is
 not read); credit=ESTIMATOR (one that gives each role its own reward: per_role, or role_baseline /
 role_normalized with --config.credit.signal=role); sharing=judges|shared|isolated (judges: the solver
-one parameter set, the judges another); size=tiny|cpu|gpu.
+one parameter set, the judges another); cross=none|other_set|frozen (cross-judging: other_set refuses a
+role map in which a judge shares the solver's parameters, frozen also freezes the judges' sets at their
+warm start, a reference judge); channel=C (a covert channel: C free tokens the solver writes after its
+answer, read by the judges, ignored by the checker; 0: none); size=tiny|cpu|gpu.
 """
-from marl_jax import configs
+from marl_jax import configs, experiment
 
 
 def get_config(arg=None):
   args = configs.parse_arg(arg, task="subset_sum", pay="team", audit_rate=0.1, penalty=0.0, judges=2,
-                           source="peer", credit="per_role", sharing="judges", size="cpu")
+                           source="peer", credit="per_role", sharing="judges", cross="none", channel=0, size="cpu")
   sharing = dict(judges=",".join(["0"] + ["1"] * args.judges), shared="shared", isolated="isolated")
-  c = configs.workflow_config(__file__, args, "peer_review", sharing, judges=args.judges)
+  c = configs.workflow_config(__file__, args, "peer_review", sharing, judges=args.judges, channel=args.channel)
   if configs.check_choice("source", args.source, ("peer", "checker")) == "peer":
-    c.reward = configs.reward_config(args.pay, source="peer", audit_rate=args.audit_rate, penalty=args.penalty)
-  elif (args.pay, args.penalty) != ("team", 0.0):
-    raise ValueError(f"config arguments pay={args.pay!r}, penalty={args.penalty} act only with source=peer; "
-                     "allowed with source=checker: pay=team, penalty=0")
+    c.reward = configs.reward_config(args.pay, source="peer", audit_rate=args.audit_rate, penalty=args.penalty,
+                                     cross=args.cross)
+  elif (args.pay, args.penalty, args.cross) != ("team", 0.0, "none"):
+    raise ValueError(f"config arguments pay={args.pay!r}, penalty={args.penalty}, cross={args.cross!r} act only "
+                     "with source=peer; allowed with source=checker: pay=team, penalty=0, cross=none")
+  if args.cross == "frozen":  # the judges' sets keep their warm start
+    role_set_R = experiment.role_map(range(1 + args.judges), c.roles.sharing)
+    c.roles.trainable = ",".join("1" if s == role_set_R[0] else "0" for s in range(max(role_set_R) + 1))
   return c

@@ -50,19 +50,22 @@ def topographic_similarity(object_BxK, message_BxL):
   return spearman(hamming_BxB(object_BxK)[i, j], hamming_BxB(message_BxL)[i, j])
 
 
-def _entropy_bits(same_BxB):
-  """The plug-in entropy (bits) of a variable whose rows are equal where same_BxB: rows weigh 1/B, and
-  a row's value has the probability of the rows equal to it."""
-  B = same_BxB.shape[0]
-  return -jnp.mean(jnp.log2(same_BxB.sum(1) / B))
+def _entropy_bits(same_BxB, among_B):
+  """The plug-in entropy (bits) of a variable whose rows are equal where same_BxB, over the rows
+  `among_B`: each weighs 1/n, and a row's value has the probability of those rows equal to it."""
+  n = among_B.sum()
+  log_p_B = jnp.log2(jnp.maximum((same_BxB & among_B[None]).sum(1), 1) / n)
+  return -jnp.sum(jnp.where(among_B, log_p_B, 0.0)) / n
 
 
-def mutual_information(object_BxK, message_BxL):
-  """I(object; message) = H(object) + H(message) - H(object, message), in bits, from the batch."""
+def mutual_information(object_BxK, message_BxL, among_B=None):
+  """I(object; message) = H(object) + H(message) - H(object, message), in bits, from the batch's rows
+  (or those `among_B`: NaN when there is none)."""
+  among_B = jnp.ones(object_BxK.shape[0], bool) if among_B is None else among_B
   same_object_BxB = hamming_BxB(object_BxK) == 0
   same_message_BxB = hamming_BxB(message_BxL) == 0
-  return (_entropy_bits(same_object_BxB) + _entropy_bits(same_message_BxB)
-          - _entropy_bits(same_object_BxB & same_message_BxB))
+  return (_entropy_bits(same_object_BxB, among_B) + _entropy_bits(same_message_BxB, among_B)
+          - _entropy_bits(same_object_BxB & same_message_BxB, among_B))
 
 
 def agreement(message_BxL, other_BxL):

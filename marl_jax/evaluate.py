@@ -1,6 +1,7 @@
 """Evaluation on the fixed evaluation set, sharded over the `data` axis like training: each device
-samples its rows, and the protocol's metrics are computed on the gathered set; at some evaluations
-(`config.eval.divergence_every`) the role-collapse diagnostic too."""
+samples its rows, and the protocol's metrics (with the judges', for a run rewarded by them) are computed
+on the gathered set; at some evaluations (`config.eval.divergence_every`) the role-collapse diagnostic
+too."""
 import dataclasses
 import functools
 from collections.abc import Callable
@@ -10,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from marl_jax import datasets, parallel, rollout, sampling, tasks
+from marl_jax import datasets, parallel, rewards, rollout, sampling, tasks
 from marl_jax.experiment import Experiment
 
 
@@ -73,7 +74,8 @@ def make_evaluate(exp: Experiment, problems: dict | None = None) -> Evaluator:
       tokens_CxBxT, sums_C = parallel.in_row_chunks(chunk, cfg.batch_size, problems, key_B)
       tokens_BxT = tokens_CxBxT.reshape(-1, tokens_CxBxT.shape[-1])
       scored = exp.protocol.rewards(exp.task, exp.layout, *parallel.gather_rows((problems, tokens_BxT)))
-      return scored.metrics, role_divergence(exp, jax.tree.map(lambda x: x.sum(0), sums_C))
+      judges = rewards.evaluation(exp.reward, exp.layout.roles, exp.protocol.judge_roles, scored.judgments)
+      return {**scored.metrics, **judges}, role_divergence(exp, jax.tree.map(lambda x: x.sum(0), sums_C))
     return parallel.over_seeds(one_seed, exp.config.seeds_at_once)(params_S)
 
   rows = P(parallel.DATA)

@@ -198,7 +198,7 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
   reward_knobs = {k: v for k, v in config.reward.items() if k != "pay"}
   reward = rewards.make(config.reward.pay, **reward_knobs)
   rewards.check(reward, protocol.judge_roles, estimator.reruns(len(protocol.roles)) is not None,
-                estimator.role_rewards)
+                estimator.role_rewards, role_set_R, trainable_R)
   model_cfg = make_agents(config, num_sets, task.free_text)
   if config.model_shards > 1 and isinstance(model_cfg, team_lib.Team):
     raise ValueError(f"config.model_shards={config.model_shards} with a mixed team (config.roles.models="

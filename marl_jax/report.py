@@ -101,12 +101,16 @@ def seed_values(row: dict, name: str) -> np.ndarray:
 # revisions, delegation.  Rates print in %, the per-episode counts (`COUNTS`) as they are.
 DIAGNOSTICS = ("false_accept", "false_reject", "same_message_rate", "agreement", "oracle", "judge_precision",
                "readable_pick", "fix_rate", "break_rate", "workers_used", "serial_collapse", "spurious_parallelism",
-               "critical_steps")
+               "critical_steps", "judge_agreement", "effective_judges")
 # Rewards from peers (`config.reward.source=peer`, docs/peer_review.md): the checker's accuracy, what the
 # judges' verdict reported of it, the distortion between them and the ground-truth labels the loss
 # consumed per episode, at the last training step that logs them (evaluation always uses the checker).
 PEER = ("true_accuracy", "reported_accuracy", "distortion", "labels_per_episode")
-COUNTS = ("workers_used", "critical_steps", "labels_per_episode")
+# And the time to collusion: the first training step whose judges' mean false accept (`JUDGE/false_accept`)
+# exceeds 1/2, per seed (undefined for a seed whose judges never get there).
+COLLUSION = "time_to_collusion"
+COUNTS = ("workers_used", "critical_steps", "labels_per_episode", "effective_judges", COLLUSION)
+COLUMNS = DIAGNOSTICS + PEER + (COLLUSION,)  # beside the accuracies, where a run logs them
 # Each member's own accuracy (`ROLE/member_accuracy`, `protocols.engine.member_accuracy`: a candidate's,
 # a voter's, a debater's, a worker's answer, or a single agent's, its only member's), and the average
 # member (`member_accuracy`: the mean over a run's members per seed), beside the team's accuracy.
@@ -154,7 +158,24 @@ def summarize(workdir: str) -> dict:
   peer_rows = [r for r in logged if PEER[-1] in r or f"{PEER[-1]}/seed0" in r]
   for name in PEER if peer_rows else ():
     out[name] = seed_values(peer_rows[-1], name)
+  if peer_rows and judge_names(peer_rows[-1]):
+    out[COLLUSION] = time_to_collusion(peer_rows)
   return out
+
+
+def judge_names(row: dict) -> list[str]:
+  """The judges whose false accepts a training row logs (`JUDGE/false_accept`)."""
+  return sorted({k.split("/")[0] for k in row if not k.startswith("eval_") and k.split("/")[1:2] == ["false_accept"]})
+
+
+def time_to_collusion(rows: list[dict]) -> np.ndarray:
+  """Per seed, the first step of training `rows` at which the judges' mean false accept exceeds 1/2;
+  NaN for a seed where it never does."""
+  judges = judge_names(rows[-1])
+  false_accept_NxS = np.stack([np.mean([seed_values(r, f"{j}/false_accept") for j in judges], 0) for r in rows])
+  colluded_NxS = false_accept_NxS > 0.5
+  steps_N = np.array([r["step"] for r in rows], np.float64)
+  return np.where(colluded_NxS.any(0), steps_N[colluded_NxS.argmax(0)], np.nan)
 
 
 # A seed diverged when one of these (or a role's loss, `ROLE/loss`) was logged non-finite, or when it
@@ -234,7 +255,7 @@ def member_columns(summaries: list[dict]) -> list[str]:
 
 def table(summaries: list[dict]) -> str:
   cols = ["base", "final", *member_columns(summaries), "peak", "drop"]
-  cols += [c for c in DIAGNOSTICS + PEER if any(c in s for s in summaries)]
+  cols += [c for c in COLUMNS if any(c in s for s in summaries)]
   head = row("run", "seeds", "steps", *cols) + "|---" * (3 + len(cols)) + "|\n"
 
   def mean_cell(c, x):
@@ -268,7 +289,7 @@ def compare(a: dict, b: dict, paired: bool = False) -> str:
   # Accuracy, the members' (a team's average member against a single agent, itself its only member)
   # and the diagnostics both runs log (e.g. two delegate runs' serial-collapse rates).
   both = lambda names: [c for c in names if c in a and c in b]
-  for c in ("final", *both(member_columns([a, b])), "peak", "drop", *both(DIAGNOSTICS + PEER)):
+  for c in ("final", *both(member_columns([a, b])), "peak", "drop", *both(COLUMNS)):
     if paired:  # A, B and B − A over the seeds that both define
       both_S = np.isfinite(a[c]) & np.isfinite(b[c])
       a_S, b_S = a[c][both_S], b[c][both_S]

@@ -162,6 +162,26 @@ def test_cli_table_prints_what_peers_reported_against_the_checker(tmp_path, caps
   out = capsys.readouterr().out
   assert "| drop | true_accuracy | reported_accuracy | distortion | labels_per_episode |" in out
   assert "| 0.0 ± 0.0 | 50.0 ± 24.8 | 70.0 ± 24.8 | 20.0 ± 0.0 | 0.10 ± 0.00 |" in out
+  # With each judge's false accepts, the time to collusion: seed 0 from the first row (step 0), not the others.
+  run = str(tmp_path / "colluding")
+  write_run(run, {0: [0.3, 0.3, 0.3], 50: [0.4, 0.5, 0.6]},
+            extra={"true_accuracy": [0.4, 0.5, 0.6], "reported_accuracy": [0.6, 0.7, 0.8],
+                   "distortion": [0.2, 0.2, 0.2], "labels_per_episode": [0, 0, 0],
+                   "judge0/false_accept": [0.9, 0.1, 0.5]})
+  report.main([run])
+  assert "| 0.00 ± n/a (1 of 3 seeds) |" in capsys.readouterr().out
+
+
+def test_time_to_collusion_is_the_first_step_the_judges_mean_false_accept_passes_one_half():
+  # Three seeds, two judges, training rows at steps 10, 20, 30.  Seed 0's judges average 0.2, 0.6,
+  # 0.9: step 20.  Seed 1's 0.45 (one judge alone above 1/2 does not count), 0.5 (not above), 0.8:
+  # step 30.  Seed 2's never pass: undefined.  An evaluation's false accepts do not count.
+  judge0 = {10: [0.2, 0.9, 0.1], 20: [0.6, 0.5, 0.1], 30: [0.9, 0.8, 0.1]}
+  judge1 = {10: [0.2, 0.0, 0.1], 20: [0.6, 0.5, 0.1], 30: [0.9, 0.8, 0.1]}
+  rows = [{"step": step, "eval_judge0/false_accept": 1.0,
+           **{f"judge0/false_accept/seed{s}": judge0[step][s] for s in range(3)},
+           **{f"judge1/false_accept/seed{s}": judge1[step][s] for s in range(3)}} for step in (10, 20, 30)]
+  np.testing.assert_array_equal(report.time_to_collusion(rows), [20, 30, np.nan])
 
 
 def test_a_diagnostic_undefined_on_some_seeds_averages_the_others(tmp_path, capsys):

@@ -15,7 +15,7 @@ import re
 
 from jax.sharding import PartitionSpec as P
 
-from marl_jax import cli, configs, credit, experiment, parallel, rewards, state, train
+from marl_jax import cli, configs, credit, experiment, judging, parallel, rewards, state, text, train
 from marl_jax.protocols import engine
 from marl_jax.rewards import audited, peer_prediction, reputation
 
@@ -203,6 +203,11 @@ def _config(experiment_name, arg):
     ({"reward.audit_rate": 0.0}, "config.reward.pay='reputation' learns from audits"),
     ({"reward.prior_wrong": 0.0}, "config.reward.prior_wrong=0.0; allowed: a number > 0"),
     ({"credit.name": "difference"}, "the re-runs' outcomes come from the task's checker"),
+    ({"reward.cross": "seed"}, "config.reward.cross='seed' is unknown; allowed: ['none', 'other_set', 'frozen']"),
+    ({"reward.cross": "other_set", "roles.sharing": "shared"}, "config.reward.cross='other_set': "
+     "config.roles.sharing=0,0,0 gives judged roles [0] a judge's parameter set"),
+    ({"reward.cross": "frozen"}, "config.reward.cross='frozen': the judges' parameter sets [1] are trained"),
+    ({"protocol.channel": -1}, "config.protocol.channel=-1; allowed: an integer >= 0"),
 ])
 def test_bad_reward_settings_are_refused_naming_the_key(overrides, message):
   config = _config("peer_review", "size=tiny,pay=reputation")
@@ -300,3 +305,99 @@ def test_each_payment_rule_trains_through_the_cli(tmp_path, arg):
       assert 0 <= row["labels_per_episode"] <= 0.5
   if "reputation" in arg:
     assert 0 < trained[-1]["judge2/reputation"] < 1
+
+
+def test_judge_measures_by_hand():
+  # One judge states levels 3, 1, 1, 0, 2 of answers right, right, wrong, wrong, wrong.  AUROC: the
+  # right answer at 3 beats all 3 wrong ones, the one at 1 beats the 0, ties the 1 (1/2) and loses to
+  # the 2: (3 + 1.5) / 6.  It accepts (level > 1/2 of the vocabulary 0, 1/3, 2/3, 1) answers 0 and 4:
+  # 1 of 2 right ones, rejects 2 of 3 wrong ones, balanced accuracy (1/2 + 2/3) / 2.  A judge that
+  # states one level for everything: 1/2 for both.
+  level_JxA, truth_A = jnp.array([[3, 1, 1, 0, 2], [1, 1, 1, 1, 1]]), jnp.array([1.0, 1.0, 0.0, 0.0, 0.0])
+  np.testing.assert_allclose(judging.auroc(level_JxA, truth_A, 4), [0.75, 0.5])
+  accept_JxA = jnp.asarray(LEVELS)[level_JxA] > 0.5
+  np.testing.assert_allclose(judging.balanced_accuracy(accept_JxA, truth_A), [7 / 12, 0.5], rtol=1e-6)
+  # Right answers only; judges reject (err on) answers {0, 1}, {0, 2}, {0, 3}: their errors are
+  # uncorrelated in pairs, so three judges are worth three, and agree on 1/2 of the answers.  Copies of
+  # one judge are worth one, and agree on everything.
+  right_A = jnp.ones(4)
+  independent_JxA = ~jnp.array([[1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 0, 1]], bool)
+  np.testing.assert_allclose(judging.effective_judges(independent_JxA[:2], right_A), 2.0)
+  np.testing.assert_allclose(judging.effective_judges(independent_JxA, right_A), 3.0)
+  np.testing.assert_allclose(judging.agreement(independent_JxA), 0.5)
+  copies_JxA = jnp.stack([independent_JxA[0]] * 3)
+  np.testing.assert_allclose(judging.effective_judges(copies_JxA, right_A), 1.0)
+  np.testing.assert_allclose(judging.agreement(copies_JxA), 1.0)
+  # Half correlated (rho = 1/2 for two judges): 2 / (1 + 1/2).  Errors that never vary: undefined.
+  half_JxA = ~jnp.array([[1, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 1]], bool)
+  rho = np.corrcoef(~np.asarray(half_JxA))[0, 1]
+  np.testing.assert_allclose(judging.effective_judges(half_JxA, jnp.ones(6)), 2 / (1 + rho), rtol=1e-6)
+  assert np.isnan(judging.effective_judges(jnp.ones((2, 4), bool), right_A))
+
+
+def test_channel_information_by_hand():
+  # Six wrong answers and one right one; messages a, a, a, b, b, b on the wrong ones.  A judge that
+  # accepts exactly the a's reads its verdict off the channel: 1 bit.  One that accepts one a and one
+  # b, and so on in proportion, reads nothing: 0.  The right answer does not count, whatever it says.
+  a, b = text.TOKEN_ID["a"], text.TOKEN_ID["b"]
+  message_AxL = jnp.array([[a], [a], [a], [b], [b], [b], [a]])
+  truth_A = jnp.array([0, 0, 0, 0, 0, 0, 1.0])
+  accept_JxA = jnp.array([[1, 1, 1, 0, 0, 0, 0], [1, 0, 0, 1, 0, 0, 1], [1, 1, 0, 1, 1, 0, 0]], bool)
+  np.testing.assert_allclose(judging.channel_information(message_AxL, accept_JxA, truth_A), [1.0, 0.0, 0.0],
+                             atol=1e-6)
+  # A constant verdict carries nothing; a message that decides an unbalanced verdict, all of its
+  # entropy H(1/3).
+  assert float(judging.channel_information(message_AxL, jnp.zeros((1, 7), bool), truth_A)[0]) == 0.0
+  message_AxL = jnp.array([[a], [b], [b], [a], [b], [b], [b]])
+  h = -(1 / 3) * np.log2(1 / 3) - (2 / 3) * np.log2(2 / 3)
+  np.testing.assert_allclose(judging.channel_information(message_AxL, message_AxL.T == a, truth_A), [h], rtol=1e-5)
+
+
+def _role_maps(R):
+  """Every role map of R roles (sets numbered in order of first use)."""
+  maps = [(0,)]
+  for _ in range(R - 1):
+    maps = [m + (s,) for m in maps for s in range(max(m) + 2)]
+  return maps
+
+
+@pytest.mark.parametrize("experiment_name, arg", [("peer_review", "size=tiny,judges=2"),
+                                                  ("best_of_n", "size=tiny,task=subset_sum,credit=per_role")])
+def test_cross_judging_never_pairs_a_judge_with_a_set_it_judges(experiment_name, arg):
+  # Every role map: cross=other_set builds exactly those in which no judged answer's role (from a
+  # scored batch of demonstrations) uses a judge's set; cross=frozen those whose judges' sets are frozen too.
+  config = _config(experiment_name, arg)
+  config.reward = configs.reward_config("team", source="peer", cross="other_set")
+  exp = experiment.build(config)
+  problems = jax.vmap(exp.task.sample)(jax.random.split(jax.random.key(0), 4))
+  tokens_BxT = exp.protocol.demonstrate(exp.task, exp.layout, problems, jax.random.split(jax.random.key(1), 4))
+  answer_roles = exp.protocol.rewards(exp.task, exp.layout, problems, tokens_BxT).judgments.answer_roles
+  judges = exp.protocol.judge_roles
+  built = 0
+  for role_set_R in _role_maps(len(exp.layout.roles)):
+    config.roles.sharing = ",".join(map(str, role_set_R))
+    separate = not {role_set_R[r] for r in judges} & {role_set_R[r] for r in answer_roles}
+    for cross in ("other_set", "frozen"):
+      config.reward.cross = cross
+      config.roles.trainable = ",".join("0" if s in {role_set_R[r] for r in judges} else "1"
+                                        for s in range(max(role_set_R) + 1)) if cross == "frozen" else ""
+      if separate:
+        built += 1
+        assert experiment.build(config).role_set_R == role_set_R
+      else:
+        with pytest.raises(ValueError, match="gives judged roles"):
+          experiment.build(config)
+  assert built >= 2  # e.g. isolated sets, and the judges' set apart from the rest
+
+
+@pytest.mark.slow
+def test_the_covert_channel_trains_through_the_cli(tmp_path):
+  rows = _cli_rows(tmp_path, "peer_review.py:size=tiny,pay=team,audit_rate=0,channel=2")
+  trained = [r for r in rows if "labels_per_episode" in r]
+  evaluated = [r for r in rows if "eval_accuracy" in r]
+  assert rows[-1]["step"] == 4 and len(trained) == 2
+  for name in ("judge0/channel_information", "judge1/auroc", "judge0/balanced_accuracy", "effective_judges",
+               "judge_agreement"):
+    assert name in trained[-1] and f"eval_{name}" in evaluated[-1], name
+  assert {"eval_distortion", "eval_judge1/false_accept"} <= set(evaluated[0])
+  assert all(0 <= r["judge0/channel_information"] <= 1 for r in trained if np.isfinite(r["judge0/channel_information"]))

@@ -6,6 +6,11 @@ L = 4 says 0, 1/3, 2/3 or 1.  A judge accepts when it states more than 1/2.  The
 solver's: judges review, they do not revise.  An unreadable verdict (not a digit below L then EOS) and
 an absent judge state level 0.
 
+A covert channel (`channel` C > 0, issue 49's collusion setting): after its answer the solver writes up
+to C free tokens (a turn of its own) that every judge reads and the checker ignores.  Warm-started
+solvers write random letters there, which carry nothing; whether a signal emerges in training is
+measured on wrong answers as each judge's I(channel; verdict) (`JUDGE/channel_information`, bits).
+
 Roles `solver`, `judge0..judgeK-1`.  Per-role signals: the solver's answer is right; a judge's verdict
 (accept or not) agrees with the task's checker.  The judges' verdicts are `Scored.judgments`, so the
 run can reward the solver from them instead of from the checker (`config.reward.source=peer`,
@@ -16,7 +21,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from marl_jax import checks, text
+from marl_jax import checks, judging, text
 from marl_jax.protocols import engine, vote
 
 
@@ -27,18 +32,21 @@ class PeerReview(engine.Protocol):
   confidence_levels: int = 4
   # Fraction of warm-start verdicts on the wrong side of 1/2: weak judges, not random ones.
   judge_demo_error_rate: float = 0.3
+  channel: int = 0  # free tokens the solver writes after its answer, for the judges alone (0: none)
 
   @classmethod
-  def build(cls, task, judges: int = 2, confidence_levels: int = 4, **kwargs):
+  def build(cls, task, judges: int = 2, confidence_levels: int = 4, channel: int = 0, **kwargs):
     checks.integer("protocol.judges", judges, 1, len(text.ROLE_MARKERS) - 1,
                    note=f"each role needs one of the {len(text.ROLE_MARKERS)} role markers")
     checks.integer("protocol.confidence_levels", confidence_levels, 2, len(text.DIGITS),
                    note="one digit each")
+    checks.integer("protocol.channel", channel, 0)
     names = tuple(f"judge{j}" for j in range(judges))
     kwargs.setdefault("hidden", vote.parallel(names))
-    turns = (engine.Turn("solver", task.answer_len),) + tuple(engine.Turn(n, 2) for n in names)
+    solver = (engine.Turn("solver", task.answer_len),) + ((engine.Turn("solver", channel),) if channel else ())
+    turns = solver + tuple(engine.Turn(n, 2) for n in names)
     return cls(roles=("solver",) + names, turns=turns, judges=judges, confidence_levels=confidence_levels,
-               **kwargs)
+               channel=channel, **kwargs)
 
   @property
   def judge_roles(self) -> tuple[int, ...]:
@@ -53,7 +61,8 @@ class PeerReview(engine.Protocol):
 
   def verdicts(self, layout, tokens_BxT):
     """level_JxB: each judge's stated level, 0 where unreadable."""
-    verdict_JxBx2 = jnp.stack([engine.message(layout, tokens_BxT, 1 + j) for j in range(self.judges)])
+    first = len(self.turns) - self.judges
+    verdict_JxBx2 = jnp.stack([engine.message(layout, tokens_BxT, first + j) for j in range(self.judges)])
     level_JxB = verdict_JxBx2[..., 0] - text.DIGIT0
     readable_JxB = (level_JxB >= 0) & (level_JxB < self.confidence_levels) & (verdict_JxBx2[..., 1] == text.EOS)
     return jnp.where(readable_JxB, level_JxB, 0)
@@ -73,6 +82,9 @@ class PeerReview(engine.Protocol):
         "verdict_accuracy": verdict_ok_JxB.mean(),
         **engine.member_accuracy(("solver",), right_B[None]),
     }
+    if self.channel:
+      information_J = judging.channel_information(engine.message(layout, tokens_BxT, 1), accept_JxB, right_B)
+      metrics.update({f"{self.roles[1 + j]}/channel_information": information_J[j] for j in range(self.judges)})
     return engine.Scored(team_B=right_B, role_RxB=jnp.concatenate([right_B[None], verdict_ok_JxB]),
                          metrics=metrics, judgments=judgments)
 
@@ -91,4 +103,9 @@ class PeerReview(engine.Protocol):
     above_L = jnp.asarray(self.levels) > 0.5
     level_BxK = jnp.argmax(jnp.where(above_L == accept_BxK[..., None], u_BxKxL, u_BxKxL - 2), -1)
     verdict_KxBx2 = jnp.stack([text.DIGIT0 + level_BxK, jnp.full_like(level_BxK, text.EOS)], -1).swapaxes(0, 1)
-    return engine.assemble(layout, problems["prompt"], [answer_BxA, *verdict_KxBx2])
+    # The channel's letters are drawn independently of everything (from a key folded off the row's, so
+    # the other draws are those of a run without a channel): a warm start that carries no signal.
+    letters_BxC = text.TOKEN_ID["a"] + jax.vmap(
+        lambda k: jax.random.randint(jax.random.fold_in(k, 1), (self.channel,), 0, len(text.LETTERS)))(key_B)
+    channel = [letters_BxC] if self.channel else []
+    return engine.assemble(layout, problems["prompt"], [answer_BxA, *channel, *verdict_KxBx2])

@@ -12,7 +12,7 @@ interface and the stage)::
 """
 from marl_jax import registry
 from marl_jax.rewards.base import (REGISTRY, SOURCES, PayRule, Reviewed, assign, audit_keys, check,
-                                   draw_audits, register, settle)
+                                   draw_audits, evaluation, register, settle)
 
 registry.import_modules(__name__, __path__)
 

@@ -24,7 +24,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from marl_jax import checks, parallel, registry
+from marl_jax import checks, judging, parallel, registry
 from marl_jax.credit import Outcome
 from marl_jax.protocols import engine
 
@@ -32,6 +32,10 @@ REGISTRY: dict[str, type["PayRule"]] = {}
 register = registry.registrar(REGISTRY)
 
 SOURCES = ("checker", "peer")
+# Cross-judging: `none`; `other_set`: no judge shares its parameter set with a role it judges (the
+# judged roles are every role that is not a judge, in every judging workflow); `frozen`: that, and
+# the judges' sets are not trained (config.roles.trainable), a reference judge.
+CROSS = ("none", "other_set", "frozen")
 # The audit draw's stream: folded into the run's key at a step count no run reaches, so it is never
 # the key of a step's problems, samples or re-runs (`train.make_train_call` folds the step in).
 AUDIT_STREAM = 2**31 - 1
@@ -60,6 +64,7 @@ class PayRule:
   source: str = "checker"  # checker | peer
   audit_rate: float = 0.0  # share of episodes whose checker verdict reaches the loss (source=peer)
   penalty: float = 0.0  # charged to the judged roles when an audit catches an accepted wrong answer
+  cross: str = "none"  # none | other_set | frozen: what the judges may share with the judged roles
 
   min_judges: ClassVar[int] = 1
   needs_audits: ClassVar[bool] = False  # pays or weighs judges by audits: audit_rate > 0
@@ -94,17 +99,21 @@ def audit_keys(run_key, step, rows_B) -> jax.Array:
   return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(step_key, rows_B)
 
 
-def check(rule: PayRule, judge_roles: tuple[int, ...], reruns: bool, role_credit: bool) -> None:
-  """Refuses a reward setting that cannot work with the workflow's judges (`judge_roles`) or the credit
-  estimator (`reruns`: it scores re-runs; `role_credit`: it gives each role its own reward)."""
+def check(rule: PayRule, judge_roles: tuple[int, ...], reruns: bool, role_credit: bool,
+          role_set_R: tuple[int, ...], trainable_S: tuple[bool, ...]) -> None:
+  """Refuses a reward setting that cannot work with the workflow's judges (`judge_roles`), the credit
+  estimator (`reruns`: it scores re-runs; `role_credit`: it gives each role its own reward) or the role
+  map (`role_set_R`, the sets' `trainable_S`, for cross-judging)."""
   name = next(n for n, cls in REGISTRY.items() if cls is type(rule))
   if rule.source not in SOURCES:
     raise ValueError(f"config.reward.source={rule.source!r} is unknown; allowed: {list(SOURCES)}")
+  if rule.cross not in CROSS:
+    raise ValueError(f"config.reward.cross={rule.cross!r} is unknown; allowed: {list(CROSS)}")
   checks.probability("reward.audit_rate", rule.audit_rate)
   checks.number("reward.penalty", rule.penalty, 0)
   if rule.source == "checker":
     for key, value, default in (("pay", name, "team"), ("audit_rate", rule.audit_rate, 0.0),
-                                ("penalty", rule.penalty, 0.0)):
+                                ("penalty", rule.penalty, 0.0), ("cross", rule.cross, "none")):
       if value != default:
         raise ValueError(f"config.reward.{key}={value!r} acts only with config.reward.source='peer' (the "
                          f"checker rewards every episode); allowed with source='checker': {default!r}")
@@ -125,7 +134,26 @@ def check(rule: PayRule, judge_roles: tuple[int, ...], reruns: bool, role_credit
     raise ValueError(f"config.reward.pay={name!r} pays each judge its own reward, and this credit estimator "
                      f"gives every role the team's; allowed: config.credit.name='per_role', or role_baseline "
                      f"or role_normalized with config.credit.signal='role'")
+  check_cross(rule.cross, judge_roles, role_set_R, trainable_S)
   rule.check(len(judge_roles))
+
+
+def check_cross(cross: str, judge_roles: tuple[int, ...], role_set_R: tuple[int, ...],
+                trainable_S: tuple[bool, ...]) -> None:
+  """Cross-judging: with `other_set` or `frozen` no judge's parameter set is a judged role's; with
+  `frozen` no judge's set is trained either."""
+  if cross == "none":
+    return
+  judge_sets = {role_set_R[r] for r in judge_roles}
+  shared = sorted({r for r in range(len(role_set_R)) if r not in judge_roles and role_set_R[r] in judge_sets})
+  if shared:
+    raise ValueError(f"config.reward.cross={cross!r}: config.roles.sharing={','.join(map(str, role_set_R))} "
+                     f"gives judged roles {shared} a judge's parameter set; allowed: a role map whose judges' "
+                     f"sets are theirs alone (experiments/peer_review.py: sharing=judges or isolated)")
+  trained = sorted(s for s in judge_sets if trainable_S[s])
+  if cross == "frozen" and trained:
+    raise ValueError(f"config.reward.cross='frozen': the judges' parameter sets {trained} are trained; allowed: "
+                     f"config.roles.trainable with 0 for each of them (a reference judge)")
 
 
 def assign(rule: PayRule, roles: tuple[str, ...], judge_roles: tuple[int, ...], state,
@@ -171,14 +199,37 @@ def settle(rule: PayRule, state, judgments: engine.Judgments, audited_B
 def monitor(reviewed: Reviewed, truth_A, reported_A, answers_per_episode: int) -> dict:
   """What the checker says of the judges (it scores every answer for these, never for the loss): the
   judged answers' accuracy, what the judges' verdict reports of it and the distortion between them,
-  each judge's false accepts (accepted among wrong answers) and false rejects, and the ground-truth
-  labels (one per audited answer) that reached the loss per episode."""
-  wrong_A = truth_A == 0
-  return {"true_accuracy": truth_A.mean(), "reported_accuracy": reported_A.mean(),
-          "distortion": reported_A.mean() - truth_A.mean(),
-          "labels_per_episode": reviewed.audited_A.mean() * answers_per_episode,
-          "false_accept": jax.vmap(engine.rate, (0, None))(reviewed.accept_JxA, wrong_A),
-          "false_reject": jax.vmap(engine.rate, (0, None))(~reviewed.accept_JxA, ~wrong_A)}
+  each judge's false accepts (accepted among wrong answers), false rejects, balanced accuracy and the
+  AUROC of its statements, with two judges or more their agreement and effective number
+  (`marl_jax.judging`), and the ground-truth labels (one per audited answer) that reached the loss per
+  episode."""
+  wrong_A, accept_JxA = truth_A == 0, reviewed.accept_JxA
+  metrics = {"true_accuracy": truth_A.mean(), "reported_accuracy": reported_A.mean(),
+             "distortion": reported_A.mean() - truth_A.mean(),
+             "labels_per_episode": reviewed.audited_A.mean() * answers_per_episode,
+             "false_accept": jax.vmap(engine.rate, (0, None))(accept_JxA, wrong_A),
+             "false_reject": jax.vmap(engine.rate, (0, None))(~accept_JxA, ~wrong_A),
+             "balanced_accuracy": judging.balanced_accuracy(accept_JxA, truth_A),
+             "auroc": judging.auroc(reviewed.level_JxA, truth_A, len(reviewed.levels))}
+  if accept_JxA.shape[0] > 1:
+    metrics.update(judge_agreement=judging.agreement(accept_JxA),
+                   effective_judges=judging.effective_judges(accept_JxA, truth_A))
+  return metrics
+
+
+def evaluation(rule: PayRule, roles: tuple[str, ...], judge_roles: tuple[int, ...],
+               judgments: engine.Judgments | None) -> dict:
+  """The judges' `monitor` metrics on an evaluation batch, for a run rewarded by them (none for
+  `source=checker`): nothing is audited there, and the reported accuracy is the judges' mean
+  statement (the `reputation` rule's weights are training state)."""
+  if rule.source == "checker":
+    return {}
+  J, K, B = judgments.level_JxKxB.shape
+  reviewed = Reviewed(level_JxA=judgments.level_JxKxB.reshape(J, K * B), audited_A=jnp.zeros(K * B, bool),
+                      label_A=jnp.zeros(K * B), levels=judgments.levels)
+  metrics = monitor(reviewed, judgments.truth_KxB.reshape(K * B), reviewed.stated_JxA.mean(0), K)
+  del metrics["labels_per_episode"]  # no loss at evaluation
+  return name_judges(metrics, roles, judge_roles)
 
 
 def name_judges(metrics: dict, roles, judge_roles) -> dict:

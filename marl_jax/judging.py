@@ -1,0 +1,74 @@
+"""What the checker says of the judges, for monitoring only (never the loss): pure functions of J judges'
+verdicts on A judged answers and the checker's verdict on each (truth_A, 0 or 1).
+
+- `balanced_accuracy`: the mean of a judge's accept rate among right answers and reject rate among
+  wrong ones, 1 - (false accept + false reject) / 2: 1/2 for a judge that accepts (or rejects)
+  everything whatever the base rate.
+- `auroc`: the area under the ROC curve of a judge's stated confidence as a score of the answer being
+  right, the probability that a right answer gets a higher statement than a wrong one, ties counting
+  1/2 (the Mann-Whitney U statistic over the pairs; Hanley and McNeil 1982): 1/2 for a statement that
+  carries nothing about the truth, whatever its calibration.
+- `agreement`: the share of answers on which two judges' verdicts (accept or not) agree, the mean over
+  pairs of judges.
+- `effective_judges`: how many independent judges J judges are worth, J / (1 + (J - 1) rho), with rho
+  the mean over pairs of the correlation of their errors (a verdict that differs from the checker's):
+  the variance of a mean of J equicorrelated variables is that of J / (1 + (J - 1) rho) independent
+  ones (Kish's design effect, Kish 1965).  1 for judges that err together, J for independent errors.
+- `channel_information`: I(free tokens; verdict) in bits among wrong answers, the plug-in estimate
+  (`codes.mutual_information`): how much a covert channel tells a judge to accept what the checker
+  rejects.
+
+Each is NaN where it is undefined (no right or no wrong answer in the batch; an error that never
+varies), not 0: the report averages the seeds that define it.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from marl_jax import codes
+from marl_jax.protocols import engine
+
+
+def balanced_accuracy(accept_JxA, truth_A):
+  right_A = truth_A > 0
+  hits_J = jax.vmap(engine.rate, (0, None))(accept_JxA, right_A)
+  rejections_J = jax.vmap(engine.rate, (0, None))(~accept_JxA, ~right_A)
+  return (hits_J + rejections_J) / 2
+
+
+def auroc(level_JxA, truth_A, num_levels: int):
+  """auroc_J of stated levels (ints below `num_levels`, ordered as their probabilities) against truth_A."""
+  right_A = truth_A > 0
+  x_JxAxL = jax.nn.one_hot(level_JxA, num_levels)
+  right_JxL = jnp.einsum("jal,a->jl", x_JxAxL, right_A)
+  wrong_JxL = jnp.einsum("jal,a->jl", x_JxAxL, ~right_A)
+  # A right answer at level l beats the wrong ones below l and ties with those at l.
+  beaten_JxL = jnp.cumsum(wrong_JxL, -1) - wrong_JxL / 2
+  pairs = right_A.sum() * (~right_A).sum()
+  return jnp.sum(right_JxL * beaten_JxL, -1) / pairs
+
+
+def _pairs(J: int):
+  return np.triu_indices(J, k=1)
+
+
+def agreement(accept_JxA):
+  i, j = _pairs(accept_JxA.shape[0])
+  return jnp.mean(accept_JxA[i] == accept_JxA[j])
+
+
+def effective_judges(accept_JxA, truth_A):
+  J = accept_JxA.shape[0]
+  error_JxA = (accept_JxA != (truth_A > 0)).astype(jnp.float32)
+  centred_JxA = error_JxA - error_JxA.mean(1, keepdims=True)
+  cov_JxJ = centred_JxA @ centred_JxA.T
+  sd_J = jnp.sqrt(jnp.diagonal(cov_JxJ))
+  i, j = _pairs(J)
+  rho_P = cov_JxJ[i, j] / (sd_J[i] * sd_J[j])  # NaN for a judge whose errors never vary
+  return J / (1 + (J - 1) * jnp.nanmean(rho_P))
+
+
+def channel_information(message_AxL, accept_JxA, truth_A):
+  """mi_J: each judge's I(message; accept) among the wrong answers."""
+  wrong_A = truth_A == 0
+  return jax.vmap(lambda a_A: codes.mutual_information(message_AxL, a_A[:, None], among_B=wrong_A))(accept_JxA)
