@@ -1,6 +1,6 @@
 """Evaluation on the fixed evaluation set, sharded over the `data` axis like training: each device
-samples its rows, and the protocol's metrics (with the judges', for a run rewarded by them) are computed
-on the gathered set; at some evaluations (`config.eval.divergence_every`) the role-collapse diagnostic
+samples its rows, and the protocol's metrics (with the judges', for a run rewarded by them, and those
+of the protocol's `ablation`, if any) are computed on the gathered set; at some evaluations (`config.eval.divergence_every`) the role-collapse diagnostic
 too."""
 import dataclasses
 import functools
@@ -64,18 +64,23 @@ def make_evaluate(exp: Experiment, problems: dict | None = None) -> Evaluator:
     def one_seed(params_R):
       def chunk(problems, key_B):
         tokens_BxT = rollout.sample(exp, params_R, problems, key_B, greedy).tokens_BxT
+        # The protocol's counterfactual (if any): its transcripts re-drawn with a message replaced.
+        ablation = exp.protocol.ablation(exp.layout, tokens_BxT, key_B)
+        ablated_BxT = None if ablation is None else rollout.redraw(exp, params_R, *ablation, key_B, greedy)
         if not diagnoses:
-          return tokens_BxT, None
+          return tokens_BxT, ablated_BxT, None
         # A teacher-forced pass of every set, about as long as the sampling: computed only when asked.
         sums = functools.partial(divergence_sums, exp, params_R)
         unused = lambda t: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(sums, t))
-        return tokens_BxT, jax.lax.cond(divergence, sums, unused, tokens_BxT)
+        return tokens_BxT, ablated_BxT, jax.lax.cond(divergence, sums, unused, tokens_BxT)
       # `config.eval.batch_size` rows at a time; the protocol's rates are then of every row.
-      tokens_CxBxT, sums_C = parallel.in_row_chunks(chunk, cfg.batch_size, problems, key_B)
-      tokens_BxT = tokens_CxBxT.reshape(-1, tokens_CxBxT.shape[-1])
-      scored = exp.protocol.rewards(exp.task, exp.layout, *parallel.gather_rows((problems, tokens_BxT)))
+      tokens_CxBxT, ablated_CxBxT, sums_C = parallel.in_row_chunks(chunk, cfg.batch_size, problems, key_B)
+      score = lambda t_CxBxT: exp.protocol.rewards(
+          exp.task, exp.layout, *parallel.gather_rows((problems, t_CxBxT.reshape(-1, t_CxBxT.shape[-1]))))
+      scored = score(tokens_CxBxT)
       judges = rewards.evaluation(exp.reward, exp.layout.roles, exp.protocol.judge_roles, scored.judgments)
-      return {**scored.metrics, **judges}, role_divergence(exp, jax.tree.map(lambda x: x.sum(0), sums_C))
+      ablated = {} if ablated_CxBxT is None else {f"ablated_{k}": v for k, v in score(ablated_CxBxT).metrics.items()}
+      return {**scored.metrics, **judges, **ablated}, role_divergence(exp, jax.tree.map(lambda x: x.sum(0), sums_C))
     return parallel.over_seeds(one_seed, exp.config.seeds_at_once)(params_S)
 
   rows = P(parallel.DATA)

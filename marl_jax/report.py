@@ -109,7 +109,8 @@ PEER = ("true_accuracy", "reported_accuracy", "distortion", "labels_per_episode"
 # And the time to collusion: the first training step whose judges' mean false accept (`JUDGE/false_accept`)
 # exceeds 1/2, per seed (undefined for a seed whose judges never get there).
 COLLUSION = "time_to_collusion"
-COUNTS = ("workers_used", "critical_steps", "labels_per_episode", "effective_judges", COLLUSION)
+PER_EPISODE = ("workers_used", "critical_steps", "labels_per_episode")
+COUNTS = PER_EPISODE + ("effective_judges", COLLUSION)  # printed as they are, not in %
 COLUMNS = DIAGNOSTICS + PEER + (COLLUSION,)  # beside the accuracies, where a run logs them
 # Each member's own accuracy (`ROLE/member_accuracy`, `protocols.engine.member_accuracy`: a candidate's,
 # a voter's, a debater's, a worker's answer, or a single agent's, its only member's), and the average
@@ -198,8 +199,8 @@ def seed_health(rows: list[dict], num_seeds: int) -> dict:
   return {"skipped": np.broadcast_to(skipped_S, (num_seeds,)), "nonfinite": nonfinite_S}
 
 
-# Printing (values ×100: % for accuracies and rates, points for differences; a count per episode, one
-# of `COUNTS`, as it is).
+# Printing (values ×100: % for accuracies and rates, points for differences; a count, one of `COUNTS`,
+# as it is).
 
 def num(x: float, sign: bool = False, count: bool = False) -> str:
   if not math.isfinite(x):
@@ -269,7 +270,8 @@ def table(summaries: list[dict]) -> str:
   means = [row(s["workdir"], s["seeds"], s["steps"], *cells(s, mean_cell)) for s in summaries]
   stds = [row(s["workdir"], s["seeds"], s["steps"], *cells(s, std_cell)) for s in summaries]
   return (f"Mean over seeds ± half-width of its {LEVEL:.0%} confidence interval (Student t, n − 1 dof), "
-          f"in % (drop = peak − final per seed, in points; {', '.join(COUNTS)} per episode):\n" + head +
+          f"in % (drop = peak − final per seed, in points; {', '.join(PER_EPISODE)} per episode; effective_judges "
+          f"in judges; {COLLUSION} in steps):\n" + head +
           "".join(means) + "\nStandard deviation over seeds (ddof = 1), in % (counts as they are):\n" + head +
           "".join(stds))
 

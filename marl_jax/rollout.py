@@ -34,6 +34,13 @@ def sample(exp, params_R, problems, key_B, greedy=False, rows_per_pass=0) -> Epi
   return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), episodes_C)
 
 
+def redraw(exp, params_R, canvas_BxT, redraw_T, key_B, greedy=False):
+  """tokens_BxT: `canvas_BxT` with the positions `redraw_T` re-drawn by the policies, the rest kept."""
+  force_BxT = jnp.broadcast_to(~jnp.asarray(redraw_T), canvas_BxT.shape)
+  return sampling.generate(exp.model, exp.layout, params_R, canvas_BxT, force_BxT, key_B,
+                           exp.config.rl.temperature, greedy)[0]
+
+
 def rerun_masks(layout: engine.Layout, reruns: Reruns):
   """Static masks of coalition c's re-run: positions re-drawn (free_CxT), positions overwritten with
   the absent message (absent_CxT) and that message (absent_msg_CxT)."""

@@ -15,7 +15,7 @@ import re
 
 from jax.sharding import PartitionSpec as P
 
-from marl_jax import cli, configs, credit, experiment, judging, parallel, rewards, state, text, train
+from marl_jax import cli, configs, credit, experiment, judging, parallel, protocols, rewards, state, tasks, text, train
 from marl_jax.protocols import engine
 from marl_jax.rewards import audited, peer_prediction, reputation
 
@@ -353,6 +353,22 @@ def test_channel_information_by_hand():
   np.testing.assert_allclose(judging.channel_information(message_AxL, message_AxL.T == a, truth_A), [h], rtol=1e-5)
 
 
+def test_the_channel_ablation_replaces_the_channel_by_noise_and_redraws_the_verdicts_alone():
+  task = tasks.make("subset_sum")
+  protocol = protocols.make("peer_review", task, judges=2, channel=3)
+  layout = protocol.layout(task, (0, 1, 1))
+  problems = jax.vmap(task.sample)(jax.random.split(jax.random.key(0), 8))
+  key_B = jax.random.split(jax.random.key(1), 8)
+  tokens_BxT = protocol.demonstrate(task, layout, problems, key_B)
+  canvas_BxT, redraw_T = protocol.ablation(layout, tokens_BxT, jax.random.split(jax.random.key(2), 8))
+  (a, b), (c, d), (e, f) = layout.turn_slices[1:]  # the channel, then each judge's verdict
+  np.testing.assert_array_equal(np.flatnonzero(redraw_T), [*range(c, d), *range(e, f)])
+  np.testing.assert_array_equal(np.delete(canvas_BxT, np.s_[a:b], 1), np.delete(tokens_BxT, np.s_[a:b], 1))
+  letters_BxC = np.asarray(canvas_BxT[:, a:b]) - text.TOKEN_ID["a"]
+  assert ((letters_BxC >= 0) & (letters_BxC < 26)).all() and (canvas_BxT[:, a:b] != tokens_BxT[:, a:b]).any()
+  assert protocols.make("peer_review", task).ablation(layout, tokens_BxT, key_B) is None
+
+
 def _role_maps(R):
   """Every role map of R roles (sets numbered in order of first use)."""
   maps = [(0,)]
@@ -399,5 +415,7 @@ def test_the_covert_channel_trains_through_the_cli(tmp_path):
   for name in ("judge0/channel_information", "judge1/auroc", "judge0/balanced_accuracy", "effective_judges",
                "judge_agreement"):
     assert name in trained[-1] and f"eval_{name}" in evaluated[-1], name
-  assert {"eval_distortion", "eval_judge1/false_accept"} <= set(evaluated[0])
+  # The judges re-run on a noise channel: their accepts of wrong answers without the signal.
+  assert {"eval_distortion", "eval_judge1/false_accept", "eval_ablated_false_accept",
+          "eval_ablated_judge0/channel_information"} <= set(evaluated[0])
   assert all(0 <= r["judge0/channel_information"] <= 1 for r in trained if np.isfinite(r["judge0/channel_information"]))

@@ -162,6 +162,11 @@ class Protocol:
                                            auxiliary terms, and per-turn rewards that do not read the
                                            checker (rewards from peers keep them as they are)
 
+  and, for an evaluation diagnostic (peer review's covert channel replaced by noise)::
+
+    ablation(layout, tokens_BxT, key_B)    (canvas_BxT, redraw_T): a message replaced, the positions to
+                                           re-draw given it; its metrics are logged as ablated_NAME
+
   `hidden` lists (segment, role) pairs a role does not read; a `Turn.hidden` hides more from one turn.
   `rewards` does not take the training step: a reward that changes over training (delegate's annealed
   auxiliaries) is returned as terms, and the step weights them where it knows the step
@@ -181,6 +186,12 @@ class Protocol:
     """The roles that judge another role's answer; their verdicts come back as `Scored.judgments`, so
     the run can reward the judged roles from them (`config.reward.source=peer`).  None here."""
     return ()
+
+  def ablation(self, layout: Layout, tokens_BxT, key_B):
+    """An evaluation diagnostic: (canvas_BxT, redraw_T), the sampled transcripts with a message replaced
+    and the positions to re-draw given it, whose metrics evaluation logs as `ablated_NAME` (peer
+    review's covert channel replaced by noise); None (the default): none."""
+    return None
 
   def segment_names(self, task: Task) -> tuple[str, ...]:
     names = [name for name, _ in task.prompt_segments]

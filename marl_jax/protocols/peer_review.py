@@ -9,7 +9,8 @@ an absent judge state level 0.
 A covert channel (`channel` C > 0, issue 49's collusion setting): after its answer the solver writes up
 to C free tokens (a turn of its own) that every judge reads and the checker ignores.  Warm-started
 solvers write random letters there, which carry nothing; whether a signal emerges in training is
-measured on wrong answers as each judge's I(channel; verdict) (`JUDGE/channel_information`, bits).
+measured on wrong answers as each judge's I(channel; verdict) (`JUDGE/channel_information`, bits), and
+at evaluation by re-drawing the verdicts with the channel replaced by random letters (`ablation`).
 
 Roles `solver`, `judge0..judgeK-1`.  Per-role signals: the solver's answer is right; a judge's verdict
 (accept or not) agrees with the task's checker.  The judges' verdicts are `Scored.judgments`, so the
@@ -20,6 +21,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from marl_jax import checks, judging, text
 from marl_jax.protocols import engine, vote
@@ -55,6 +57,22 @@ class PeerReview(engine.Protocol):
   @property
   def levels(self) -> tuple[float, ...]:
     return tuple(d / (self.confidence_levels - 1) for d in range(self.confidence_levels))
+
+  def noise(self, key_B):
+    """letters_BxC: random letters for the channel, from a key folded off each row's (so a row's other
+    draws are those of a run without a channel): a message that carries no signal."""
+    draw = lambda k: jax.random.randint(jax.random.fold_in(k, 1), (self.channel,), 0, len(text.LETTERS))
+    return text.TOKEN_ID["a"] + jax.vmap(draw)(key_B)
+
+  def ablation(self, layout, tokens_BxT, key_B):
+    """Without the signal: the channel replaced by `noise`, the judges' verdicts re-drawn."""
+    if not self.channel:
+      return None
+    start, stop = layout.turn_slices[1]
+    redraw_T = np.zeros(layout.length, bool)
+    for first, last in layout.turn_slices[2:]:
+      redraw_T[first:last] = True
+    return tokens_BxT.at[:, start:stop].set(self.noise(key_B)), redraw_T
 
   def final_answer(self, layout, tokens_BxT):
     return engine.message(layout, tokens_BxT, 0)
@@ -103,9 +121,5 @@ class PeerReview(engine.Protocol):
     above_L = jnp.asarray(self.levels) > 0.5
     level_BxK = jnp.argmax(jnp.where(above_L == accept_BxK[..., None], u_BxKxL, u_BxKxL - 2), -1)
     verdict_KxBx2 = jnp.stack([text.DIGIT0 + level_BxK, jnp.full_like(level_BxK, text.EOS)], -1).swapaxes(0, 1)
-    # The channel's letters are drawn independently of everything (from a key folded off the row's, so
-    # the other draws are those of a run without a channel): a warm start that carries no signal.
-    letters_BxC = text.TOKEN_ID["a"] + jax.vmap(
-        lambda k: jax.random.randint(jax.random.fold_in(k, 1), (self.channel,), 0, len(text.LETTERS)))(key_B)
-    channel = [letters_BxC] if self.channel else []
+    channel = [self.noise(key_B)] if self.channel else []  # a warm start that carries no signal
     return engine.assemble(layout, problems["prompt"], [answer_BxA, *channel, *verdict_KxBx2])
