@@ -98,10 +98,12 @@ def seed_values(row: dict, name: str) -> np.ndarray:
 
 # Each workflow's own diagnostics at the last evaluation, where a run logs them (README, Workflows):
 # the solver-verifier's verdicts, role collapse among parallel agents, the judge, the debate's
-# revisions, delegation.  Rates print in %, the per-episode counts (`COUNTS`) as they are.
+# revisions, delegation, the judges of a run rewarded by them (their agreement, effective number and
+# false accepts with the covert channel replaced by noise).  Rates print in %, counts (`COUNTS`) as
+# they are.
 DIAGNOSTICS = ("false_accept", "false_reject", "same_message_rate", "agreement", "oracle", "judge_precision",
                "readable_pick", "fix_rate", "break_rate", "workers_used", "serial_collapse", "spurious_parallelism",
-               "critical_steps", "judge_agreement", "effective_judges")
+               "critical_steps", "judge_agreement", "effective_judges", "ablated_false_accept")
 # Rewards from peers (`config.reward.source=peer`, docs/peer_review.md): the checker's accuracy, what the
 # judges' verdict reported of it, the distortion between them and the ground-truth labels the loss
 # consumed per episode, at the last training step that logs them (evaluation always uses the checker).
