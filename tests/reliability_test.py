@@ -56,13 +56,13 @@ SIGTERM_IN_SECOND_WARM_START_CALL = """
 import os, signal, threading
 from marl_jax import sft
 programs, calls = sft._programs, []
-def signalled(exp, keys_S):
-  begin, chunk = programs(exp, keys_S)
-  def second_call_signalled(progress, keys_S):
+def signalled(exp, keys_S, *archived):
+  begin, chunk = programs(exp, keys_S, *archived)
+  def second_call_signalled(progress, keys_S, *archived):
     calls.append(1)
     if len(calls) == 2:  # from another thread, so the signal lands while the main thread is in the call
       threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGTERM)).start()
-    return chunk(progress, keys_S)
+    return chunk(progress, keys_S, *archived)
   return begin, second_call_signalled
 sft._programs = signalled
 """
