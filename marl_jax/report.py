@@ -129,9 +129,10 @@ def read_config(workdir: str) -> dict | None:
 
 
 def member_names(row: dict) -> list[str]:
-  """`ROLE/member_accuracy` of each member an evaluation row (of metrics.jsonl) scores, in logged order."""
+  """`ROLE/member_accuracy` of each member an evaluation row (of metrics.jsonl) scores, in logged order
+  (not those of a protocol's counterfactual, `eval_ablated_*`)."""
   return [k[len("eval_"):] for k in dict.fromkeys(k.rsplit("/seed", 1)[0] for k in row)
-          if k.startswith("eval_") and k.endswith(f"/{MEMBER}")]
+          if k.startswith("eval_") and not k.startswith("eval_ablated_") and k.endswith(f"/{MEMBER}")]
 
 
 def summarize(workdir: str) -> dict:

@@ -172,6 +172,11 @@ def test_cli_table_prints_what_peers_reported_against_the_checker(tmp_path, caps
   assert "| 0.00 ± n/a (1 of 3 seeds) |" in capsys.readouterr().out
 
 
+def test_a_protocols_counterfactual_is_not_a_member():
+  row = {"eval_solver/member_accuracy": 0.5, "eval_ablated_solver/member_accuracy": 0.5, "eval_accuracy": 0.5}
+  assert report.member_names(row) == ["solver/member_accuracy"]
+
+
 def test_time_to_collusion_is_the_first_step_the_judges_mean_false_accept_passes_one_half():
   # Three seeds, two judges, training rows at steps 10, 20, 30.  Seed 0's judges average 0.2, 0.6,
   # 0.9: step 20.  Seed 1's 0.45 (one judge alone above 1/2 does not count), 0.5 (not above), 0.8:
