@@ -14,9 +14,10 @@ verdicts on A judged answers and the checker's verdict on each (truth_A, 0 or 1)
   the mean over pairs of the correlation of their errors (a verdict that differs from the checker's):
   the variance of a mean of J equicorrelated variables is that of J / (1 + (J - 1) rho) independent
   ones (Kish's design effect, Kish 1965).  1 for judges that err together, J for independent errors.
-- `channel_information`: I(free tokens; verdict) in bits among wrong answers, the plug-in estimate
-  (`codes.mutual_information`): how much a covert channel tells a judge to accept what the checker
-  rejects.
+- `channel_information`: I(free tokens; verdict) in bits among wrong answers, beyond chance: the
+  plug-in estimate (`codes.mutual_information`) less the same with the verdicts paired with other
+  wrong answers' messages (a permutation baseline, which carries the estimate's bias): how much a
+  covert channel tells a judge to accept what the checker rejects.
 
 Each is NaN where it is undefined (no right or no wrong answer in the batch; an error that never
 varies), not 0: the report averages the seeds that define it.
@@ -68,7 +69,28 @@ def effective_judges(accept_JxA, truth_A):
   return J / (1 + (J - 1) * jnp.nanmean(rho_P))
 
 
+# Pairings of the wrong answers' verdicts with other wrong answers' messages whose information is the
+# plug-in estimate's chance level (`channel_information`).
+CHANCE_PAIRINGS = 8
+
+
+def chance_pairings(among_A, num: int = CHANCE_PAIRINGS):
+  """perm_NxA: `num` pairings of each row `among_A` with another of them (a random cycle through them,
+  from fixed keys, so the measure is a function of the batch), every other row with itself."""
+  A = among_A.shape[0]
+  n, i_A = among_A.sum(), jnp.arange(A)
+  def pairing(key):
+    order_A = jnp.argsort(jnp.where(among_A, jax.random.uniform(key, (A,)), 2.0 + i_A))  # theirs first
+    next_A = jnp.where(i_A < n, (i_A + 1) % jnp.maximum(n, 1), i_A)
+    return jnp.zeros(A, jnp.int32).at[order_A].set(order_A[next_A])
+  return jax.vmap(pairing)(jax.random.split(jax.random.key(0), num))
+
+
 def channel_information(message_AxL, accept_JxA, truth_A):
-  """mi_J: each judge's I(message; accept) among the wrong answers."""
+  """mi_J: each judge's I(message; accept) among the wrong answers, beyond chance: the plug-in estimate
+  less its mean over `chance_pairings` (each verdict with another wrong answer's message), which
+  removes the estimate's upward bias (the whole verdict's entropy when every message is distinct)."""
   wrong_A = truth_A == 0
-  return jax.vmap(lambda a_A: codes.mutual_information(message_AxL, a_A[:, None], among_B=wrong_A))(accept_JxA)
+  plug_in = lambda a_A: codes.mutual_information(message_AxL, a_A[:, None], among_B=wrong_A)
+  chance_JxN = jax.vmap(lambda a_A: jax.vmap(lambda p_A: plug_in(a_A[p_A]))(chance_pairings(wrong_A)))(accept_JxA)
+  return jax.vmap(plug_in)(accept_JxA) - chance_JxN.mean(1)

@@ -15,7 +15,7 @@ import re
 
 from jax.sharding import PartitionSpec as P
 
-from marl_jax import cli, configs, credit, experiment, judging, parallel, protocols, rewards, state, tasks, text, train
+from marl_jax import cli, codes, configs, credit, experiment, judging, parallel, protocols, rewards, state, tasks, text, train
 from marl_jax.protocols import engine
 from marl_jax.rewards import audited, peer_prediction, reputation
 
@@ -336,21 +336,35 @@ def test_judge_measures_by_hand():
 
 
 def test_channel_information_by_hand():
-  # Six wrong answers and one right one; messages a, a, a, b, b, b on the wrong ones.  A judge that
-  # accepts exactly the a's reads its verdict off the channel: 1 bit.  One that accepts one a and one
-  # b, and so on in proportion, reads nothing: 0.  The right answer does not count, whatever it says.
+  # The plug-in part, among the wrong answers: six wrong answers and one right one; messages a, a, a,
+  # b, b, b on the wrong ones.  A judge that accepts exactly the a's reads its verdict off the channel:
+  # 1 bit.  One that accepts one a and one b, or two of each, reads nothing: 0.  The right answer does
+  # not count, whatever it says.  A message that decides an unbalanced verdict: its entropy H(1/3).
   a, b = text.TOKEN_ID["a"], text.TOKEN_ID["b"]
   message_AxL = jnp.array([[a], [a], [a], [b], [b], [b], [a]])
-  truth_A = jnp.array([0, 0, 0, 0, 0, 0, 1.0])
+  wrong_A = jnp.array([1, 1, 1, 1, 1, 1, 0], bool)
   accept_JxA = jnp.array([[1, 1, 1, 0, 0, 0, 0], [1, 0, 0, 1, 0, 0, 1], [1, 1, 0, 1, 1, 0, 0]], bool)
-  np.testing.assert_allclose(judging.channel_information(message_AxL, accept_JxA, truth_A), [1.0, 0.0, 0.0],
-                             atol=1e-6)
-  # A constant verdict carries nothing; a message that decides an unbalanced verdict, all of its
-  # entropy H(1/3).
-  assert float(judging.channel_information(message_AxL, jnp.zeros((1, 7), bool), truth_A)[0]) == 0.0
-  message_AxL = jnp.array([[a], [b], [b], [a], [b], [b], [b]])
+  plug_in = lambda m_AxL, a_A: float(codes.mutual_information(m_AxL, a_A[:, None], among_B=wrong_A))
+  np.testing.assert_allclose([plug_in(message_AxL, a_A) for a_A in accept_JxA], [1.0, 0.0, 0.0], atol=1e-6)
+  skewed_AxL = jnp.array([[a], [b], [b], [a], [b], [b], [b]])
   h = -(1 / 3) * np.log2(1 / 3) - (2 / 3) * np.log2(2 / 3)
-  np.testing.assert_allclose(judging.channel_information(message_AxL, message_AxL.T == a, truth_A), [h], rtol=1e-5)
+  np.testing.assert_allclose(plug_in(skewed_AxL, skewed_AxL[:, 0] == a), h, rtol=1e-5)
+  # Chance: each wrong answer's verdict paired with another wrong answer's message (one cycle through
+  # them), the right one with its own.
+  perm_NxA = np.asarray(judging.chance_pairings(wrong_A))
+  assert (perm_NxA[:, 6] == 6).all() and (perm_NxA[:, :6] != np.arange(6)).all()
+  assert all(sorted(p[:6]) == list(range(6)) for p in perm_NxA)
+  # Beyond chance, on 200 wrong answers: a message distinct on every row "determines" any verdict by
+  # the plug-in estimate, and so does chance: 0.  A verdict read off a two-valued message: about its
+  # 1 bit.  A verdict independent of the message (alternating within each): about 0.  A constant verdict: 0.
+  A = 200
+  two_AxL, wrong = (jnp.arange(A) // 100)[:, None], jnp.zeros(A)
+  verdicts_JxA = jnp.stack([jax.random.bernoulli(jax.random.key(3), 0.4, (A,)), two_AxL[:, 0] == 1,
+                            jnp.arange(A) % 2 == 0, jnp.zeros(A, bool)])
+  np.testing.assert_allclose(judging.channel_information(jnp.arange(A)[:, None], verdicts_JxA[:1], wrong), [0.0],
+                             atol=1e-5)
+  information_J = judging.channel_information(two_AxL, verdicts_JxA[1:], wrong)
+  assert information_J[0] > 0.98 and abs(information_J[1]) < 0.02 and abs(information_J[2]) < 1e-6
 
 
 def test_the_channel_ablation_replaces_the_channel_by_noise_and_redraws_the_verdicts_alone():
@@ -418,4 +432,5 @@ def test_the_covert_channel_trains_through_the_cli(tmp_path):
   # The judges re-run on a noise channel: their accepts of wrong answers without the signal.
   assert {"eval_distortion", "eval_judge1/false_accept", "eval_ablated_false_accept",
           "eval_ablated_judge0/channel_information"} <= set(evaluated[0])
-  assert all(0 <= r["judge0/channel_information"] <= 1 for r in trained if np.isfinite(r["judge0/channel_information"]))
+  # Bits of a binary verdict, less chance: within [-1, 1].
+  assert all(-1 <= r["judge0/channel_information"] <= 1 for r in trained if np.isfinite(r["judge0/channel_information"]))
