@@ -5,6 +5,7 @@
   python -m marl_jax.report --compare A B --paired  B − A per seed (same config.seed and num_seeds)
   python -m marl_jax.report --split SINGLE MULTI    gain split: base → single-agent RL → multi-agent RL
   python -m marl_jax.report --seeds DIR             one row per seed, diverged seeds and the spread
+  python -m marl_jax.report --plot DIR FILE         a run rewarded by its judges, plotted (PNG)
 
 The team's accuracy (base, final, peak, drop) stands beside each member's own (`ROLE/member_accuracy`,
 where the workflow's members answer) and the average member's (`member_accuracy`), so --compare puts a
@@ -415,6 +416,58 @@ def seeds_table(workdir: str) -> str:
   return "".join(lines)
 
 
+def plot_peer(workdir: str, path: str) -> None:
+  """A run rewarded by its judges against steps, means over seeds, written to `path` (PNG): the checker's
+  accuracy, what the judges reported and the evaluated accuracy, with each seed's time to collusion
+  (dotted); each judge's false accepts and false rejects in training, and at evaluation the false
+  accepts with and without the covert channel; each judge's balanced accuracy and AUROC at evaluation;
+  with a channel, each judge's information beyond chance (bits)."""
+  from matplotlib.figure import Figure  # the plot alone needs it
+  rows = metrics.read(workdir)
+  trained = [r for r in rows if PEER[-1] in r or f"{PEER[-1]}/seed0" in r]
+  if not trained:
+    raise ValueError(f"--plot {workdir}: its metrics.jsonl holds no judges' metrics; allowed: a run with "
+                     f"config.reward.source='peer'")
+  evals = [r for r in rows if "eval_accuracy" in r]
+  judges = judge_names(trained[-1])
+
+  def curve(ax, name, from_rows, scale=100.0, **style):
+    kept = [r for r in from_rows if name in r or f"{name}/seed0" in r]
+    with warnings.catch_warnings():  # a step no seed defines stays NaN, a gap in the line
+      warnings.simplefilter("ignore", RuntimeWarning)
+      values = [scale * np.nanmean(seed_values(r, name)) for r in kept]
+    if kept:
+      ax.plot([r["step"] for r in kept], values, label=name, **style)
+
+  channel = any(f"eval_{j}/channel_information" in evals[-1] or f"eval_{j}/channel_information/seed0" in evals[-1]
+                for j in judges) if evals else False
+  fig = Figure(figsize=(5 * (3 + channel), 4))
+  axes = fig.subplots(1, 3 + channel)
+  for name in ("true_accuracy", "reported_accuracy"):
+    curve(axes[0], name, trained)
+  curve(axes[0], "eval_accuracy", evals, marker="o")
+  for step in defined(time_to_collusion(trained)) if judges else ():
+    axes[0].axvline(step, color="grey", linestyle=":")
+  for j in judges:
+    for name in ("false_accept", "false_reject"):
+      curve(axes[1], f"{j}/{name}", trained)
+  curve(axes[1], "eval_false_accept", evals, marker="o")
+  curve(axes[1], "eval_ablated_false_accept", evals, marker="s", linestyle="--")
+  for j in judges:
+    for name in ("balanced_accuracy", "auroc"):
+      curve(axes[2], f"eval_{j}/{name}", evals, marker="o")
+  for j in judges if channel else ():
+    curve(axes[3], f"eval_{j}/channel_information", evals, scale=1.0, marker="o")
+  titles = ("accuracy (%; dotted: time to collusion)", "judges' false accepts and rejects (%)",
+            "judges at evaluation (%)", "channel information beyond chance (bits)")
+  for ax, title in zip(axes, titles):
+    ax.set(title=title, xlabel="step")
+    ax.legend(fontsize=7)
+  fig.suptitle(workdir, fontsize=9)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+
+
 def main(argv: list[str] | None = None):
   parser = argparse.ArgumentParser(prog="python -m marl_jax.report", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -426,9 +479,12 @@ def main(argv: list[str] | None = None):
   parser.add_argument("--split", nargs=2, metavar=("SINGLE", "MULTI"),
                       help="split the gain: base → single-agent RL (SINGLE) → multi-agent RL (MULTI)")
   parser.add_argument("--seeds", metavar="DIR", help="one row per seed of DIR, diverged seeds, spread")
+  parser.add_argument("--plot", nargs=2, metavar=("DIR", "FILE"),
+                      help="plot DIR, a run rewarded by its judges, to FILE (PNG): accuracies, the judges' "
+                           "errors, AUROC, the covert channel (docs/peer_review.md)")
   args = parser.parse_args(argv)
-  if not (args.workdirs or args.compare or args.split or args.seeds):
-    parser.error("give workdirs, --compare A B, --split SINGLE MULTI or --seeds DIR")
+  if not (args.workdirs or args.compare or args.split or args.seeds or args.plot):
+    parser.error("give workdirs, --compare A B, --split SINGLE MULTI, --seeds DIR or --plot DIR FILE")
   if args.paired and not args.compare:
     parser.error("--paired goes with --compare A B")
   outputs = []
@@ -448,6 +504,8 @@ def main(argv: list[str] | None = None):
       outputs.append(split(*map(summarize, args.split)))
     if args.seeds:
       outputs.append(seeds_table(args.seeds))
+    if args.plot:
+      plot_peer(*args.plot)
   print("\n".join(outputs), end="")
 
 

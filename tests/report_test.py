@@ -456,3 +456,19 @@ def test_cli_split_refuses_runs_it_cannot_split(runs, tmp_path, capsys):
   write_config(multi, "vote")
   report.main(["--split", single, multi])
   assert "single / multi: 52 / 48 here" in capsys.readouterr().out
+
+
+def test_plot_draws_a_run_rewarded_by_its_judges_and_refuses_another(tmp_path, capsys):
+  run, out = str(tmp_path / "peer"), str(tmp_path / "peer.png")
+  write_run(run, {0: [0.3, 0.3], 50: [0.4, 0.5]},
+            extra={"true_accuracy": [0.4, 0.5], "reported_accuracy": [0.9, 0.7], "distortion": [0.5, 0.2],
+                   "labels_per_episode": [0, 0], "judge0/false_accept": [0.9, 0.1], "judge0/false_reject": [0, 0.2],
+                   "eval_judge0/auroc": [0.5, 0.7], "eval_judge0/channel_information": [0.0, 0.1],
+                   "eval_ablated_false_accept": [0.9, 0.2]})
+  report.main(["--plot", run, out])
+  assert open(out, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+  plain = str(tmp_path / "plain")
+  write_run(plain, {0: [0.3], 50: [0.4]})
+  with pytest.raises(SystemExit):
+    report.main(["--plot", plain, out])
+  assert "holds no judges' metrics; allowed: a run with config.reward.source='peer'" in capsys.readouterr().err
