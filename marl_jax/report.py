@@ -115,6 +115,8 @@ COLLUSION = "time_to_collusion"
 PER_EPISODE = ("workers_used", "critical_steps", "labels_per_episode")
 COUNTS = PER_EPISODE + ("effective_judges", COLLUSION)  # printed as they are, not in %
 COLUMNS = DIAGNOSTICS + PEER + (COLLUSION,)  # beside the accuracies, where a run logs them
+# Each judge's own at the last evaluation (`JUDGE/NAME`), after them.
+JUDGE_RATES = ("balanced_accuracy", "auroc")
 # Each member's own accuracy (`ROLE/member_accuracy`, `protocols.engine.member_accuracy`: a candidate's,
 # a voter's, a debater's, a worker's answer, or a single agent's, its only member's), and the average
 # member (`member_accuracy`: the mean over a run's members per seed), beside the team's accuracy.
@@ -165,7 +167,15 @@ def summarize(workdir: str) -> dict:
     out[name] = seed_values(peer_rows[-1], name)
   if peer_rows and judge_names(peer_rows[-1]):
     out[COLLUSION] = time_to_collusion(peer_rows)
+    for name in judge_columns([{k[len("eval_"):]: v for k, v in rows[-1].items() if k.startswith("eval_")}]):
+      out[name] = seed_values(rows[-1], f"eval_{name}")
   return out
+
+
+def judge_columns(summaries: list[dict]) -> list[str]:
+  """Each judge's `JUDGE_RATES` (`JUDGE/NAME`) that the runs (summaries, or rows without `eval_`) hold."""
+  names = dict.fromkeys(k.rsplit("/seed", 1)[0] for s in summaries for k in s)
+  return [n for n in names if n.count("/") == 1 and n.split("/")[1] in JUDGE_RATES]
 
 
 def judge_names(row: dict) -> list[str]:
@@ -260,7 +270,7 @@ def member_columns(summaries: list[dict]) -> list[str]:
 
 def table(summaries: list[dict]) -> str:
   cols = ["base", "final", *member_columns(summaries), "peak", "drop"]
-  cols += [c for c in COLUMNS if any(c in s for s in summaries)]
+  cols += [c for c in COLUMNS if any(c in s for s in summaries)] + judge_columns(summaries)
   head = row("run", "seeds", "steps", *cols) + "|---" * (3 + len(cols)) + "|\n"
 
   def mean_cell(c, x):
@@ -295,7 +305,7 @@ def compare(a: dict, b: dict, paired: bool = False) -> str:
   # Accuracy, the members' (a team's average member against a single agent, itself its only member)
   # and the diagnostics both runs log (e.g. two delegate runs' serial-collapse rates).
   both = lambda names: [c for c in names if c in a and c in b]
-  for c in ("final", *both(member_columns([a, b])), "peak", "drop", *both(COLUMNS)):
+  for c in ("final", *both(member_columns([a, b])), "peak", "drop", *both(COLUMNS + tuple(judge_columns([a, b])))):
     if paired:  # A, B and B − A over the seeds that both define
       both_S = np.isfinite(a[c]) & np.isfinite(b[c])
       a_S, b_S = a[c][both_S], b[c][both_S]

@@ -167,9 +167,12 @@ def test_cli_table_prints_what_peers_reported_against_the_checker(tmp_path, caps
   write_run(run, {0: [0.3, 0.3, 0.3], 50: [0.4, 0.5, 0.6]},
             extra={"true_accuracy": [0.4, 0.5, 0.6], "reported_accuracy": [0.6, 0.7, 0.8],
                    "distortion": [0.2, 0.2, 0.2], "labels_per_episode": [0, 0, 0],
-                   "judge0/false_accept": [0.9, 0.1, 0.5]})
+                   "judge0/false_accept": [0.9, 0.1, 0.5], "eval_judge0/auroc": [0.5, 0.6, 0.7]})
   report.main([run])
-  assert "| 0.00 ± n/a (1 of 3 seeds) |" in capsys.readouterr().out
+  out = capsys.readouterr().out
+  # And each judge's rates at the last evaluation, after it.
+  assert "| labels_per_episode | time_to_collusion | judge0/auroc |" in out
+  assert "| 0.00 ± n/a (1 of 3 seeds) | 60.0 ± 24.8 |" in out
 
 
 def test_a_protocols_counterfactual_is_not_a_member():
