@@ -2,8 +2,8 @@
 verdicts on A judged answers and the checker's verdict on each (truth_A, 0 or 1).
 
 - `balanced_accuracy`: the mean of a judge's accept rate among right answers and reject rate among
-  wrong ones, 1 - (false accept + false reject) / 2: 1/2 for a judge that accepts (or rejects)
-  everything whatever the base rate.
+  wrong ones, 1 - (false accept + false reject) / 2 (Brodersen et al. 2010): 1/2 for a judge that
+  accepts (or rejects) everything whatever the base rate.
 - `auroc`: the area under the ROC curve of a judge's stated confidence as a score of the answer being
   right, the probability that a right answer gets a higher statement than a wrong one, ties counting
   1/2 (the Mann-Whitney U statistic over the pairs; Hanley and McNeil 1982): 1/2 for a statement that
