@@ -66,9 +66,14 @@ def workflow_scenarios(size: str) -> dict:
   }
 
 
+def every_scenario(size: str) -> dict:
+  """Both grids' scenarios: name -> (experiment, its argument, overrides)."""
+  return {**scenarios(size), **workflow_scenarios(size)}
+
+
 def scenario_config(name: str, size: str) -> ml_collections.ConfigDict:
   """The run config of one learning scenario (the benchmark sets its credit group and seeds)."""
-  experiment, arg, overrides = {**scenarios(size), **workflow_scenarios(size)}[name]
+  experiment, arg, overrides = every_scenario(size)[name]
   c = configs.sibling(__file__, experiment).get_config(arg)
   for key, value in overrides.items():
     group, _, field = key.partition(".")
@@ -109,8 +114,7 @@ def get_config(arg=None):
     c.learning.update(num_seeds=20, total_steps=1000, eval_every=100)
   # Every scenario's whole run config, so any of its keys can be set from the command line
   # (`--config.runs.penalty.rl.batch_size=64`); `learning.scenarios` picks the ones to run.
-  c.runs = ml_collections.ConfigDict({name: scenario_config(name, size)
-                                      for name in {**scenarios(size), **workflow_scenarios(size)}})
+  c.runs = ml_collections.ConfigDict({name: scenario_config(name, size) for name in every_scenario(size)})
   if grid == "workflows":
     # Each team is compared with the single agent on its task (`learning.reference`).  In this order a
     # partial run has the reference and the workflows whose members' gap was measured first.

@@ -488,7 +488,9 @@ def learning_rows(config, workdir: str) -> list[dict]:
   trained as usual) once it has finished in this workdir (Welch: other warm starts, so not paired)."""
   rows = []
   for scenario in names(config.learning.scenarios):
-    per_seed = {}  # estimator -> (final_S, steps_to_target_S)
+    reference = reference_run(config, workdir, scenario)
+    reference_S = report.summarize(reference)["final"] if reference else None
+    per_seed = {}  # estimator -> (final_S, steps_to_target_S, member_S or None)
     for name in names(config.estimators):
       run = os.path.join(workdir, "learning", scenario, name)
       if not finished(run, config.learning.total_steps):
@@ -502,29 +504,24 @@ def learning_rows(config, workdir: str) -> list[dict]:
       for stat in ("final", "peak", "drop"):
         row.update(ci_cells(stat, s[stat]))
       row.update(ci_cells("steps_to_target", to_target))
-      row["final_S"] = s["final"]
       if report.MEMBER in s:
         row.update(ci_cells("member", s[report.MEMBER]))
-        row["member_S"] = s[report.MEMBER]
-      per_seed[name] = (s["final"], to_target)
+      per_seed[name] = (s["final"], to_target, s.get(report.MEMBER))
       rows.append(row)
+    scenario_rows = rows[len(rows) - len(per_seed):]
     if "team" in per_seed:
-      team_final_S, team_steps_S = per_seed["team"]
-      for row in rows[len(rows) - len(per_seed):]:
-        final_S, steps_S = per_seed[row["estimator"]]
+      team_final_S, team_steps_S, _ = per_seed["team"]
+      for row in scenario_rows:
+        final_S, steps_S, _ = per_seed[row["estimator"]]
         row.update(ci_cells("final_vs_team", final_S - team_final_S))
         with np.errstate(invalid="ignore"):  # inf - inf where neither reaches: dropped with the others
           row.update(ci_cells("steps_vs_team", steps_S - team_steps_S))
-  for row in rows:
-    reference = reference_run(config, workdir, row["scenario"])
-    if reference:
-      reference_S = report.summarize(reference)["final"]
-      row.update(welch_cells("final_vs_reference", reference_S, row["final_S"]))
-      if "member_S" in row:
-        row.update(welch_cells("member_vs_reference", reference_S, row["member_S"]))
-  for row in rows:
-    row.pop("member_S", None)
-    row.pop("final_S")
+    if reference_S is not None:
+      for row in scenario_rows:
+        final_S, _, member_S = per_seed[row["estimator"]]
+        row.update(welch_cells("final_vs_reference", reference_S, final_S))
+        if member_S is not None:
+          row.update(welch_cells("member_vs_reference", reference_S, member_S))
   return rows
 
 
@@ -666,11 +663,12 @@ def plot_learning(config, workdir: str, folder: str) -> None:
     fig = Figure(figsize=(11 if has_members else 6, 4))
     axes = fig.subplots(1, 2 if has_members else 1, squeeze=False)[0]
     reference = reference_run(config, workdir, scenario)
+    reference_curve = learning_curve(reference) if reference else None
     for ax, member in zip(axes, (False, True)):
       for name, run in cells.items():
         band(ax, *learning_curve(run, member), label=name)
-      if reference:
-        band(ax, *learning_curve(reference), label="single agent (team)", color="black", linestyle="--")
+      if reference_curve is not None:
+        band(ax, *reference_curve, label="single agent (team)", color="black", linestyle="--")
       ax.set(title=f"{scenario}: {'average member' if member else 'team'} eval accuracy, 95% band",
              xlabel="step", ylabel="accuracy (%)")
       ax.legend(fontsize=7)
