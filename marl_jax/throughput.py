@@ -226,16 +226,21 @@ def matmul_flops_per_s(reps: int = 20) -> float:
   n, dtype = reference_matmul()
   # Scaled so that repeated products keep unit-sized entries (unscaled, they overflow to inf).
   a = (jax.random.normal(jax.random.PRNGKey(0), (n, n)) / math.sqrt(n)).astype(dtype)
-  matmul = jax.jit(lambda x: x @ a)
-  x = matmul(a).block_until_ready()
+  return 2 * n ** 3 / best_seconds_per_call(jax.jit(lambda x: x @ a), a, reps)
+
+
+def best_seconds_per_call(step, x, reps: int) -> float:
+  """Seconds per call of `step` chained `reps` times (x = step(x)), the best of three timings after
+  one untimed call (its compile)."""
+  x = step(x).block_until_ready()
   best = np.inf
   for _ in range(3):
     start = time.perf_counter()
     for _ in range(reps):
-      x = matmul(x)
+      x = step(x)
     x.block_until_ready()
     best = min(best, (time.perf_counter() - start) / reps)
-  return 2 * n ** 3 / best
+  return best
 
 
 def rollout_flops(exp: experiment.Experiment) -> float:

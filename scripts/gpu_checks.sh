@@ -13,20 +13,10 @@ OUT=${1:-/tmp/gpu_checks}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 
-# Qwen3-0.6B's shapes: its config.json (the fixture's with the 0.6B sizes) and the fixture's tokenizer;
-# with random weights nothing else is read.
+# Qwen3-0.6B's shapes: its config.json (the fixture's with the 0.6B sizes) and the fixture's tokenizer
+# grown to its 151 936 words (`marl_jax.lm.bench.write_shapes`); with random weights nothing else is read.
 QWEN=$OUT/qwen3_0.6b_shapes
-python - "$QWEN" <<'EOF'
-import json, os, shutil, sys
-fixture = "tests/fixtures/lm/qwen3"
-config = json.load(open(f"{fixture}/config.json"))
-config.update(hidden_size=1024, intermediate_size=3072, num_attention_heads=16, num_key_value_heads=8,
-              head_dim=128, num_hidden_layers=28, layer_types=["full_attention"] * 28, vocab_size=151936,
-              max_position_embeddings=40960)
-os.makedirs(sys.argv[1], exist_ok=True)
-json.dump(config, open(f"{sys.argv[1]}/config.json", "w"), indent=2)
-shutil.copy(f"{fixture}/tokenizer.json", sys.argv[1])
-EOF
+python -c "import sys; from marl_jax.lm import bench; bench.write_shapes('qwen3-0.6b', sys.argv[1])" "$QWEN"
 
 SHORT=(--config.total_steps=30 --config.eval_every=30 --config.checkpoint_every=30 --config.log_every=10
        --config.sft.steps=30)
