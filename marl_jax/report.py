@@ -6,6 +6,7 @@
   python -m marl_jax.report --split SINGLE MULTI    gain split: base → single-agent RL → multi-agent RL
   python -m marl_jax.report --seeds DIR             one row per seed, diverged seeds and the spread
   python -m marl_jax.report --plot DIR FILE         a run rewarded by its judges, plotted (PNG)
+  python -m marl_jax.report --rates FILE DIR [DIR ...]  runs rewarded by their judges against audit rate (PNG)
 
 The team's accuracy (base, final, peak, drop) stands beside each member's own (`ROLE/member_accuracy`,
 where the workflow's members answer) and the average member's (`member_accuracy`), so --compare puts a
@@ -478,6 +479,59 @@ def plot_peer(workdir: str, path: str) -> None:
   fig.savefig(path, dpi=100)
 
 
+def setting_label(config: dict) -> str:
+  """A run of a peer-reward sweep by what it varies beside the audit rate: its payment rule, and the
+  collusion settings it adds (one parameter set for solver and judges, a covert channel)."""
+  reward, roles_, protocol = (config.get(k) or {} for k in ("reward", "roles", "protocol"))
+  return (reward.get("pay", "team") + (", shared parameters" if roles_.get("sharing") == "shared" else "") +
+          (f", channel {protocol['channel']}" if protocol.get("channel") else ""))
+
+
+def plot_rates(workdirs: list[str], path: str) -> None:
+  """Runs rewarded by their judges against their audit rate (`config.reward.audit_rate`), written to
+  `path` (PNG): the final evaluated accuracy (the checker's) and the accuracy the judges last reported
+  in training, mean over seeds with its 95% band, one line per payment rule and collusion setting
+  (`setting_label`) and seed set (solid: the first, dashed: the others); runs not rewarded by judges
+  (the checker-rewarded workflow, a single agent) as horizontal bands."""
+  from matplotlib.figure import Figure  # the plot alone needs it
+  lines, bands = {}, []
+  for w in workdirs:
+    s, config = summarize(w), read_config(w) or {}
+    reward = config.get("reward") or {}
+    if reward.get("source") == "peer":
+      lines.setdefault((setting_label(config), s["first_seed"]), []).append((reward["audit_rate"], s))
+    else:
+      bands.append(s)
+  if not lines:
+    raise ValueError("--rates: no run among the workdirs is rewarded by its judges; allowed: runs with "
+                     "config.reward.source='peer' (and baselines beside them)")
+  fig = Figure(figsize=(12, 4.5))
+  axes = fig.subplots(1, 2, sharey=True)
+  labels = sorted({label for label, _ in lines})
+  first_seeds = sorted({seed for _, seed in lines})
+  colours = {label: f"C{i}" for i, label in enumerate(labels)}
+  for ax, name in zip(axes, ("final", "reported_accuracy")):
+    for (label, seed), points in sorted(lines.items()):
+      points = sorted((rate, mean_ci(defined(s[name]))) for rate, s in points if name in s)
+      if not points:
+        continue
+      rate_N = np.array([rate for rate, _ in points])
+      mean_N, half_N = (100 * np.array([m[i] for _, m in points]) for i in (0, 1))
+      style = dict(color=colours[label], linestyle="-" if seed == first_seeds[0] else "--")
+      ax.plot(rate_N, mean_N, marker="o", label=f"{label} (seeds {seed}..)", **style)
+      ax.fill_between(rate_N, mean_N - half_N, mean_N + half_N, alpha=0.15, color=colours[label])
+    for i, s in enumerate(bands):
+      mean, half = (100 * x for x in mean_ci(s["final"]))
+      ax.axhspan(mean - half, mean + half, color=f"C{len(labels) + i}", alpha=0.2,
+                 label=f"{s['workdir']} (final)")
+    ax.set(xlabel="audit rate (config.reward.audit_rate)", ylabel="accuracy (%)")
+    ax.legend(fontsize=6)
+  axes[0].set_title("true accuracy: final evaluation, the checker's")
+  axes[1].set_title("reported accuracy: the judges' verdicts, last training step")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+
+
 def main(argv: list[str] | None = None):
   parser = argparse.ArgumentParser(prog="python -m marl_jax.report", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -492,9 +546,14 @@ def main(argv: list[str] | None = None):
   parser.add_argument("--plot", nargs=2, metavar=("DIR", "FILE"),
                       help="plot DIR, a run rewarded by its judges, to FILE (PNG): accuracies, the judges' "
                            "errors, AUROC, the covert channel (docs/peer_review.md)")
+  parser.add_argument("--rates", metavar="FILE",
+                      help="with workdirs: plot runs rewarded by their judges against their audit rate to FILE "
+                           "(PNG), true and reported accuracy per payment rule and seed set, beside baselines")
   args = parser.parse_args(argv)
   if not (args.workdirs or args.compare or args.split or args.seeds or args.plot):
     parser.error("give workdirs, --compare A B, --split SINGLE MULTI, --seeds DIR or --plot DIR FILE")
+  if args.rates and not args.workdirs:
+    parser.error("--rates FILE goes with workdirs")
   if args.paired and not args.compare:
     parser.error("--paired goes with --compare A B")
   outputs = []
@@ -516,6 +575,8 @@ def main(argv: list[str] | None = None):
       outputs.append(seeds_table(args.seeds))
     if args.plot:
       plot_peer(*args.plot)
+    if args.rates:
+      plot_rates(args.workdirs, args.rates)
   print("\n".join(outputs), end="")
 
 

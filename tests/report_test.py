@@ -475,3 +475,26 @@ def test_plot_draws_a_run_rewarded_by_its_judges_and_refuses_another(tmp_path, c
   with pytest.raises(SystemExit):
     report.main(["--plot", plain, out])
   assert "holds no judges' metrics; allowed: a run with config.reward.source='peer'" in capsys.readouterr().err
+
+
+def test_rates_plots_runs_rewarded_by_their_judges_against_their_audit_rate(tmp_path, capsys):
+  def run(name, reward, **config):
+    workdir = str(tmp_path / name)
+    write_run(workdir, {0: [0.1, 0.1], 100: [0.2, 0.3]},
+              extra={"true_accuracy": [0.2, 0.3], "reported_accuracy": [0.9, 0.8], "distortion": [0.7, 0.5],
+                     "labels_per_episode": [0.1, 0.1]} if reward.get("source") == "peer" else None)
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+      json.dump({"seed": 0, "reward": reward, **config}, f)
+    return workdir
+  runs = [run("team_0", {"source": "peer", "pay": "team", "audit_rate": 0.0}),
+          run("team_0.1", {"source": "peer", "pay": "team", "audit_rate": 0.1}),
+          run("channel", {"source": "peer", "pay": "team", "audit_rate": 0.0}, protocol={"channel": 2}),
+          run("checker", {"source": "checker", "pay": "team"})]
+  out = str(tmp_path / "rates.png")
+  report.main(["--rates", out, *runs])
+  assert open(out, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+  assert report.setting_label(report.read_config(runs[2])) == "team, channel 2"
+  assert report.setting_label({"reward": {"pay": "audited"}, "roles": {"sharing": "shared"}}) == "audited, shared parameters"
+  with pytest.raises(SystemExit):
+    report.main(["--rates", out, runs[-1]])
+  assert "no run among the workdirs is rewarded by its judges" in capsys.readouterr().err

@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 from marl_jax import cli, codes, configs, credit, experiment, judging, parallel, protocols, rewards, state, tasks, text, train
 from marl_jax.protocols import engine
-from marl_jax.rewards import audited, peer_prediction, reputation
+from marl_jax.rewards import audited, audited_team, peer_prediction, reputation
 
 EXPERIMENTS = pathlib.Path(__file__).resolve().parents[1] / "experiments"
 LEVELS = (0.0, 1 / 3, 2 / 3, 1.0)
@@ -133,6 +133,30 @@ def test_the_brier_scores_expected_pay_is_largest_at_the_level_nearest_the_true_
   assert abs(grid[np.argmax(q * audited.brier_score(grid, 1.0) + (1 - q) * audited.brier_score(grid, 0.0))] - q) < 0.006
 
 
+def test_audited_team_pays_the_brier_score_on_audits_and_a_share_of_the_judged_reward_elsewhere():
+  # One judge states 1, 0, 2/3, 1/3; the first and third episodes are audited (wrong, right).
+  reviewed = _reviewed([[3, 0, 2, 1]], [True, False, True, False], [0, 1, 1, 0])
+  pay_JxB, _, _ = _peer("audited_team", audit_rate=0.5, share=0.5).pay((), reviewed, jnp.array([0.0, 0.0, 1.0, 1 / 3]))
+  np.testing.assert_allclose(pay_JxB, [[0.0, 0.0, 1 - 1 / 9, 0.5 / 3]], rtol=1e-6)
+
+
+@pytest.mark.parametrize("q,audit_rate,share,judges", [(0.2, 0.1, 0.1, 2), (0.5, 0.25, 0.2, 1), (0.1, 0.5, 1.0, 2),
+                                                       (0.6, 0.1, 1.0, 2), (0.3, 1.0, 1.0, 3)])
+def test_audited_team_pays_most_for_the_belief_inflated_by_the_share(q, audit_rate, share, judges):
+  # A judge who believes the answer right with probability q, the other judges stating 1/2: its expected
+  # pay for statement s, from the rule's own pay, is largest at q + inflation (clipped to [0, 1]).
+  rule = _peer("audited_team", audit_rate=audit_rate, share=share)
+  grid = np.linspace(0, 1, 301)
+  levels = tuple(grid)
+  level_A = jnp.arange(len(grid))
+  pay = lambda audited_A, truth: rule.pay((), _reviewed(level_A[None], audited_A, truth, levels),
+                                         (grid + 0.5 * (judges - 1)) / judges)[0][0]
+  audited_pay = q * pay(True, 1) + (1 - q) * pay(True, 0)
+  expected = audit_rate * np.asarray(audited_pay) + (1 - audit_rate) * np.asarray(pay(False, 0))
+  best = min(1.0, q + audited_team.inflation(share, audit_rate, judges))
+  assert abs(grid[np.argmax(expected)] - best) < 0.004
+
+
 def test_correlated_agreement_by_hand():
   # Binary reports on 4 episodes: judge 0 says 1,1,0,0, judge 1 says 1,0,0,0.  Delta(x, y) = P(x, y) -
   # P(x) P(y): (0,0) .5 - .5*.75 > 0, (1,1) .25 - .5*.25 > 0, the others < 0: S is the identity.
@@ -193,8 +217,8 @@ def _config(experiment_name, arg):
 
 @pytest.mark.parametrize("overrides, message", [
     ({"reward.source": "peers"}, "config.reward.source='peers' is unknown; allowed: ['checker', 'peer']"),
-    ({"reward.pay": "vote"}, "config.reward.pay='vote' is unknown; allowed: ['audited', 'peer_prediction', "
-                             "'reputation', 'team']"),
+    ({"reward.pay": "vote"}, "config.reward.pay='vote' is unknown; allowed: ['audited', 'audited_team', "
+                             "'peer_prediction', 'reputation', 'team']"),
     ({"reward.audit_rate": 1.5}, "config.reward.audit_rate=1.5; allowed: a probability in [0, 1]"),
     ({"reward.penalty": -1.0}, "config.reward.penalty=-1.0; allowed: a number >= 0"),
     ({"reward.source": "checker"}, "config.reward.pay='reputation' acts only with config.reward.source='peer'"),

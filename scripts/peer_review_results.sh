@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Reproduces docs/results/peer_review.md: a solver rewarded by its judges (experiments/peer_review.py,
+# subset_sum, two judges) under each payment rule and audit rate, with and without collusion settings
+# (shared reward: pay=team; shared parameters: sharing=shared; a covert channel: channel=2), against
+# checker-rewarded training of the same workflow (source=checker) and the single agent on the same task
+# (experiments/tasks.py:task=subset_sum); 10 vmapped seeds per cell on two disjoint seed sets (0, 1000).
+# Shrunk to fit the shared 2-core CPU (`scale` below; docs/results/peer_review.md gives the wall times):
+# 8 problems x 8 samples a step, a 200-step warm start, 100 PPO steps, 256 evaluation problems.
+# Every cell starts from its seed set's warm start of the same parameter sets (a base run of step 0
+# alone, as the credit benchmark's workflow grid does), so cells are paired seed by seed.
+# Cell by cell in the order the page needs them (the baselines and the most informative cells first,
+# each on both seed sets before the next), so a partial run holds paired seed sets of the main
+# comparisons.  Resumable: a finished cell is not re-run (its checkpoint of the last step is
+# there), an interrupted one resumes from its last checkpoint (every 25 steps; a signal
+# saves at once).  The last loop prints each seed set's report, each cell against the checker baseline
+# (Welch), and the plot of accuracy against audit rate (OUT/seedS/rates.png).
+# Usage: [SIZE=tiny] [CELLS="checker team_0 ..."] [SEEDS="0 1000"] scripts/peer_review_results.sh [OUT]
+#   SIZE=tiny: the tests' variant (seconds a cell); CELLS: run only these cells (names below); SEEDS:
+#   these seed sets (one each in two processes runs them side by side).
+set -euo pipefail
+out=${1:-workdirs/peer_review}
+size=${SIZE:-cpu}
+steps=4  # each size's total_steps
+if [[ $size == cpu ]]; then
+  steps=100
+  scale=(--config.num_seeds=10 --config.total_steps=100 --config.rl.batch_size=64 --config.sft.steps=200
+         --config.eval.size=256 --config.steps_per_call=5 --config.log_every=5 --config.eval_every=25
+         --config.checkpoint_every=25)
+else
+  scale=(--config.num_seeds=2)
+fi
+# Cells: NAME BASE EXPERIMENT-ARGUMENT [FLAGS], the most informative first.  A base is a layout's warm
+# start, the run of step 0 alone: judges (the solver one parameter set, the judges another), shared (one
+# set), channel (the channel's turn in the canvas), single (one agent); its reward settings (team pay,
+# no audits) do not act at step 0.
+cells="
+checker judges source=checker
+team_0 judges pay=team,audit_rate=0
+audited_0.1 judges pay=audited,audit_rate=0.1
+audited_0.02 judges pay=audited,audit_rate=0.02
+audited_0.25 judges pay=audited,audit_rate=0.25
+peer_prediction_0 judges pay=peer_prediction,audit_rate=0
+peer_prediction_0.05 judges pay=peer_prediction,audit_rate=0.05
+reputation_0.1 judges pay=reputation,audit_rate=0.1
+channel_team_0 channel pay=team,audit_rate=0,channel=2
+shared_team_0 shared pay=team,audit_rate=0,sharing=shared
+audited_team_0.1 judges pay=audited_team,audit_rate=0.1 --config.reward.share=0.1
+channel_audited_team_0.1 channel pay=audited_team,audit_rate=0.1,channel=2 --config.reward.share=0.1
+single single -
+audited_0.05 judges pay=audited,audit_rate=0.05
+team_0.1 judges pay=team,audit_rate=0.1
+peer_prediction_0.25 judges pay=peer_prediction,audit_rate=0.25
+reputation_0.02 judges pay=reputation,audit_rate=0.02
+reputation_0.25 judges pay=reputation,audit_rate=0.25
+team_0.02 judges pay=team,audit_rate=0.02
+team_0.05 judges pay=team,audit_rate=0.05
+team_0.25 judges pay=team,audit_rate=0.25
+peer_prediction_0.02 judges pay=peer_prediction,audit_rate=0.02
+peer_prediction_0.1 judges pay=peer_prediction,audit_rate=0.1
+reputation_0.05 judges pay=reputation,audit_rate=0.05
+shared_audited_0.1 shared pay=audited,audit_rate=0.1,sharing=shared
+channel_audited_0.1 channel pay=audited,audit_rate=0.1,channel=2
+"
+config() {  # config BASE ARG: the --config flag of a cell (ARG '-': the single agent) or of a base (ARG '')
+  case $1/$2 in
+    single/*) echo "experiments/tasks.py:task=subset_sum,size=$size" ;;
+    shared/) echo "experiments/peer_review.py:pay=team,audit_rate=0,sharing=shared,size=$size" ;;
+    channel/) echo "experiments/peer_review.py:pay=team,audit_rate=0,channel=2,size=$size" ;;
+    judges/) echo "experiments/peer_review.py:pay=team,audit_rate=0,size=$size" ;;
+    *) echo "experiments/peer_review.py:$2,size=$size" ;;
+  esac
+}
+train() {  # train WORKDIR CONFIG [FLAGS...]
+  local workdir=$1 config=$2
+  shift 2
+  python -m marl_jax.main --config="$config" --workdir="$workdir" "${scale[@]}" "$@" > /dev/null
+}
+done_at() { [[ -d $1/checkpoints/$2 ]]; }  # done_at WORKDIR STEP: its checkpoint of STEP is saved
+wanted() { [[ -z ${CELLS:-} || " $CELLS " == *" $1 "* ]]; }
+seeds=${SEEDS:-0 1000}
+# Programs compiled once serve every cell and both seed sets (the evaluation, a rule's step).
+export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$out/compilation_cache}
+while read -r name base arg flags; do
+  [[ -n $name ]] && wanted "$name" || continue
+  for seed in $seeds; do
+    dir=$out/seed$seed
+    done_at "$dir/base_$base" 0 ||
+      train "$dir/base_$base" "$(config "$base" "")" --config.seed=$seed --config.total_steps=0
+    # shellcheck disable=SC2086  # FLAGS: words, none with spaces
+    done_at "$dir/$name" $steps ||
+      train "$dir/$name" "$(config "$base" "$arg")" --config.seed=$seed --config.init_from="$dir/base_$base" $flags
+  done
+done <<< "$cells"
+for seed in $seeds; do
+  dir=$out/seed$seed
+  runs=()
+  while read -r name _; do
+    [[ -n $name && -d $dir/$name ]] && runs+=("$dir/$name")
+  done <<< "$cells"
+  echo "## seeds $seed.."
+  python -m marl_jax.report --rates="$dir/rates.png" "${runs[@]}"
+  for run in "${runs[@]}"; do
+    [[ $run == */checker ]] || python -m marl_jax.report --compare "$dir/checker" "$run"
+  done
+done
