@@ -226,6 +226,9 @@ def with_new_defaults(saved: ml_collections.ConfigDict) -> ml_collections.Config
   if (saved.task.get("name") == "word_problems" and saved.protocol.get("name") != "single"
       and saved.task.get("chat_roles") == "agent:assistant"):
     saved.task.chat_roles = ""
+  # signalling's sender wrote any symbol until task.vocab (default 4 letters) narrowed its alphabet.
+  if saved.task.get("name") == "signalling" and "vocab" not in saved.task:
+    saved.task.vocab = 0
   return saved
 
 

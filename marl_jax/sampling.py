@@ -25,11 +25,22 @@ _ENV_ONLY_V = np.array([t.startswith(("<role", "<unused")) for t in text.TOKENS]
 _ENV_ONLY_V[[text.PAD, text.BOS, text.ABSENT]] = True
 
 
-def policy_log_probs(logits_xV, temperature: float):
+def policy_log_probs(logits_xV, temperature: float, allowed_xV=None):
   """Log-probs of the policy that samples at `temperature`; training uses the same distribution.
-  Canvas values past the engine's symbols (a free-text agent's other tokens) are the policy's."""
-  env_only_V = np.pad(_ENV_ONLY_V, (0, logits_xV.shape[-1] - len(_ENV_ONLY_V)))
-  return jax.nn.log_softmax(jnp.where(env_only_V, -1e9, logits_xV / temperature), axis=-1)
+  Canvas values past the engine's symbols (a free-text agent's other tokens) are the policy's.
+  `allowed_xV` (broadcast against the logits; the layout's `allowed_TxV` at the positions written), if
+  given, narrows a turn's vocabulary further."""
+  banned_xV = np.pad(_ENV_ONLY_V, (0, logits_xV.shape[-1] - len(_ENV_ONLY_V)))
+  if allowed_xV is not None:
+    pad = [(0, 0)] * (jnp.ndim(allowed_xV) - 1) + [(0, logits_xV.shape[-1] - allowed_xV.shape[-1])]
+    banned_xV = banned_xV | ~jnp.pad(allowed_xV, pad)
+  return jax.nn.log_softmax(jnp.where(banned_xV, -1e9, logits_xV / temperature), axis=-1)
+
+
+def _allowed_at(layout: Layout, t):
+  """The tokens position t (an int, or an array of positions: the result is t's shape x V) may hold;
+  None when no turn narrows them."""
+  return None if layout.allowed_TxV is None else jnp.asarray(layout.allowed_TxV)[t]
 
 
 def last_turn_end_V(layout: Layout) -> np.ndarray:
@@ -116,7 +127,7 @@ def generate(cfg: model_lib.ModelConfig, layout: Layout, params_R, canvas_BxT, f
   def write(carry, t):
     """Message position t of the acting view, from its latest logits."""
     tokens_BxT, valid_BxT, cache, logits_BxV, ended_B, done_B = carry
-    logp_BxV = policy_log_probs(logits_BxV, temperature)
+    logp_BxV = policy_log_probs(logits_BxV, temperature, _allowed_at(layout, t))
     keys_B = jax.vmap(jax.random.fold_in, in_axes=(0, None))(key_B, t)
     # A select, not a Python branch, so evaluation compiles one program for both decodings; with a
     # constant `greedy` XLA drops the branch not taken.
@@ -223,7 +234,7 @@ def token_log_probs(cfg: model_lib.ModelConfig, layout: Layout, params_R, tokens
   author_pass_T = pass_V[layout.author_view_T[1:]]
   T1 = len(author_pass_T)
   logits_TxBxV = logits_PxBxTxV[author_pass_T, :, np.arange(T1)]
-  logp_TxBxV = policy_log_probs(logits_TxBxV, temperature)
+  logp_TxBxV = policy_log_probs(logits_TxBxV, temperature, _allowed_at(layout, np.arange(1, T1 + 1)[:, None]))
   logp_BxT = jnp.take_along_axis(logp_TxBxV, tokens_BxT.T[1:, :, None], -1)[..., 0].T
   entropy_BxT = -jnp.sum(jnp.exp(logp_TxBxV) * logp_TxBxV, -1).T
   zero = jnp.zeros((tokens_BxT.shape[0], 1))
@@ -257,7 +268,8 @@ def next_token_divergence(cfg: model_lib.ModelConfig, layout: Layout, role_set_R
   # Position t (t >= 1) is predicted at t-1 through its author's view.
   author_pass_T, author_T = pass_V[layout.author_view_T[1:]], layout.author_T[1:]
   T1 = len(author_T)
-  logp_TxSxBxN = policy_log_probs(logits_PxSxBxTxN[author_pass_T, :, :, np.arange(T1)], temperature)
+  logp_TxSxBxN = policy_log_probs(logits_PxSxBxTxN[author_pass_T, :, :, np.arange(T1)], temperature,
+                                  _allowed_at(layout, np.arange(1, T1 + 1)[:, None, None]))
   own_set_T = np.asarray(role_set_R)[np.maximum(author_T, 0)]
   js_TxSxB = js_divergence(logp_TxSxBxN[np.arange(T1), own_set_T][:, None], logp_TxSxBxN)
   message_TxR = ((~layout.env_T[1:] & (author_T >= 0))[:, None]

@@ -84,6 +84,15 @@ def distillation_set(exp: experiment.Experiment) -> sft.Archived | None:
     raise ValueError(f"{where} was written by a team of roles {transcripts.metadata['roles']} on another canvas "
                      f"than this run's of roles {list(layout.roles)}: the task, the workflow and their settings "
                      f"must be the archived run's")
+  if layout.allowed_TxV is not None:
+    tokens_NxT = arrays["tokens"]
+    banned_NxT = ((layout.author_T >= 0) & (tokens_NxT != text.PAD)
+                  & ~layout.allowed_TxV[np.arange(layout.length), np.minimum(tokens_NxT, text.VOCAB_SIZE - 1)])
+    if banned_NxT.any():
+      n, t = np.argwhere(banned_NxT)[0]
+      raise ValueError(f"{where}: row {n} holds {text.TOKENS[tokens_NxT[n, t]]!r} at position {t}, which this run's "
+                       f"turn may not write (its vocabulary is narrower, e.g. config.task.vocab); allowed: an "
+                       f"archive written under the same vocabulary")
   S = int(arrays["seed"].max()) + 1
   if S not in (1, exp.config.num_seeds):
     raise ValueError(f"{where} holds {S} seeds; config.num_seeds={exp.config.num_seeds} needs 1 or the same number")

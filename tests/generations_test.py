@@ -37,17 +37,18 @@ def signalling_config(**overrides):
 
 
 def hand_made_archive(exp, data_dir: str, name: str):
-  """Each of the 9 objects twice: once right (the sender writes its values as letters, reversed; the
-  receiver the object) and once wrong (the sender `zz`, the receiver `00`), one seed."""
+  """Each of the 9 objects twice: once right (the sender writes its values as letters, reversed, then
+  `d`; the receiver the object) and once wrong (the sender `ddd`, the receiver `00`), one seed.  The
+  sender's letters are its alphabet's (`task.vocab`, a to d): fixed-length messages, no EOS."""
   object_NxK = jnp.array(list(itertools.product(range(3), repeat=2)) * 2, jnp.int32)
   right_N = np.arange(18) < 9
   N = len(right_N)
   prompt_NxP = jnp.concatenate([jnp.full((N, 1), text.BOS), text.DIGIT0 + object_NxK], 1)
   letters_NxK = text.TOKEN_ID["a"] + object_NxK[:, ::-1]
-  sender_NxM = jnp.where(right_N[:, None], letters_NxK, text.TOKEN_ID["z"])
+  sender_NxM = jnp.where(right_N[:, None], letters_NxK, text.TOKEN_ID["d"])
   receiver_NxK = jnp.where(right_N[:, None], text.DIGIT0 + object_NxK, text.DIGIT0)
   eos = jnp.full((N, 1), text.EOS)
-  tokens_NxT = engine.assemble(exp.layout, prompt_NxP, [jnp.concatenate([sender_NxM, eos], 1),
+  tokens_NxT = engine.assemble(exp.layout, prompt_NxP, [jnp.concatenate([sender_NxM, jnp.full((N, 1), text.TOKEN_ID["d"])], 1),
                                                          jnp.concatenate([receiver_NxK, eos], 1)])
   rows = {"tokens": np.asarray(tokens_NxT), "team_reward": right_N.astype(np.float32),
           "role_reward": np.repeat(right_N[:, None], 2, 1).astype(np.float32),
@@ -103,6 +104,9 @@ def test_a_seed_with_nothing_to_learn_and_another_canvas_are_refused(tmp_path):
     transcripts.distillation_set(experiment.build(signalling_config(**{"sft.transcripts": path[:-4] + "wrong"})))
   with pytest.raises(ValueError, match="on another canvas"):
     transcripts.distillation_set(experiment.build(signalling_config(**{"sft.transcripts": path, "task.num_attributes": 3})))
+  # A sender narrowed to a and b cannot learn the archive's c and d (row 0: object 00, message "aad").
+  with pytest.raises(ValueError, match="row 0 holds 'd' at position 6, which this run's turn may not write"):
+    transcripts.distillation_set(experiment.build(signalling_config(**{"sft.transcripts": path, "task.vocab": 2})))
 
 
 def test_an_archive_of_training_problems_is_not_the_evaluation_set():

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from marl_jax import codes, protocols, tasks, text
+from marl_jax import codes, protocols, sampling, tasks, text
+from marl_jax import model as model_lib
 from marl_jax.protocols import engine
 
 
@@ -106,3 +107,33 @@ def test_on_exchange_the_receiver_reads_only_the_message_and_the_code_is_logged(
   np.testing.assert_allclose(scored.team_B, 0.5)
   assert float(scored.metrics["topsim"]) == pytest.approx(1.0)
   assert float(scored.metrics["mutual_information"]) == pytest.approx(4.0)
+
+
+def test_the_senders_alphabet_is_the_only_thing_it_can_write():
+  # vocab=2: the sender's slot allows 'a' and 'b' only (fixed length: no EOS); the receiver's any
+  # writable token.  Logits that favour '1' by far still sample only 'a' or 'b' for the sender, with
+  # probability 1/2 each when their logits are equal, and teacher-forced scoring gives the same log-probs.
+  task = tasks.make("signalling", num_attributes=2, num_values=4, vocab=2)
+  layout = protocols.make("exchange", task).layout(task, (0, 1))
+  alphabet = [text.TOKEN_ID["a"], text.TOKEN_ID["b"]]
+  (s0, s1), (r0, r1) = layout.turn_slices
+  assert all(np.flatnonzero(layout.allowed_TxV[t]).tolist() == alphabet for t in range(s0, s1))
+  assert layout.allowed_TxV[r0:r1].all() and layout.allowed_TxV[:s0].all()
+  full = tasks.make("signalling", vocab=0)
+  assert protocols.make("exchange", full).layout(full, (0, 1)).allowed_TxV is None
+  logp_V = sampling.policy_log_probs(jnp.zeros(text.VOCAB_SIZE).at[text.DIGIT0 + 1].set(50.0), 1.0,
+                                     jnp.asarray(layout.allowed_TxV[s0]))
+  np.testing.assert_allclose(np.exp(logp_V[jnp.array(alphabet)]), [0.5, 0.5], rtol=1e-6)
+  assert float(jnp.exp(logp_V).sum()) == pytest.approx(1.0)
+
+  cfg = model_lib.ModelConfig(d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=layout.length)
+  params_R = jax.jit(model_lib.init_stack, static_argnums=(0, 2))(cfg, jax.random.key(0, impl="unsafe_rbg"), 2)
+  params_R["unembed"]["bias"] = params_R["unembed"]["bias"].at[:, text.DIGIT0 + 1].add(50.0)
+  problems = jax.vmap(task.sample)(jax.random.split(jax.random.key(1), 16))
+  canvas_BxT = engine.assemble(layout, problems["prompt"], [None, None])
+  tokens_BxT, logp_BxT, sampled_BxT = jax.jit(lambda p, c, k: sampling.generate(
+      cfg, layout, p, c, jnp.zeros(c.shape, bool), k, 1.0))(params_R, canvas_BxT, jax.random.split(jax.random.key(2), 16))
+  assert set(np.unique(tokens_BxT[:, s0:s1]).tolist()) <= set(alphabet)
+  assert (tokens_BxT[:, r0] == text.DIGIT0 + 1).all()  # the receiver is not narrowed
+  scored_BxT, _ = jax.jit(lambda p, t: sampling.token_log_probs(cfg, layout, p, t, 1.0))(params_R, tokens_BxT)
+  np.testing.assert_allclose(np.where(sampled_BxT, scored_BxT, 0), logp_BxT, atol=1e-4)

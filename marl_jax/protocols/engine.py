@@ -37,6 +37,9 @@ class Turn:
   # Segments this turn does not read on top of those its role does not (`Protocol.hidden`): a debate
   # round reads only the others' previous round.  The role's own messages stay visible.
   hidden: tuple[str, ...] = ()
+  # The tokens this turn may write, () for any the policy may write: a small alphabet (signalling's
+  # sender, `Task.message_vocab`), enforced by the sampler's mask (`sampling.policy_log_probs`).
+  vocab: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +62,9 @@ class Layout:
   visible_SxV: np.ndarray  # what each view reads
   role_view_R: tuple[int, ...]  # the view of each role's first turn
   turn_view_N: tuple[int, ...]
+  # allowed_TxV[t, v]: position t may hold token v; None when no turn narrows its vocabulary (the
+  # sampler then masks only the environment's tokens).
+  allowed_TxV: np.ndarray | None = None
 
   @property
   def length(self) -> int:
@@ -245,6 +251,12 @@ def _layout(protocol: Protocol, task: Task, role_set_R: tuple[int, ...]) -> Layo
   ends_TxV = np.zeros((len(seg), text.VOCAB_SIZE), bool)
   for p, toks in enumerate(ends):
     ends_TxV[p, list(toks)] = True
+  allowed_TxV = None
+  if any(t.vocab for t in protocol.turns):
+    allowed_TxV = np.ones((len(seg), text.VOCAB_SIZE), bool)
+    for t, (start, stop) in zip(protocol.turns, slices):
+      if t.vocab:
+        allowed_TxV[start:stop] = np.isin(np.arange(text.VOCAB_SIZE), t.vocab)
 
   visible = np.ones((len(names), len(roles)), bool)
   for segment, role in protocol.hidden:
@@ -286,7 +298,7 @@ def _layout(protocol: Protocol, task: Task, role_set_R: tuple[int, ...]) -> Layo
       visible_SxV=np.stack([v for _, v in distinct.values()], 1),
       role_view_R=tuple(turn_view_N[turn_roles.index(r)] if r in turn_roles
                         else views.index(key(r, visible[:, r])) for r in range(len(roles))),
-      turn_view_N=turn_view_N)
+      turn_view_N=turn_view_N, allowed_TxV=allowed_TxV)
 
 
 def message(layout: Layout, tokens_BxT, turn: int):

@@ -31,7 +31,7 @@ class Exchange(engine.Protocol):
     checks.integer("protocol.message_len", message_len, 0, note="0: a full copy")
     message_len = message_len or segments["part_a"] + 1
     kwargs.setdefault("hidden", (("part_b", "sender"),) * ("part_b" in segments) + (("part_a", "receiver"),))
-    turns = (engine.Turn("sender", message_len), engine.Turn("receiver", task.answer_len))
+    turns = (engine.Turn("sender", message_len, vocab=task.message_vocab), engine.Turn("receiver", task.answer_len))
     return cls(roles=("sender", "receiver"), turns=turns, message_len=message_len, **kwargs)
 
   def final_answer(self, layout, tokens_BxT):

@@ -79,6 +79,12 @@ class Task:
     key_K.  Default: the message's tokens up to its first EOS."""
     return canonical(message_A)
 
+  @property
+  def message_vocab(self) -> tuple[int, ...]:
+    """The tokens a sender may write in its message (`exchange`), () for any the policy may write:
+    signalling's small alphabet."""
+    return ()
+
   def message_metrics(self, problems: dict, message_BxL) -> dict:
     """Scalars that describe the code of a sender's messages (message_BxL) for a batch of problems,
     logged with the workflow's metrics by `exchange`: none by default (signalling's `codes`)."""

@@ -29,10 +29,15 @@ class Signalling(base.Task):
   num_attributes: int = 2
   num_values: int = 4  # attribute values 0..num_values-1, one digit each
   reward: str = "attributes"
+  # The sender's alphabet: the first `vocab` letters, which mean nothing before training (no EOS, so
+  # every message fills the protocol's message_len), as Lewis games give a small vocabulary; 0: every
+  # symbol the policy may write.
+  vocab: int = 4
 
   def __post_init__(self):
     checks.integer("task.num_attributes", self.num_attributes, 1)
     checks.integer("task.num_values", self.num_values, 2, 10, note="one digit per value")
+    checks.integer("task.vocab", self.vocab, 0, len(text.LETTERS), note="letters; 0: every writable symbol")
     if self.reward not in REWARDS:
       raise ValueError(f"config.task.reward={self.reward!r} is unknown; allowed: {list(REWARDS)}")
 
@@ -47,6 +52,10 @@ class Signalling(base.Task):
   @property
   def answer_len(self) -> int:
     return self.num_attributes + 1
+
+  @property
+  def message_vocab(self) -> tuple[int, ...]:
+    return tuple(text.TOKEN_ID[c] for c in text.LETTERS[:self.vocab])
 
   def sample(self, key) -> dict:
     object_K = jax.random.randint(key, (self.num_attributes,), 0, self.num_values)
