@@ -86,8 +86,11 @@ class ModelConfig(SetStack):
   max_len: int = 64
   dtype: Any = jnp.float32  # compute dtype; parameters stay float32
 
-  def apply(self, params, tokens_BxL, start, key_ok_BxT, cache=None):
-    return Transformer(self).apply({"params": params}, tokens_BxL, start, key_ok_BxT, cache)
+  def apply(self, params, tokens_BxL, start, key_ok_BxT, cache=None, last_logits=False):
+    logits_BxLxV, cache = Transformer(self).apply({"params": params}, tokens_BxL, start, key_ok_BxT, cache)
+    # All positions' logits, then the last: the program a sampler slicing them has always compiled, so
+    # its float rounding is unchanged (a 96-symbol unembedding costs little).
+    return (logits_BxLxV[:, -1:] if last_logits else logits_BxLxV), cache
 
   def empty_cache(self, batch: int, length: int):
     shape = (batch, length, self.n_heads, self.d_model // self.n_heads)
@@ -144,14 +147,10 @@ def write_cache(cache, start, k_BxLxNxK, v_BxLxNxK):
   return cache["k"], cache["v"], cache
 
 
-def attend(q_BxLxHxK, k_BxTxNxK, v_BxTxNxK, mask_BxLxT, dtype):
-  """Softmax attention (in float32) where N key/value heads serve groups of H/N query heads: query head
-  h reads key/value head h // (H/N), as grouped-query checkpoints are laid out.  The key/value heads
-  are repeated to H rather than grouped in the einsum, which keeps the built-in model (N = H)
-  numerically identical to its earlier runs (XLA rounds a differently shaped dot differently)."""
-  H, K = q_BxLxHxK.shape[2:]
-  k_BxTxHxK = jnp.repeat(k_BxTxNxK, H // k_BxTxNxK.shape[2], axis=2)
-  v_BxTxHxK = jnp.repeat(v_BxTxNxK, H // v_BxTxNxK.shape[2], axis=2)
+def attend(q_BxLxHxK, k_BxTxHxK, v_BxTxHxK, mask_BxLxT, dtype):
+  """Softmax attention (in float32), one key/value head per query head (`lm.model.attend` groups
+  query heads for grouped-query checkpoints)."""
+  K = q_BxLxHxK.shape[3]
   att_BxHxLxT = jnp.einsum("blhk,bthk->bhlt", q_BxLxHxK, k_BxTxHxK) / jnp.sqrt(K).astype(dtype)
   att_BxHxLxT = jnp.where(mask_BxLxT[:, None], att_BxHxLxT.astype(jnp.float32), -1e9)
   att_BxHxLxT = jax.nn.softmax(att_BxHxLxT, axis=-1).astype(dtype)
@@ -286,10 +285,11 @@ def init_module_stack(module: nn.Module, max_len: int, key, n_sets: int):
 # `Experiment.model`; a mixed team (`team.Team`) provides the per-set part (`set_model` gives each
 # set's own model for `apply`, `empty_cache` and `flops_per_token`).
 
-def apply(model, params, tokens_BxL, start, key_ok_BxT, cache=None):
+def apply(model, params, tokens_BxL, start, key_ok_BxT, cache=None, last_logits=False):
   """One parameter set (unstacked): logits over the engine's symbols and the updated cache; vmap this
-  over a stacked leading axis."""
-  return model.apply(params, tokens_BxL, start, key_ok_BxT, cache)
+  over a stacked leading axis.  `last_logits`: the last position's logits only (logits_Bx1xV), all a
+  prefill chunk's reader needs."""
+  return model.apply(params, tokens_BxL, start, key_ok_BxT, cache, last_logits=last_logits)
 
 
 def empty_cache(model, batch: int, length: int):

@@ -117,7 +117,9 @@ def generate(cfg: model_lib.ModelConfig, layout: Layout, params_R, canvas_BxT, f
   `canvas_BxT` holds the prompt and any forced tokens (where `force_BxT`); turn headers (role
   markers) come from the layout.  A message closes at EOS (the rest of its slot is PAD); a token in the turn's
   `ends_episode_on` closes the episode (every later position is PAD, headers included).  Each turn is
-  its view's prefill chunks and one `lax.scan` over its message (`read_schedule`).
+  its view's prefill chunks (of which only the last position's logits are computed) and one
+  `lax.while_loop` over its message (`read_schedule`), which stops once every row has ended; the KV
+  cache is its carry, written in place.
   """
   B, T = canvas_BxT.shape
   ends_TxV = jnp.asarray(layout.ends_episode_TxV)
@@ -147,12 +149,19 @@ def generate(cfg: model_lib.ModelConfig, layout: Layout, params_R, canvas_BxT, f
              logits_BxV, ended_B, done_B)
     return carry, (logp_B, sampled_B)
 
-  def write_and_read(apply, visible_T, carry, t):
+  def write_and_read(apply, visible_T, state):
     """Writes position t, then the acting view reads it (`apply`: its set) for the logits of t + 1."""
-    carry, out = write(carry, t)
+    t, carry, logp_BxT, sampled_BxT = state
+    carry, (logp_B, sampled_B) = write(carry, t)
     tokens_BxT, valid_BxT, cache, _, ended_B, done_B = carry
     logits_Bx1xV, cache = apply(tokens_BxT[:, t][:, None], t, valid_BxT & visible_T, cache)
-    return (tokens_BxT, valid_BxT, cache, logits_Bx1xV[:, 0], ended_B, done_B), out
+    return (t + 1, (tokens_BxT, valid_BxT, cache, logits_Bx1xV[:, 0], ended_B, done_B),
+            logp_BxT.at[:, t].set(logp_B), sampled_BxT.at[:, t].set(sampled_B))
+
+  def writing(stop, state):
+    """Whether the message loop goes on: positions left and a row still writing."""
+    t, (_, _, _, _, ended_B, done_B), _, _ = state
+    return (t < stop - 1) & any_row(~(ended_B | done_B))
 
   tokens_BxT = canvas_BxT
   valid_BxT = jnp.zeros((B, T), bool).at[:, :layout.prompt_len].set(
@@ -171,15 +180,38 @@ def generate(cfg: model_lib.ModelConfig, layout: Layout, params_R, canvas_BxT, f
     tokens_BxT = tokens_BxT.at[:, header_start:start].set(header_BxH)
     valid_BxT = valid_BxT.at[:, header_start:start].set(header_BxH != text.PAD)
     for a, b in chunks:  # the last chunk ends with the header: its last logits give the first token
-      logits_BxLxV, cache_V[v] = apply(tokens_BxT[:, a:b], a, valid_BxT & visible_T, cache_V[v])
-    carry = (tokens_BxT, valid_BxT, cache_V[v], logits_BxLxV[:, -1], jnp.zeros(B, bool), done_B)
-    carry, (logp_xB, sampled_xB) = jax.lax.scan(functools.partial(write_and_read, apply, visible_T),
-                                                carry, jnp.arange(start, stop - 1))
+      logits_Bx1xV, cache_V[v] = apply(tokens_BxT[:, a:b], a, valid_BxT & visible_T, cache_V[v],
+                                       last_logits=True)
+    carry = (tokens_BxT, valid_BxT, cache_V[v], logits_Bx1xV[:, 0], jnp.zeros(B, bool), done_B)
+    t, carry, logp_BxT, sampled_BxT = jax.lax.while_loop(
+        functools.partial(writing, stop), functools.partial(write_and_read, apply, visible_T),
+        (jnp.int32(start), carry, logp_BxT, sampled_BxT))
+    # Once every row has ended, the rest of the message is PAD (never valid, never sampled, log-prob
+    # 0), as `write` would have made it.
+    tokens_BxT, valid_BxT, cache_V[v], logits_BxV, ended_B, done_B = carry
+    rest_T = (jnp.arange(T) >= t) & (jnp.arange(T) < stop - 1)
+    carry = (jnp.where(rest_T, text.PAD, tokens_BxT), valid_BxT, cache_V[v], logits_BxV, ended_B, done_B)
     carry, (logp_B, sampled_B) = write(carry, stop - 1)  # its logits would predict the next turn's header
     tokens_BxT, valid_BxT, cache_V[v], _, _, done_B = carry
-    logp_BxT = logp_BxT.at[:, start:stop].set(jnp.concatenate([logp_xB, logp_B[None]]).T)
-    sampled_BxT = sampled_BxT.at[:, start:stop].set(jnp.concatenate([sampled_xB, sampled_B[None]]).T)
+    logp_BxT = logp_BxT.at[:, stop - 1].set(logp_B)
+    sampled_BxT = sampled_BxT.at[:, stop - 1].set(sampled_B)
   return tokens_BxT, logp_BxT, sampled_BxT
+
+
+@jax.custom_batching.custom_vmap
+def any_row(flags_B):
+  """Whether any flag is set.  Under `jax.vmap` (generate runs vmapped over seeds) the flags of every
+  vmapped instance count and the answer stays unbatched: a batched while-loop predicate would make JAX
+  select between the old and the new carry every iteration, a copy of the whole KV cache per token.
+  The message loop's body leaves a row that has ended as it is, so looping on for another instance's
+  rows changes nothing."""
+  return jnp.any(flags_B)
+
+
+@any_row.def_vmap
+def _any_row_vmap(axis_size, in_batched, flags_xB):
+  del axis_size, in_batched
+  return any_row(flags_xB), False
 
 
 def scoring_passes(layout: Layout, group_V) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -134,11 +134,12 @@ class LMAgent(model_lib.SetStack):
     """Canvas values the policy reads and writes: text.VOCAB_SIZE, or more with free text."""
     return len(self.canvas_ids_V)
 
-  def apply(self, params, tokens_BxL, start, key_ok_BxT, cache=None):
-    """Logits over the canvas values, logits_BxLxV, and the updated cache."""
+  def apply(self, params, tokens_BxL, start, key_ok_BxT, cache=None, last_logits=False):
+    """Logits over the canvas values, logits_BxLxV (the last position's alone with `last_logits`), and
+    the updated cache."""
     ids_V = jnp.asarray(self.canvas_ids_V)
-    decoder = lambda variables: lm_model.Decoder(self.lm).apply(variables, ids_V[tokens_BxL], start,
-                                                                key_ok_BxT, cache, features=True)
+    decoder = lambda variables: lm_model.Decoder(self.lm).apply(
+        variables, ids_V[tokens_BxL], start, key_ok_BxT, cache, features=True, last_logits=last_logits)
     if self.lora is None:
       base = params
       x_BxLxD, cache = decoder({"params": base})

@@ -1,15 +1,18 @@
 """Qwen3- and Llama-family decoders with the built-in model's call contract (`marl_jax.model`).
 
-The same fixed canvas, KV cache layout, `key_ok_BxT` & causal mask and stacked parameter sets, so
-sampling and training code can hold either model.  RoPE positions are canvas positions: a row whose
+The same fixed canvas, `key_ok_BxT` & causal mask, KV cache contract (`empty_cache`, passed to
+`apply` and handed back written) and stacked parameter sets, so sampling and training code can hold
+either model.  RoPE positions are canvas positions: a row whose
 text starts later on the canvas (left padding) gets the same attention scores, since RoPE only sees
 the distance between query and key.  Parameters are float32; `dtype` is the compute dtype.
 """
 import dataclasses
+import functools
 import math
 from typing import Any
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -141,13 +144,49 @@ def rope(x_BxLxHxK, positions_L, inv_freq_K2):
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x_BxLxHxK.dtype)
 
 
+def attend(q_BxLxHxK, k_BxLxNxK, v_BxLxNxK, mask_BxLxT, start, layer_cache, dtype):
+  """Softmax attention (in float32) where N key/value heads serve groups of G = H/N query heads: query
+  head h reads key/value head h // G, as grouped-query checkpoints are laid out.  The query heads are
+  grouped in the einsums (q_BxLxNxGxK), so keys and values are never repeated to every head.
+
+  Without `layer_cache` the L queries read the L new keys (`mask_BxLxT` over them, T = L).  With it
+  (one layer's cache, `empty_cache`) they read the cached positions before `start` and the new keys
+  at start..start+L-1 (`mask_BxLxT` over the canvas): one softmax over both, so nothing has to be
+  written before it is read, and the cache is only read here (`Decoder` writes it once)."""
+  B, L, H, K = q_BxLxHxK.shape
+  N = k_BxLxNxK.shape[2]
+  q_BxLxNxGxK = q_BxLxHxK.reshape(B, L, N, H // N, K)
+  scores = [jnp.einsum("blngk,bmnk->bnlgm", q_BxLxNxGxK, k_BxLxNxK)]
+  masks = [mask_BxLxT]
+  if layer_cache is not None:
+    T = mask_BxLxT.shape[-1]
+    masks = [mask_BxLxT & (jnp.arange(T) < start), jax.lax.dynamic_slice_in_dim(mask_BxLxT, start, L, 2)]
+    # Keys are cached [B, N, K, T] (positions minor): XLA:CPU ran this product 30x faster than with
+    # the positions major, [B, N, T, K], at a 384-position canvas.
+    scores.insert(0, jnp.einsum("blngk,bnkt->bnlgt", q_BxLxNxGxK, layer_cache["k"]))
+  att_BxNxLxGxS = jnp.concatenate(
+      [jnp.where(m_BxLxS[:, None, :, None], s.astype(jnp.float32) / np.sqrt(K).astype(np.float32), -1e9)
+       for s, m_BxLxS in zip(scores, masks)], -1)
+  att_BxNxLxGxS = jax.nn.softmax(att_BxNxLxGxS, axis=-1).astype(dtype)
+  o_BxLxNxGxK = jnp.einsum("bnlgm,bmnk->blngk", att_BxNxLxGxS[..., -L:], v_BxLxNxK)
+  if layer_cache is not None:
+    o_BxLxNxGxK += jnp.einsum("bnlgt,bntk->blngk", att_BxNxLxGxS[..., :-L], layer_cache["v"])
+  return o_BxLxNxGxK.reshape(B, L, H, K)
+
+
 class Layer(nn.Module):
-  """Pre-norm attention and SwiGLU MLP; submodule names are the checkpoint's (see checkpoint.py)."""
+  """Pre-norm attention and SwiGLU MLP; submodule names are the checkpoint's (see checkpoint.py).
+
+  The carry is (x_BxLxD, this layer's index); with a cache the layer returns its new keys and values
+  (rotated) rather than a written cache, and reads its own cache through a `lax.switch` on the index:
+  each layer's cache is its own buffer, which a branch reads where it lies, where slicing a stacked
+  cache at a traced layer copies the slice (on CPU, 3x the time of the read itself)."""
   cfg: LMConfig
 
   @nn.compact
-  def __call__(self, x_BxLxD, start, positions_L, mask_BxLxT, cache):
+  def __call__(self, carry, start, positions_L, mask_BxLxT, cache):
     cfg = self.cfg
+    x_BxLxD, layer = carry
     norm = lambda name: nn.RMSNorm(epsilon=cfg.rms_norm_eps, dtype=cfg.dtype, name=name)
     dense = lambda feats, name: nn.DenseGeneral(feats, use_bias=False, dtype=cfg.dtype, name=name)
     heads_q, heads_kv = (cfg.num_attention_heads, cfg.head_dim), (cfg.num_key_value_heads, cfg.head_dim)
@@ -158,41 +197,56 @@ class Layer(nn.Module):
       q_BxLxHxK, k_BxLxNxK = norm("q_norm")(q_BxLxHxK), norm("k_norm")(k_BxLxNxK)
     inv_freq_K2 = rope_frequencies(cfg)
     # Keys enter the cache already rotated to their own canvas position.
-    k_BxTxNxK, v_BxTxNxK, cache = model_lib.write_cache(
-        cache, start, rope(k_BxLxNxK, positions_L, inv_freq_K2), dense(heads_kv, "v_proj")(y_BxLxD))
-    o_BxLxHxK = model_lib.attend(rope(q_BxLxHxK, positions_L, inv_freq_K2), k_BxTxNxK, v_BxTxNxK,
-                                 mask_BxLxT, cfg.dtype)
+    q_BxLxHxK = rope(q_BxLxHxK, positions_L, inv_freq_K2)
+    k_BxLxNxK = rope(k_BxLxNxK, positions_L, inv_freq_K2)
+    v_BxLxNxK = dense(heads_kv, "v_proj")(y_BxLxD)
+    attention = lambda layer_cache: attend(q_BxLxHxK, k_BxLxNxK, v_BxLxNxK, mask_BxLxT, start, layer_cache,
+                                           cfg.dtype)
+    if cache is None:
+      o_BxLxHxK, new_kv = attention(None), None
+    else:
+      o_BxLxHxK = jax.lax.switch(layer, [functools.partial(attention, c) for c in cache])
+      new_kv = (k_BxLxNxK, v_BxLxNxK)
     x_BxLxD = x_BxLxD + nn.DenseGeneral(cfg.hidden_size, axis=(-2, -1), use_bias=False, dtype=cfg.dtype,
                                         name="o_proj")(o_BxLxHxK)
     y_BxLxD = norm("post_attention_layernorm")(x_BxLxD)
     y_BxLxF = nn.silu(dense(cfg.intermediate_size, "gate_proj")(y_BxLxD)) * dense(
         cfg.intermediate_size, "up_proj")(y_BxLxD)
-    return x_BxLxD + dense(cfg.hidden_size, "down_proj")(y_BxLxF), cache
+    return (x_BxLxD + dense(cfg.hidden_size, "down_proj")(y_BxLxF), layer + 1), new_kv
 
 
 class Decoder(nn.Module):
   """`tokens_BxL` at canvas positions start..start+L; returns float32 logits and the updated cache,
   or with `features` the final normed features x_BxLxD instead of logits (no unembedding is applied:
-  `lm.agent` applies only the rows of the tokens it reads out).
+  `lm.agent` applies only the rows of the tokens it reads out).  With `last_logits` only the last
+  position's (logits_Bx1xV or x_Bx1xD): a prefill chunk's other logits are never read.
 
-  The layers are one `nn.scan`: every layer's parameters (and its KV cache, and `lm.lora`'s adapters
-  in the `lora` collection) are stacked on a leading layer axis ("layers/q_proj/kernel" is
+  The layers are one `nn.scan`: every layer's parameters (and `lm.lora`'s adapters in the `lora`
+  collection) are stacked on a leading layer axis ("layers/q_proj/kernel" is
   [layers, hidden, heads, head_dim]), and each program holds one layer's code whatever the depth.
   Written out layer by layer, compiling grew with depth (a 28-layer model's tiny solver-verifier run:
   147 s on 2 CPU cores, 38 s scanned; a Qwen3-0.6B-shaped run on an H200 had not compiled its first
-  evaluation after 4 minutes)."""
+  evaluation after 4 minutes).  The scan reads the cache and hands out the new keys and values; they
+  are written after it, one `dynamic_update_slice` per layer, in place where the cache is a decode
+  loop's carry (the scan taking the cache in and handing a new one out copied the whole cache every
+  token)."""
   cfg: LMConfig
 
   @nn.compact
-  def __call__(self, tokens_BxL, start, key_ok_BxT, cache=None, features=False):
+  def __call__(self, tokens_BxL, start, key_ok_BxT, cache=None, features=False, last_logits=False):
     cfg = self.cfg
     positions_L = start + jnp.arange(tokens_BxL.shape[1])
     mask_BxLxT = model_lib.visible_mask(positions_L, key_ok_BxT)
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype, name="embed_tokens")
     x_BxLxD = embed(tokens_BxL)
     layers = nn.scan(Layer, variable_axes={"params": 0, "lora": 0}, split_rngs={"params": True},
-                     in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0), length=cfg.num_hidden_layers)
-    x_BxLxD, cache = layers(cfg, name=LAYERS)(x_BxLxD, start, positions_L, mask_BxLxT, cache)
+                     in_axes=(nn.broadcast,) * 4, length=cfg.num_hidden_layers)
+    (x_BxLxD, _), new_kv = layers(cfg, name=LAYERS)((x_BxLxD, jnp.int32(0)), start, positions_L,
+                                                    mask_BxLxT, cache)
+    if cache is not None:
+      cache = [write_cache(c, start, k_BxLxNxK, v_BxLxNxK) for c, k_BxLxNxK, v_BxLxNxK in zip(cache, *new_kv)]
+    if last_logits:
+      x_BxLxD = x_BxLxD[:, -1:]
     x_BxLxD = nn.RMSNorm(epsilon=cfg.rms_norm_eps, dtype=cfg.dtype, name="norm")(x_BxLxD)
     if features:
       return x_BxLxD, cache
@@ -204,9 +258,20 @@ class Decoder(nn.Module):
 
 
 def empty_cache(cfg: LMConfig, batch: int, length: int):
-  """Keys and values of every layer, stacked on a leading layer axis as the layers' parameters are."""
-  shape = (cfg.num_hidden_layers, batch, length, cfg.num_key_value_heads, cfg.head_dim)
-  return {"k": jnp.zeros(shape, cfg.dtype), "v": jnp.zeros(shape, cfg.dtype)}
+  """Keys and values of every layer, each layer's its own buffers (a list): k_BxNxKxT, keys rotated
+  and with the canvas positions minor (the layout the decode step's q.k reads fastest), and
+  v_BxNxTxK."""
+  B, N, K, T = batch, cfg.num_key_value_heads, cfg.head_dim, length
+  return [{"k": jnp.zeros((B, N, K, T), cfg.dtype), "v": jnp.zeros((B, N, T, K), cfg.dtype)}
+          for _ in range(cfg.num_hidden_layers)]
+
+
+def write_cache(layer_cache, start, k_BxLxNxK, v_BxLxNxK):
+  """One layer's cache with the L new keys and values written at canvas positions start.."""
+  k_BxNxKxL = jnp.transpose(k_BxLxNxK, (0, 2, 3, 1)).astype(layer_cache["k"].dtype)
+  v_BxNxLxK = jnp.transpose(v_BxLxNxK, (0, 2, 1, 3)).astype(layer_cache["v"].dtype)
+  return {"k": jax.lax.dynamic_update_slice(layer_cache["k"], k_BxNxKxL, (0, 0, 0, start)),
+          "v": jax.lax.dynamic_update_slice(layer_cache["v"], v_BxNxLxK, (0, 0, start, 0))}
 
 
 def init_stack(cfg: LMConfig, key, n_sets: int):
@@ -214,11 +279,13 @@ def init_stack(cfg: LMConfig, key, n_sets: int):
   return model_lib.init_module_stack(Decoder(cfg), cfg.max_len, key, n_sets)
 
 
-def apply(cfg: LMConfig, params, tokens_BxL, start, key_ok_BxT, cache=None, adapter=None):
+def apply(cfg: LMConfig, params, tokens_BxL, start, key_ok_BxT, cache=None, adapter=None,
+          last_logits=False):
   """One parameter set (unstacked); vmap this over a stacked leading axis.  `adapter`: one role's
-  `lm.lora` adapters, read by `lora.adapted`'s projections (the `lora` collection)."""
+  `lm.lora` adapters, read by `lora.adapted`'s projections (the `lora` collection).  `last_logits`:
+  the last position's logits only (logits_Bx1xV)."""
   variables = {"params": params} if adapter is None else {"params": params, "lora": adapter}
-  return Decoder(cfg).apply(variables, tokens_BxL, start, key_ok_BxT, cache)
+  return Decoder(cfg).apply(variables, tokens_BxL, start, key_ok_BxT, cache, last_logits=last_logits)
 
 
 def flops_per_token(cfg: LMConfig, context_len: int) -> int:

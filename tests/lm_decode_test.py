@@ -1,0 +1,177 @@
+"""The decode path of `sampling.generate` and `lm.model`'s KV cache: greedy decoding on every fixture
+(with LoRA, and a mixed team) picks the tokens a whole-canvas forward pass without a cache picks, with
+log-probs within 1e-5; the cache after a message equals a fresh prefill of its tokens; a decode loop's
+temporary memory does not grow with the cache; and a message loop stops once every row has ended,
+vmapped over seeds too."""
+import dataclasses
+import functools
+import pathlib
+
+import chex
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from marl_jax import model as model_lib
+from marl_jax import protocols, sampling, team as team_lib, text
+from marl_jax.lm import agent as lm_agent
+from marl_jax.lm import checkpoint as lm_checkpoint
+from marl_jax.lm import model as lm_model
+from marl_jax.protocols import engine
+from marl_jax.tasks import Arithmetic
+
+FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures" / "lm"
+TASK = Arithmetic(num_ops=1)
+LAYOUT = protocols.make("solver_verifier", TASK, rounds=2).layout(TASK, (0, 1))
+B = 4
+TEMP = 1.3
+
+
+def _agent(family, lora=None):
+  lora = dict(enabled=lora is not None, **(lora or {}))
+  return lm_agent.from_config(ml_collections.ConfigDict(dict(
+      max_len=24, dtype="float32", checkpoint=str(FIXTURES / family), random_weights=False, lora=lora)))
+
+
+def _canvas(layout, seed=0):
+  prompts = jax.vmap(TASK.sample)(jax.random.split(jax.random.PRNGKey(seed), B))["prompt"]
+  return engine.assemble(layout, prompts, [None] * len(layout.turn_slices))
+
+
+def _whole_canvas_policy(model, layout, params_R, tokens_BxT):
+  """logp_BxTxV: at t >= 1 the policy position t is written from (its author's view reading the
+  tokens before t), from one forward pass per view over the whole canvas, without a cache."""
+  pass_V, visible_PxTxT, first_view_P = sampling.scoring_passes(layout, layout.view_set_V)
+  key_ok_PxBxTxT = (tokens_BxT != text.PAD)[None, :, None, :] & jnp.asarray(visible_PxTxT)[:, None]
+  logits_PxBxTxV = model_lib.apply_sets(model, params_R, [layout.view_set_V[v] for v in first_view_P],
+                                        tokens_BxT, 0, key_ok_PxBxTxT)
+  T = tokens_BxT.shape[1]
+  logits_TxBxV = logits_PxBxTxV[pass_V[layout.author_view_T[1:]], :, np.arange(T - 1)]
+  logp_TxBxV = sampling.policy_log_probs(logits_TxBxV, TEMP)
+  return np.asarray(jnp.concatenate([jnp.zeros_like(logp_TxBxV[:1]), logp_TxBxV]).transpose(1, 0, 2))
+
+
+def _assert_greedy_is_the_whole_canvas_mode(model, params_R):
+  canvas_BxT = _canvas(LAYOUT)
+  generate = jax.jit(lambda p: sampling.generate(model, LAYOUT, p, canvas_BxT, jnp.zeros(canvas_BxT.shape, bool),
+                                                 jax.random.split(jax.random.PRNGKey(0), B), TEMP, True))
+  tokens_BxT, logp_BxT, sampled_BxT = map(np.asarray, generate(params_R))
+  logp_BxTxV = _whole_canvas_policy(model, LAYOUT, params_R, jnp.asarray(tokens_BxT))
+  rows, positions = np.nonzero(sampled_BxT)
+  assert len(set(positions)) >= 4, tokens_BxT  # several positions of several messages decoded
+  np.testing.assert_array_equal(tokens_BxT[rows, positions], logp_BxTxV[rows, positions].argmax(-1))
+  np.testing.assert_allclose(logp_BxT[rows, positions], logp_BxTxV[rows, positions].max(-1), atol=1e-5)
+  assert np.all(logp_BxT[~sampled_BxT] == 0.0)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama", "llama_chatml"])
+def test_greedy_decoding_is_the_whole_canvas_forward_pass(family):
+  agent = _agent(family)
+  _assert_greedy_is_the_whole_canvas_mode(agent, jax.tree.map(jnp.asarray, agent.pretrained_stack(2)))
+
+
+def test_greedy_decoding_with_lora_and_a_mixed_team():
+  # Adapters moved off their fresh b = 0, so each set is a different adapted model.
+  agent = _agent("llama", lora=dict(rank=2, alpha=4.0, targets="q_proj,v_proj,down_proj"))
+  params_R = jax.tree.map(jnp.asarray, agent.pretrained_stack(2))
+  leaves, treedef = jax.tree.flatten(params_R["adapter"])
+  adapter_R = treedef.unflatten([p + 0.3 * jax.random.normal(jax.random.key(i), p.shape)
+                                 for i, p in enumerate(leaves)])
+  _assert_greedy_is_the_whole_canvas_mode(agent, {**params_R, "adapter": adapter_R})
+  # Qwen3 solves, Llama verifies: each view's cache and calls are its own model's.
+  qwen, llama = _agent("qwen3"), _agent("llama")
+  team = team_lib.Team(("qwen", "llama"), (qwen, llama), (0, 1))
+  _assert_greedy_is_the_whole_canvas_mode(team, jax.tree.map(jnp.asarray, team.pretrained_stack(2)))
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_cache_after_a_message_equals_a_fresh_prefill(family):
+  cfg, params = lm_checkpoint.load(str(FIXTURES / family), max_len=16)
+  T, P = 12, 5
+  tokens_BxT = jax.random.randint(jax.random.PRNGKey(1), (B, T), 0, cfg.vocab_size)
+  key_ok_BxT = jnp.ones((B, T), bool).at[0, :2].set(False)  # a left-padded row
+  apply = jax.jit(lm_model.apply, static_argnums=0)
+  _, cache = apply(cfg, params, tokens_BxT[:, :P], 0, key_ok_BxT, lm_model.empty_cache(cfg, B, T))
+  for t in range(P, T):  # a message read one token at a time, as the sampler does
+    _, cache = apply(cfg, params, tokens_BxT[:, t:t + 1], t, key_ok_BxT, cache)
+  _, fresh = apply(cfg, params, tokens_BxT, 0, key_ok_BxT, lm_model.empty_cache(cfg, B, T))
+  # Where a key may be read: a padding position's own query sees no key, so its later layers' keys
+  # and values come from a softmax over nothing, and no query reads them.
+  ok_BxT = np.asarray(key_ok_BxT)
+  readable = lambda layer: {"k": np.where(ok_BxT[:, None, None], layer["k"], 0),  # k_BxNxKxT
+                            "v": np.where(ok_BxT[:, None, :, None], layer["v"], 0)}  # v_BxNxTxK
+  chex.assert_trees_all_close([readable(layer) for layer in jax.device_get(cache)],
+                              [readable(layer) for layer in jax.device_get(fresh)], atol=1e-5, rtol=1e-5)
+  assert all(np.abs(layer["k"]).min(-2).all() for layer in jax.device_get(cache))  # every position written
+
+
+def test_decode_loop_memory_does_not_grow_with_the_cache():
+  """A loop of decode steps over a donated cache (the message loop's carry) writes it in place: its
+  temporary memory at an 8x longer canvas grows by a small fraction of the cache's growth (the
+  layer scan handing out a new stacked cache copied all of it every token: at least 1x)."""
+  cfg = lm_model.LMConfig.from_hf_config(lm_checkpoint.read_hf_config(str(FIXTURES / "qwen3")))
+  params = jax.eval_shape(lambda: lm_model.init_stack(cfg, jax.random.key(0), 1))
+  params = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape[1:], p.dtype), params)
+
+  def decode(params, cache, tokens_BxT, key_ok_BxT):
+    step = lambda t, cache: lm_model.apply(cfg, params, jax.lax.dynamic_slice_in_dim(tokens_BxT, t, 1, 1), t,
+                                           key_ok_BxT, cache)[1]
+    return jax.lax.fori_loop(1, tokens_BxT.shape[1], step, cache)
+
+  def memory(T):
+    cache = jax.eval_shape(lambda: lm_model.empty_cache(cfg, 8, T))
+    compiled = jax.jit(decode, donate_argnums=1).lower(
+        params, cache, jax.ShapeDtypeStruct((8, T), jnp.int32), jax.ShapeDtypeStruct((8, T), bool)).compile()
+    stats = compiled.memory_analysis()
+    cache_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(cache))
+    assert stats.alias_size_in_bytes >= cache_bytes  # the cache is updated where it lies
+    return stats.temp_size_in_bytes, cache_bytes
+
+  (temp_short, cache_short), (temp_long, cache_long) = memory(64), memory(512)
+  assert temp_long - temp_short < 0.25 * (cache_long - cache_short), (temp_short, temp_long, cache_long)
+
+
+def test_any_row_counts_every_vmapped_instance():
+  flags_SxB = jnp.array([[False, False], [False, True]])
+  np.testing.assert_array_equal(jax.vmap(lambda f: sampling.any_row(f).astype(int))(flags_SxB), [1, 1])
+  np.testing.assert_array_equal(jax.vmap(lambda f: sampling.any_row(f).astype(int))(flags_SxB[:1]), [0])
+  assert not sampling.any_row(flags_SxB[0]) and sampling.any_row(flags_SxB[1])
+
+
+_READ_AT: list = []  # the positions the decode reads of `_Recording` were called at
+
+
+@dataclasses.dataclass(frozen=True)
+class _Recording(model_lib.ModelConfig):
+  """The built-in model, recording where its one-token reads (the message loop's) happen."""
+
+  def apply(self, params, tokens_BxL, start, key_ok_BxT, cache=None, last_logits=False):
+    if tokens_BxL.shape[1] == 1:
+      jax.debug.callback(lambda t: _READ_AT.append(int(t)), start)
+    return super().apply(params, tokens_BxL, start, key_ok_BxT, cache, last_logits)
+
+
+def test_message_loop_stops_once_every_row_has_ended():
+  """With the first token of every message EOS, each message loop reads that token and stops; vmapped
+  over seeds, a seed whose rows end at once runs on with the other seed's, and each seed's transcript
+  is the one it gets alone."""
+  cfg = _Recording(d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=24)
+  params_R = model_lib.init_stack(cfg, jax.random.key(0), 2)
+  eos_R = {**params_R, "unembed": {**params_R["unembed"], "bias": params_R["unembed"]["bias"].at[:, text.EOS].add(100.0)}}
+  canvas_BxT, force_BxT = _canvas(LAYOUT), jnp.zeros((B, LAYOUT.length), bool)
+  generate = functools.partial(sampling.generate, cfg, LAYOUT, canvas_BxT=canvas_BxT, force_BxT=force_BxT,
+                               key_B=jax.random.split(jax.random.PRNGKey(0), B), temperature=TEMP)
+  _READ_AT.clear()
+  tokens_BxT, logp_BxT, sampled_BxT = jax.device_get(jax.jit(generate)(eos_R))
+  starts = [start for start, _ in LAYOUT.turn_slices]
+  assert sorted(set(_READ_AT)) == starts, (_READ_AT, LAYOUT.turn_slices)
+  for start, stop in LAYOUT.turn_slices:
+    assert np.all(tokens_BxT[:, start] == text.EOS) and np.all(tokens_BxT[:, start + 1:stop] == text.PAD)
+    assert np.all(sampled_BxT[:, start]) and not sampled_BxT[:, start + 1:stop].any()
+    assert np.all(logp_BxT[:, start + 1:stop] == 0.0)
+  alone = [jax.jit(generate)(p) for p in (eos_R, params_R)]
+  both = jax.jit(jax.vmap(generate))(jax.tree.map(lambda a, b: jnp.stack([a, b]), eos_R, params_R))
+  chex.assert_trees_all_equal(both, jax.tree.map(lambda a, b: jnp.stack([a, b]), *alone))
+  assert not np.array_equal(alone[0][0], alone[1][0])
