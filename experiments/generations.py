@@ -9,7 +9,12 @@ distilled from the last one's archive (fresh parameters, each role its own messa
 convention), hidden_sum (exchange) or arithmetic (one agent); generation 0 warm-starts as
 experiments/tasks.py does.  Settings: --config.generations=N, --config.archive.size (training problems
 per seed), --config.archive.greedy, --config.distil.filter=right|all|credit, --config.distil.steps,
-and any setting of each generation's run as --config.run.KEY=VALUE.
+--config.inherit=distil|team, --config.replay, --config.stages, and any setting of each generation's
+run as --config.run.KEY=VALUE.  Across tasks (retention of A after B, with half of B's warm start
+replaying A's archive):
+
+  python -m marl_jax.generations --config=experiments/generations.py:task=arithmetic --workdir=/tmp/ab \
+      --config.generations=2 --config.inherit=team --config.stages='task.ops=+;task.ops=*' --config.replay=0.5
 """
 import ml_collections
 
@@ -30,6 +35,12 @@ def get_config(arg=None):
   # from the transcripts `filter` keeps (right: the checker scored the team right; all; credit: each
   # role's tokens weighted by its positive difference credit).
   c.distil = ml_collections.ConfigDict(dict(steps=max(c.run.sft.steps, 300), filter="right"))
+  # What generation g + 1 starts from: `distil` (fresh parameters, distilled from g's archive) or `team`
+  # (g's team carries on, through its run's own warm start, which replays `replay` of each batch from
+  # g's archive).  `stages`: each generation's overrides of config.run, ';'-separated ('KEY=VALUE,...';
+  # the last serves every later one): a sequence of tasks, e.g. 'task.ops=+;task.ops=*' trains task A
+  # then B, and the summary evaluates each later team on A again (retention).
+  c.inherit, c.replay, c.stages = "distil", 0.0, ""
   if args.task == "signalling" and args.size != "tiny":
     # From scratch: more steps than a warm-started task, and an entropy bonus that keeps the receiver
     # from settling on one answer before the sender's messages mean anything (k=2, v=4, one seed, 1500

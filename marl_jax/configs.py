@@ -165,10 +165,11 @@ def base_config() -> ml_collections.ConfigDict:
   # resumes it.
   # transcripts: a transcript archive (DIR/marl_transcripts/NAME) to distil instead of the workflow's
   # demonstrations, each role its own messages, from the transcripts `filter` keeps: right | all |
-  # credit (weighted by each role's positive difference credit) (`marl_jax.sft`, docs/generations.md).
+  # credit (weighted by each role's positive difference credit) (`marl_jax.sft`, docs/generations.md);
+  # archive_share: the share of each batch drawn from them, the rest the workflow's demonstrations (a replay).
   c.sft = ml_collections.ConfigDict(dict(steps=600, batch_size=128, learning_rate=1e-3,
                                          schedule="cosine", warmup_steps=0, b2=0.999, steps_per_call=50,
-                                         transcripts="", filter="right"))
+                                         transcripts="", filter="right", archive_share=1.0))
   # data_dir: read the fixed evaluation set as a versioned TFDS dataset there (built if missing).
   # batch_size: at most this many evaluation rows per pass through the model on each device, the
   # passes in sequence (0: the device's whole share at once).

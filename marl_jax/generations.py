@@ -27,7 +27,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from marl_jax import archive, array_records, checkpoint, checks, cli, codes, configs, evaluate, experiment, loop
-from marl_jax import metrics, report, sft
+from marl_jax import metrics, report, sft, state
 from marl_jax import workdir as workdir_lib
 from marl_jax.transcripts import MarlTranscripts
 
@@ -40,22 +40,72 @@ def archive_dir(workdir: str, g: int) -> str:
   return os.path.join(generation_dir(workdir, g), "transcripts")
 
 
-def archive_name(config) -> str:
-  return archive.archive_name(config.run.total_steps, config.archive.greedy, config.archive.size)
+INHERIT = ("distil", "team")  # config.inherit: what generation g + 1 starts from
+
+
+def stages(config) -> list[str]:
+  """Each generation's overrides of `config.run` (`config.stages`: ';'-separated, one a generation,
+  each 'KEY=VALUE,...' of the run's settings; the last one also serves every later generation)."""
+  return str(config.stages).split(";") if config.stages else [""]
+
+
+def stage_run(config, g: int) -> ml_collections.ConfigDict:
+  """`config.run` with generation g's overrides (`stages`); refuses (ValueError) a key the run lacks."""
+  c = ml_collections.ConfigDict(config.run.to_dict())
+  flat = _flattened(c)
+  for item in filter(None, stages(config)[min(g, len(stages(config)) - 1)].split(",")):
+    key, _, value = item.partition("=")
+    if key not in flat:
+      raise ValueError(f"config.stages sets {key!r} for generation {g}; allowed: settings of config.run "
+                       f"(e.g. task.ops, total_steps)")
+    try:
+      c.update_from_flattened_dict({key: configs.parse_arg(f"v={value}", v=flat[key]).v})
+    except ValueError:
+      raise ValueError(f"config.stages sets {key}={value!r} for generation {g}; allowed: a value of the type of "
+                       f"config.run.{key} ({type(flat[key]).__name__})") from None
+  return c
+
+
+def _flattened(c: ml_collections.ConfigDict, prefix: str = "") -> dict:
+  out = {}
+  for key, value in c.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      out.update(_flattened(value, f"{prefix}{key}."))
+    else:
+      out[prefix + key] = value
+  return out
+
+
+def archive_name(config, g: int) -> str:
+  return archive.archive_name(stage_run(config, g).total_steps, config.archive.greedy, config.archive.size)
 
 
 def transcripts_path(config, workdir: str, g: int) -> str:
   """Where generation g's archive is (`config.sft.transcripts` of generation g + 1)."""
-  return os.path.join(archive_dir(workdir, g), MarlTranscripts.name, archive_name(config))
+  return os.path.join(archive_dir(workdir, g), MarlTranscripts.name, archive_name(config, g))
 
 
 def generation_config(config, workdir: str, g: int) -> ml_collections.ConfigDict:
-  """Generation g's run: `config.run`, and after generation 0 a warm start that distils the previous
-  generation's archive instead of the workflow's demonstrations."""
-  c = ml_collections.ConfigDict(config.run.to_dict())
-  if g:
+  """Generation g's run: `config.run` with its stage's overrides, and after generation 0, by
+  `config.inherit`:
+  - `distil`: fresh parameters, with a warm start that distils the previous generation's archive
+    instead of the workflow's demonstrations;
+  - `team`: the previous generation's team carries on (`init_from`), through its run's warm start if
+    it has one (the team joins as every role's newcomer from itself, so that the warm start trains
+    it), in which `config.replay` of each batch replays the previous generation's archive."""
+  c = stage_run(config, g)
+  if g and config.inherit == "distil":
     c.sft.update(steps=config.distil.steps, transcripts=transcripts_path(config, workdir, g - 1),
                  filter=config.distil.filter)
+  elif g:
+    previous = generation_dir(workdir, g - 1)
+    c.init_from = previous
+    if c.sft.steps:
+      roles = experiment.build(c).layout.roles
+      c.newcomers.update(roles=",".join(roles), source=previous, distil=True)
+      if config.replay:
+        c.sft.update(transcripts=transcripts_path(config, workdir, g - 1), filter=config.distil.filter,
+                     archive_share=config.replay)
   return c
 
 
@@ -67,11 +117,17 @@ def check(config, workdir: str) -> None:
   checks.integer("distil.steps", config.distil.steps, 1)
   if config.distil.filter not in sft.FILTERS:
     raise ValueError(f"config.distil.filter={config.distil.filter!r} is unknown; allowed: {list(sft.FILTERS)}")
-  for g in range(min(config.generations, 2)):
+  if config.inherit not in INHERIT:
+    raise ValueError(f"config.inherit={config.inherit!r} is unknown; allowed: {list(INHERIT)}")
+  checks.probability("replay", config.replay)
+  if config.replay and config.inherit != "team":
+    raise ValueError(f"config.replay={config.replay} replays an archive while the team carries on; allowed: 0 "
+                     f"with config.inherit='distil'")
+  for g in range(config.generations):
     try:
       experiment.build(generation_config(config, workdir, g))
     except ValueError as e:
-      raise ValueError(f"generation {g}'s run (config.run): {e}") from e
+      raise ValueError(f"generation {g}'s run (config.run, config.stages): {e}") from e
 
 
 def finished(workdir: str, total_steps: int) -> bool:
@@ -88,21 +144,43 @@ def steps_to_reach(workdir: str, target_S) -> np.ndarray:
   return np.where(reached_NxS.any(0), steps_N[reached_NxS.argmax(0)], np.inf)
 
 
-def code_agreement(workdir: str, g: int) -> dict[str, list[float]]:
-  """`ROLE_agreement` per seed: the share of evaluation problems on which generation g's final team
-  writes, greedily, the same messages for ROLE as generation g - 1's (`codes.agreement`)."""
-  d = generation_dir(workdir, g)
-  exp = experiment.build(configs.read_run_config(d))
+def code_agreement(workdir: str, reference: str) -> dict[str, list[float]]:
+  """`ROLE_agreement` per seed: the share of evaluation problems on which the final team of run
+  `workdir` writes, greedily, the same messages for ROLE as the team of `reference` (a run directory,
+  or `DIR:best`) does (`codes.agreement` over the role's message slots)."""
+  exp = experiment.build(configs.read_run_config(workdir))
   problems = evaluate.eval_problems(exp, exp.config.eval.data_dir)
   S, N = exp.config.num_seeds, problems["prompt"].shape[0]
   now, before = (archive.sample_transcripts(exp, loop.load_params(exp, w), problems, jax.random.PRNGKey(0),
                                             greedy=True, with_credit=False)["tokens"].reshape(S, N, -1)
-                 for w in (d, generation_dir(workdir, g - 1)))
+                 for w in (workdir, reference))
   out = {}
   for r, role in enumerate(exp.layout.roles):
     slots = np.concatenate([np.arange(*exp.layout.turn_slices[i]) for i in exp.layout.role_turns(r)])
     out[f"{role}_agreement"] = [float(codes.agreement(now[s][:, slots], before[s][:, slots])) for s in range(S)]
   return out
+
+
+def final_eval(workdir: str) -> dict:
+  """The last evaluation row of a run's metrics."""
+  return [r for r in metrics.read(workdir) if "eval_accuracy" in r][-1]
+
+
+def recovery(workdir: str) -> dict:
+  """How a newcomer run (`config.newcomers`) recovered the accuracy of the team it joined, per seed:
+  the team's final evaluation accuracy (`target`), the run's accuracy at step 0 (the joined team, after
+  any distillation) and at its end, the steps it took to reach the target (inf: never), and per role
+  the share of evaluation problems on which its final team writes the team's greedy messages."""
+  config = configs.read_run_config(workdir)
+  if not str(config.newcomers.roles).strip():
+    raise ValueError(f"{workdir} is not a newcomer run (its config.newcomers.roles is empty)")
+  team = config.init_from
+  target_S = report.seed_values(final_eval(team.removesuffix(":best")), "eval_accuracy")
+  rows = [r for r in metrics.read(workdir) if "eval_accuracy" in r]
+  return {"team": team, "newcomers": config.newcomers.to_dict(), "target": target_S.tolist(),
+          "start_accuracy": report.seed_values(rows[0], "eval_accuracy").tolist(),
+          "final_accuracy": report.seed_values(rows[-1], "eval_accuracy").tolist(),
+          "steps_to_recover": steps_to_reach(workdir, target_S).tolist(), **code_agreement(workdir, team)}
 
 
 def summary(config, workdir: str) -> list[dict]:
@@ -112,17 +190,28 @@ def summary(config, workdir: str) -> list[dict]:
   out = []
   for g in range(config.generations):
     d = generation_dir(workdir, g)
-    last = [r for r in metrics.read(d) if "eval_accuracy" in r][-1]
+    last = final_eval(d)
     row = {"generation": g, **{key: report.seed_values(last, f"eval_{key}").tolist()
                                for key in ("accuracy", "topsim", "mutual_information") if f"eval_{key}" in last}}
-    if g:
+    if g and config.inherit == "distil" and not config.stages:
       target_S = out[-1]["accuracy"]
       row["target"] = target_S
       row["steps_to_target"] = steps_to_reach(d, target_S).tolist()
       row["from_scratch_steps_to_target"] = steps_to_reach(generation_dir(workdir, 0), target_S).tolist()
-      row.update(code_agreement(workdir, g))
+    if g:
+      row.update(code_agreement(d, generation_dir(workdir, g - 1)))
+    if g and config.stages:
+      row["first_task_accuracy"] = first_task_accuracy(workdir, g)
     out.append(row)
   return out
+
+
+def first_task_accuracy(workdir: str, g: int) -> list[float]:
+  """Retention: per seed, the greedy evaluation accuracy of generation g's final team on generation 0's
+  task (its run's evaluation set)."""
+  exp = experiment.build(configs.read_run_config(generation_dir(workdir, 0)))
+  params_S = loop.load_params(exp, generation_dir(workdir, g))
+  return np.asarray(state.to_host(evaluate.make_evaluate(exp)(params_S))["accuracy"]).tolist()
 
 
 def markdown(rows: list[dict]) -> str:
@@ -137,12 +226,14 @@ def markdown(rows: list[dict]) -> str:
     return ", ".join(f"{k.removesuffix('_agreement')} {np.mean(v):.3f}" for k, v in row.items() if k.endswith("_agreement"))
 
   lines = ["| generation | final eval accuracy | eval topsim | eval MI (bits) | steps to the previous final | "
-           "generation 0's steps to it | same messages as the previous |", "|---|---|---|---|---|---|---|"]
+           "generation 0's steps to it | same messages as the previous | accuracy on generation 0's task |",
+           "|---|---|---|---|---|---|---|---|"]
   for row in rows:
     lines.append(f"| {row['generation']} | {mean(row['accuracy'])} | {mean(row.get('topsim', []))} | "
                  f"{mean(row.get('mutual_information', []))} | "
                  f"{steps(row['steps_to_target']) if 'target' in row else ''} | "
-                 f"{steps(row['from_scratch_steps_to_target']) if 'target' in row else ''} | {agreement(row)} |")
+                 f"{steps(row['from_scratch_steps_to_target']) if 'target' in row else ''} | {agreement(row)} | "
+                 f"{mean(row.get('first_task_accuracy', []))} |")
   return "\n".join(lines)
 
 
@@ -152,14 +243,13 @@ def run(config, workdir: str) -> str:
     check(config, workdir)
   except ValueError as e:
     raise experiment.ConfigError(str(e)) from e
-  total = config.run.total_steps
   for g in range(config.generations):
-    d = generation_dir(workdir, g)
+    d, total = generation_dir(workdir, g), stage_run(config, g).total_steps
     if not finished(d, total):
       loop.train_and_evaluate(generation_config(config, workdir, g), d)
       if not finished(d, total):
         raise SystemExit(f"stopped by a signal in {d}; run the same command again to resume")
-    if not array_records.exists(MarlTranscripts, archive_name(config), archive_dir(workdir, g)):
+    if not array_records.exists(MarlTranscripts, archive_name(config, g), archive_dir(workdir, g)):
       archive.archive_workdir(d, archive_dir(workdir, g), config.archive.greedy, train=config.archive.size)
   rows = summary(config, workdir)
   workdir_lib.write_atomically(os.path.join(workdir, "generations.json"), json.dumps(rows, indent=1))

@@ -7,7 +7,9 @@ With `config.sft.transcripts` (a transcript archive, `marl_jax.archive`) the war
 team instead: each seed's batches are drawn from that team's seed's transcripts, and each role learns
 its own role's messages (every role-authored token goes to its role's parameter set), from the
 transcripts `config.sft.filter` keeps: `right` (the checker scored the team's answer right), `all`,
-or `credit` (each role's tokens weighted by its positive difference credit).  Generations
+or `credit` (each role's tokens weighted by its positive difference credit); with
+`config.sft.archive_share` below 1 each row comes from the archive with that probability and is
+otherwise a demonstration (a replay of an earlier task's transcripts while learning a new one).  Generations
 (`marl_jax.generations`) warm-start this way; `transcripts.distillation_set` reads the archive, before
 anything compiles.
 
@@ -27,7 +29,7 @@ import tqdm
 
 from marl_jax import experiment
 from marl_jax import model as model_lib
-from marl_jax import newcomers, parallel, sampling, text
+from marl_jax import checks, newcomers, parallel, sampling, text
 
 FILTERS = ("right", "all", "credit")  # config.sft.filter: which archived transcripts a warm start distils
 
@@ -49,9 +51,10 @@ class Archived:
 
 
 def check_filter(config) -> None:
-  """Refuses an unknown `config.sft.filter`."""
+  """Refuses an unknown `config.sft.filter` and an `archive_share` outside (0, 1]."""
   if config.sft.filter not in FILTERS:
     raise ValueError(f"config.sft.filter={config.sft.filter!r} is unknown; allowed: {list(FILTERS)}")
+  checks.check("sft.archive_share", config.sft.archive_share, lambda v: 0 < v <= 1, "a number in (0, 1]")
 
 
 def demonstration_loss(exp, params_R, tokens_BxT, weight_BxR=None):
@@ -82,17 +85,30 @@ def _programs(exp, keys_S, archived: Archived | None = None) -> tuple[Callable, 
   # config.sft.steps, whatever the calls: a chunked warm start is the same as one scan).
   init_and_data_keys = lambda key: jax.random.split(jax.random.fold_in(key, 7))
 
-  def demonstrations(key, archived):
-    """A batch of transcripts (tokens_BxT) and each role's weight in each (weight_BxR, None: 1)."""
-    if archived is not None:  # rows drawn as often as their roles weigh together; within a row, as each does
-      weight_NxR = archived.weight_SxNxR
-      row_B = jax.random.categorical(key, jnp.log(weight_NxR.sum(-1)), shape=(cfg.batch_size,))
-      weight_BxR = weight_NxR[row_B]
-      return archived.tokens_SxNxT[row_B], weight_BxR / jnp.mean(weight_BxR, -1, keepdims=True)
+  def archived_rows(key, archived):
+    """Rows drawn as often as their roles weigh together; within a row, each role as it weighs."""
+    weight_NxR = archived.weight_SxNxR
+    row_B = jax.random.categorical(key, jnp.log(weight_NxR.sum(-1)), shape=(cfg.batch_size,))
+    weight_BxR = weight_NxR[row_B]
+    return archived.tokens_SxNxT[row_B], weight_BxR / jnp.mean(weight_BxR, -1, keepdims=True)
+
+  def demonstrated_rows(key):
     k_problem, k_demo = jax.random.split(key)
     problems = jax.vmap(exp.task.sample)(jax.random.split(k_problem, cfg.batch_size))
-    return exp.protocol.demonstrate(exp.task, exp.layout, problems,
-                                    jax.random.split(k_demo, cfg.batch_size)), None
+    return exp.protocol.demonstrate(exp.task, exp.layout, problems, jax.random.split(k_demo, cfg.batch_size))
+
+  def demonstrations(key, archived):
+    """A batch of transcripts (tokens_BxT) and each role's weight in each (weight_BxR, None: 1)."""
+    if archived is None:
+      return demonstrated_rows(key), None
+    if cfg.archive_share == 1:
+      return archived_rows(key, archived)
+    # A replay: each row from the archive with probability archive_share, else a demonstration.
+    k_mix, k_archive, k_demo = jax.random.split(key, 3)
+    tokens_BxT, weight_BxR = archived_rows(k_archive, archived)
+    from_archive_B = jax.random.bernoulli(k_mix, cfg.archive_share, (cfg.batch_size,))
+    return (jnp.where(from_archive_B[:, None], tokens_BxT, demonstrated_rows(k_demo)),
+            jnp.where(from_archive_B[:, None], weight_BxR, 1.0))
 
   def begin_seed(key, pretrained_R, joined_R):
     params = (joined_R if joined_R is not None else pretrained_R if pretrained_R is not None else

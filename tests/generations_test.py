@@ -2,6 +2,7 @@
 keeps), archives of training problems are not the evaluation set, bad settings are refused before
 anything compiles, and the command runs through the CLI and resumes without retraining a finished
 generation."""
+import copy
 import importlib.util
 import itertools
 import json
@@ -15,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from marl_jax import archive, array_records, configs, experiment, generations, loop, rollout, sft, state, tasks, text, transcripts
+from marl_jax import archive, array_records, configs, experiment, generations, loop, rollout, sampling, sft, state, tasks, text
+from marl_jax import transcripts
 from marl_jax.protocols import engine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -117,8 +119,8 @@ def test_an_archive_of_training_problems_is_not_the_evaluation_set():
   jax.tree.map(np.testing.assert_array_equal, train, archive.training_problems(exp, 64))  # fixed by the seed
 
 
-def generations_cli(workdir: str, *flags: str):
-  return subprocess.run([sys.executable, "-m", "marl_jax.generations", "--config=experiments/generations.py:size=tiny",
+def generations_cli(workdir: str, *flags: str, arg: str = "size=tiny"):
+  return subprocess.run([sys.executable, "-m", "marl_jax.generations", f"--config=experiments/generations.py:{arg}",
                          f"--workdir={workdir}", *flags], cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"},
                         capture_output=True, text=True, timeout=900)
 
@@ -168,3 +170,65 @@ def test_the_config_builds_both_kinds_of_generation_at_every_size(task_name, tmp
     assert (config.run.sft.steps == 0) == (task_name == "signalling")  # only signalling learns from scratch
   with pytest.raises(ValueError, match=r"config argument task='stack_program' is unknown"):
     load("generations", "task=stack_program")
+
+
+def test_stages_override_each_generations_run_and_the_team_carries_on(tmp_path):
+  config = load("generations", "task=arithmetic,size=tiny")
+  config.update_from_flattened_dict({"run.num_devices": 1, "generations": 3, "inherit": "team", "replay": 0.5,
+                                     "stages": "task.ops=+;task.ops=*,total_steps=6"})
+  first, second, third = (generations.generation_config(config, str(tmp_path), g) for g in range(3))
+  assert (first.task.ops, first.total_steps, second.task.ops, second.total_steps) == ("+", 4, "*", 6)
+  assert third.task.ops == "*" and third.total_steps == 6  # the last stage serves every later generation
+  # Generation 1 carries on from generation 0's team through its own warm start (its demonstrations of
+  # multiplication), half of each batch replaying generation 0's archive of additions.
+  assert second.init_from == str(tmp_path / "gen0") and second.newcomers.source == second.init_from
+  assert second.newcomers.roles == "agent" and second.newcomers.distil
+  assert second.sft.archive_share == 0.5 and second.sft.transcripts == generations.transcripts_path(config, str(tmp_path), 0)
+  assert generations.transcripts_path(config, str(tmp_path), 1).endswith("train64-step6-sampled")
+  assert not first.init_from and not first.sft.transcripts
+  for overrides, message in [({"stages": "task.colour=red"}, "config.stages sets 'task.colour' for generation 0"),
+                             ({"stages": "total_steps=many"}, "config.stages sets total_steps='many' for generation 0; allowed: a value "
+                                                              "of the type of config.run.total_steps (int)"),
+                             ({"inherit": "parents"}, "config.inherit='parents' is unknown; allowed: ['distil', 'team']"),
+                             ({"inherit": "distil"}, "config.replay=0.5 replays an archive while the team carries on"),
+                             ({"replay": 1.5}, "config.replay=1.5; allowed: a probability in [0, 1]")]:
+    bad = copy.deepcopy(config)
+    bad.update_from_flattened_dict(overrides)
+    with pytest.raises(ValueError, match=re.escape(message)):
+      generations.check(bad, str(tmp_path))
+
+
+@pytest.mark.slow  # 300 warm-start steps
+def test_a_replay_mixes_the_archive_with_the_demonstrations_half_and_half(tmp_path):
+  # archive_share 0.5: each row is the archive's (the sender writes its letter code) or a demonstration
+  # (the sender copies the object's digits), each half the time.  Fitted to that mixture, the sender
+  # writes either message with probability about 1/2; the receiver answers the object after both.
+  path = str(tmp_path / transcripts.MarlTranscripts.name / "hand")
+  config = signalling_config(**{"task.vocab": 0, "sft.steps": 300, "sft.steps_per_call": 300, "sft.transcripts": path,
+                                "sft.archive_share": 0.5, "sft.learning_rate": 3e-3})
+  exp = experiment.build(config)
+  problems, right_NxT = hand_made_archive(exp, str(tmp_path), "hand")
+  params_R = jax.tree.map(lambda x: x[0], sft.run(exp, state.seed_keys(config), archived=transcripts.distillation_set(exp)).params)
+  copy_NxT = exp.protocol.demonstrate(exp.task, exp.layout, problems, jax.random.split(jax.random.key(0), 9))
+  start, stop = exp.layout.turn_slices[0]
+  for tokens_NxT in (right_NxT, copy_NxT):
+    logp_NxT, _ = sampling.token_log_probs(exp.model, exp.layout, params_R, tokens_NxT, 1.0)
+    message_N = np.exp(np.sum(np.where(tokens_NxT[:, start:stop] != text.PAD, logp_NxT[:, start:stop], 0), 1))
+    assert 0.3 < message_N.mean() < 0.7, message_N
+  with pytest.raises(ValueError, match=re.escape("config.sft.archive_share=0.0; allowed: a number in (0, 1]")):
+    transcripts.distillation_set(experiment.build(signalling_config(**{"sft.transcripts": path, "sft.archive_share": 0.0})))
+
+
+@pytest.mark.slow
+def test_a_team_trained_on_a_then_b_is_evaluated_on_a_again_through_the_cli(tmp_path):
+  workdir = str(tmp_path / "ab")
+  proc = generations_cli(workdir, "--config.generations=2", "--config.inherit=team", "--config.stages=task.ops=+;task.ops=*",
+                         "--config.replay=0.5", "--config.run.num_seeds=2", arg="task=arithmetic,size=tiny")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  rows = json.loads(open(os.path.join(workdir, "generations.json")).read())
+  gen1 = json.loads(open(os.path.join(workdir, "gen1", "config.json")).read())
+  assert gen1["task"]["ops"] == "*" and gen1["init_from"] == os.path.join(workdir, "gen0")
+  assert gen1["sft"]["archive_share"] == 0.5 and gen1["sft"]["transcripts"].endswith("gen0/transcripts/marl_transcripts/train64-step4-sampled")
+  assert "steps_to_target" not in rows[1] and len(rows[1]["first_task_accuracy"]) == 2
+  # Generation 0's own team on its own task: its final evaluation.
+  np.testing.assert_allclose(generations.first_task_accuracy(workdir, 0), rows[0]["accuracy"], atol=1e-6)

@@ -1,6 +1,9 @@
 """Newcomers: a run that joins a trained team with a role replaced changes only that role's parameters
 at step 0 (fresh ones, or another team's), keeps the rest frozen when asked, distils a newcomer on an
 archive leaving the team as it was, and refuses newcomers it cannot place."""
+import json
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,7 +11,7 @@ import pytest
 from archive_test import tiny_experiment, write_run
 from generations_test import hand_made_archive
 
-from marl_jax import checkpoint, experiment, loop, sft, state, transcripts
+from marl_jax import checkpoint, experiment, loop, newcomers, sft, state, transcripts
 
 
 def two_seeds(**settings):
@@ -105,3 +108,25 @@ def test_a_distilled_newcomer_learns_its_roles_messages_and_the_team_stays(teams
   for s in range(2):
     params_R = jax.tree.map(lambda x: x[s], start)
     assert float(sft.demonstration_loss(exp, params_R, right_NxT, receiver_only_NxR)) < 0.05
+
+
+@pytest.mark.slow  # a run and its evaluations, about a minute
+def test_a_newcomer_report_reads_recovery_and_agreement(teams, tmp_path, capsys):
+  # The team's final accuracies are written by hand: seed 0's 0 is reached at step 0 by any team,
+  # seed 1's 2 never.  The newcomer is the team's own receiver (source: the team) and nothing trains,
+  # so its team writes every one of the team's messages: agreement 1 for both roles.
+  a, _ = teams
+  with open(os.path.join(a, "metrics.jsonl"), "w") as f:
+    f.write(json.dumps({"step": 0, "eval_accuracy": 1.0, "eval_accuracy/seed0": 1.0, "eval_accuracy/seed1": 1.0}) + "\n")
+    f.write(json.dumps({"step": 4, "eval_accuracy": 1.0, "eval_accuracy/seed0": 0.0, "eval_accuracy/seed1": 2.0}) + "\n")
+  run = str(tmp_path / "own")
+  newcomer_run(run, a, **{"newcomers.roles": "receiver", "newcomers.source": a})
+  newcomers.main([f"--workdir={run}", f"--out={tmp_path / 'recovery.json'}"])
+  out = json.loads((tmp_path / "recovery.json").read_text())
+  assert out["team"] == a and out["target"] == [0.0, 2.0] and out["steps_to_recover"] == [0.0, float("inf")]
+  assert out["start_accuracy"] == out["final_accuracy"]
+  assert out["sender_agreement"] == [1.0, 1.0] and out["receiver_agreement"] == [1.0, 1.0]
+  assert "newcomers 'receiver' joining" in capsys.readouterr().out
+  with pytest.raises(SystemExit):  # a run without newcomers has nothing to recover
+    newcomers.main([f"--workdir={a}"])
+  assert "is not a newcomer run" in capsys.readouterr().err
