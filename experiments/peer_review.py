@@ -17,10 +17,12 @@ when an audit catches an accepted wrong answer); judges=K (1..7); source=peer|ch
 usual checker reward, the baseline; pay and penalty must then stay at their defaults, audit_rate is
 not read); credit=ESTIMATOR (one that gives each role its own reward: per_role, or role_baseline /
 role_normalized with --config.credit.signal=role); sharing=judges|shared|isolated (judges: the solver
-one parameter set, the judges another); cross=none|other_set|frozen (cross-judging: other_set refuses a
-role map in which a judge shares the solver's parameters, frozen also freezes the judges' sets at their
-warm start, a reference judge); channel=C (a covert channel: C free tokens the solver writes after its
-answer, read by the judges, ignored by the checker; 0: none); size=tiny|cpu|gpu.
+one parameter set, the judges another); cross=none|other_set|frozen|rotate (cross-judging: other_set
+refuses a role map in which a judge shares the solver's parameters, frozen also freezes the judges' sets
+at their warm start, a reference judge; rotate moves the judges' sets on to the next seed's team after
+every step, so each seed's solver is judged by, and trains, another seed's judges: needs num_seeds >= 2);
+channel=C (a covert channel: C free tokens the solver writes after its answer, read by the judges,
+ignored by the checker; 0: none); size=tiny|cpu|gpu.
 """
 from marl_jax import configs, experiment
 

@@ -200,6 +200,9 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
   rewards.check(reward, protocol.judge_roles, estimator.reruns(len(protocol.roles)) is not None,
                 estimator.role_rewards, role_set_R, trainable_R)
   model_cfg = make_agents(config, num_sets, task.free_text)
+  if reward.cross == "rotate":
+    rewards.check_rotation(config.num_seeds, model_cfg.set_axes(jax.eval_shape(
+        lambda: model_lib.init_stack(model_cfg, jax.random.PRNGKey(0), num_sets))))
   if config.model_shards > 1 and isinstance(model_cfg, team_lib.Team):
     raise ValueError(f"config.model_shards={config.model_shards} with a mixed team (config.roles.models="
                      f"{config.roles.models!r}): split parameters serve one model; allowed: 1")

@@ -226,8 +226,13 @@ def make_train_call(exp: Experiment):
                                     in_specs=(P(), rows_spec, rows_spec, rows_spec, P()),
                                     out_specs=(P(), P()))
 
+  judge_sets = tuple(sorted({exp.role_set_R[r] for r in exp.protocol.judge_roles}))
+
   def one_step(state_S, i):
-    return sharded_step(state_S, *jax.vmap(row_keys)(state_S), i == config.steps_per_call - 1)
+    state_S, metrics_S = sharded_step(state_S, *jax.vmap(row_keys)(state_S), i == config.steps_per_call - 1)
+    if exp.reward.cross == "rotate":  # cross-judging: the judges move on to the next seed's team
+      state_S = rewards.rotate_judges(state_S, judge_sets)
+    return state_S, metrics_S
 
   @functools.partial(jax.jit, donate_argnums=0)
   def train_call(state_S):

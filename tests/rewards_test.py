@@ -2,6 +2,7 @@
 (audits, penalty, what reaches the loss), the refusals, and a training step in which, without audits,
 the checker's verdicts cannot change the update."""
 import dataclasses
+import functools
 import pathlib
 
 import chex
@@ -227,7 +228,7 @@ def _config(experiment_name, arg):
     ({"reward.audit_rate": 0.0}, "config.reward.pay='reputation' learns from audits"),
     ({"reward.prior_wrong": 0.0}, "config.reward.prior_wrong=0.0; allowed: a number > 0"),
     ({"credit.name": "difference"}, "the re-runs' outcomes come from the task's checker"),
-    ({"reward.cross": "seed"}, "config.reward.cross='seed' is unknown; allowed: ['none', 'other_set', 'frozen']"),
+    ({"reward.cross": "seed"}, "config.reward.cross='seed' is unknown; allowed: ['none', 'other_set', 'frozen', 'rotate']"),
     ({"reward.cross": "other_set", "roles.sharing": "shared"}, "config.reward.cross='other_set': "
      "config.roles.sharing=0,0,0 gives judged roles [0] a judge's parameter set"),
     ({"reward.cross": "frozen"}, "config.reward.cross='frozen': the judges' parameter sets [1] are trained"),
@@ -421,6 +422,7 @@ def test_cross_judging_never_pairs_a_judge_with_a_set_it_judges(experiment_name,
   # Every role map: cross=other_set builds exactly those in which no judged answer's role (from a
   # scored batch of demonstrations) uses a judge's set; cross=frozen those whose judges' sets are frozen too.
   config = _config(experiment_name, arg)
+  config.num_seeds = 2  # cross=rotate moves judges between seeds
   config.reward = configs.reward_config("team", source="peer", cross="other_set")
   exp = experiment.build(config)
   problems = jax.vmap(exp.task.sample)(jax.random.split(jax.random.key(0), 4))
@@ -431,7 +433,7 @@ def test_cross_judging_never_pairs_a_judge_with_a_set_it_judges(experiment_name,
   for role_set_R in _role_maps(len(exp.layout.roles)):
     config.roles.sharing = ",".join(map(str, role_set_R))
     separate = not {role_set_R[r] for r in judges} & {role_set_R[r] for r in answer_roles}
-    for cross in ("other_set", "frozen"):
+    for cross in ("other_set", "frozen", "rotate"):
       config.reward.cross = cross
       config.roles.trainable = ",".join("0" if s in {role_set_R[r] for r in judges} else "1"
                                         for s in range(max(role_set_R) + 1)) if cross == "frozen" else ""
@@ -442,6 +444,44 @@ def test_cross_judging_never_pairs_a_judge_with_a_set_it_judges(experiment_name,
         with pytest.raises(ValueError, match="gives judged roles"):
           experiment.build(config)
   assert built >= 2  # e.g. isolated sets, and the judges' set apart from the rest
+
+
+def test_rotation_moves_the_judges_sets_and_records_one_seed_down():
+  # 3 seeds, parameter sets 0 (the solver's) and 1 (the judges'); each leaf's value names its seed and set.
+  seed_set_SxRx1 = (10 * jnp.arange(3)[:, None] + jnp.arange(2)[None])[..., None]
+  start = state.TrainState(step=jnp.zeros(3, jnp.int32), params={"w": seed_set_SxRx1}, ref_params=(),
+                           opt_state=({"mu": seed_set_SxRx1 + 100},), credit=(), key=jnp.zeros(3),
+                           reward=jnp.arange(3)[:, None, None] * jnp.ones((3, 2, 2)))
+  moved = rewards.rotate_judges(start, (1,))
+  np.testing.assert_array_equal(moved.params["w"][..., 0], [[0, 11], [10, 21], [20, 1]])
+  np.testing.assert_array_equal(moved.opt_state[0]["mu"][..., 0], [[100, 111], [110, 121], [120, 101]])
+  np.testing.assert_array_equal(moved.reward[:, 0, 0], [1, 2, 0])  # the judges' records go with them
+  # After S moves every judge is home again.
+  home = functools.reduce(lambda s, _: rewards.rotate_judges(s, (1,)), range(3), start)
+  chex.assert_trees_all_equal(home, start)
+
+
+def test_rotation_needs_two_seeds():
+  config = _config("peer_review", "size=tiny,cross=rotate")
+  with pytest.raises(ValueError, match=r"config.reward.cross='rotate' passes the judges from seed to seed; "
+                                       r"config.num_seeds=1; allowed: 2 or more"):
+    experiment.build(config)
+
+
+@pytest.mark.slow
+def test_a_rotating_step_is_the_step_then_the_judges_moved_on():
+  # Two seeds, one step a call: the state after a call with cross=rotate is the state after the same
+  # call with cross=other_set, the judges' set then moved one seed down.
+  def run(cross):
+    config = _config("peer_review", f"size=tiny,cross={cross}")
+    config.num_seeds, config.steps_per_call = 2, 1
+    exp = experiment.build(config)
+    return exp, train.make_train_call(exp)(state.place(exp, state.initial_state(exp)))[0]
+  exp, rotated = run("rotate")
+  _, plain = run("other_set")
+  judge_sets = tuple(sorted({exp.role_set_R[r] for r in exp.protocol.judge_roles}))
+  chex.assert_trees_all_equal(jax.tree.map(np.asarray, rotated),
+                              jax.tree.map(np.asarray, rewards.rotate_judges(plain, judge_sets)))
 
 
 @pytest.mark.slow

@@ -12,8 +12,8 @@ interface and the stage)::
   reputation:      the judges' verdicts are weighted by their audited track records (a Beta posterior).
 """
 from marl_jax import registry
-from marl_jax.rewards.base import (REGISTRY, SOURCES, PayRule, Reviewed, assign, audit_keys, check,
-                                   draw_audits, evaluation, register, settle)
+from marl_jax.rewards.base import (REGISTRY, SOURCES, PayRule, Reviewed, assign, audit_keys, check, check_rotation,
+                                   draw_audits, evaluation, register, rotate_judges, settle)
 
 registry.import_modules(__name__, __path__)
 

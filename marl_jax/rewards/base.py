@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from marl_jax import checks, judging, parallel, registry
 from marl_jax.credit import Outcome
@@ -34,8 +35,10 @@ register = registry.registrar(REGISTRY)
 SOURCES = ("checker", "peer")
 # Cross-judging: `none`; `other_set`: no judge shares its parameter set with a role it judges (the
 # judged roles are every role that is not a judge, in every judging workflow); `frozen`: that, and
-# the judges' sets are not trained (config.roles.trainable), a reference judge.
-CROSS = ("none", "other_set", "frozen")
+# the judges' sets are not trained (config.roles.trainable), a reference judge; `rotate`: that, and
+# after every step the judges' sets move on to the next seed's team (`rotate_judges`), so each seed's
+# solver is judged, and its judges trained on its episodes, by another seed's judges at every step.
+CROSS = ("none", "other_set", "frozen", "rotate")
 # The audit draw's stream: folded into the run's key at a step count no run reaches, so it is never
 # the key of a step's problems, samples or re-runs (`train.make_train_call` folds the step in).
 AUDIT_STREAM = 2**31 - 1
@@ -154,6 +157,27 @@ def check_cross(cross: str, judge_roles: tuple[int, ...], role_set_R: tuple[int,
   if cross == "frozen" and trained:
     raise ValueError(f"config.reward.cross='frozen': the judges' parameter sets {trained} are trained; allowed: "
                      f"config.roles.trainable with 0 for each of them (a reference judge)")
+
+
+def check_rotation(num_seeds: int, set_axes) -> None:
+  """`cross=rotate` moves the judges between the vmapped seeds: it needs two seeds or more and a model
+  whose every parameter is stacked over the sets (`set_axes` 0)."""
+  if num_seeds < 2:
+    raise ValueError(f"config.reward.cross='rotate' passes the judges from seed to seed; config.num_seeds="
+                     f"{num_seeds}; allowed: 2 or more")
+  if set_axes != 0:
+    raise ValueError("config.reward.cross='rotate': this model has parameters every set shares (adapters over "
+                     "one base); allowed: a model whose every parameter is per set (the built-in model)")
+
+
+def rotate_judges(state_S, judge_sets: tuple[int, ...]):
+  """state_S (a TrainState of S seeds) with the judges' parameter sets `judge_sets` (their parameters
+  and optimiser state) and the payment rule's state (the judges' records) moved one seed down: seed s
+  gets seed s + 1's (mod S), the judged roles' sets stay."""
+  sets = np.asarray(judge_sets)
+  move = lambda leaf_SxRx: leaf_SxRx.at[:, sets].set(jnp.roll(leaf_SxRx[:, sets], -1, axis=0))
+  return state_S.replace(params=jax.tree.map(move, state_S.params), opt_state=jax.tree.map(move, state_S.opt_state),
+                         reward=jax.tree.map(lambda leaf_Sx: jnp.roll(leaf_Sx, -1, axis=0), state_S.reward))
 
 
 def assign(rule: PayRule, roles: tuple[str, ...], judge_roles: tuple[int, ...], state,
