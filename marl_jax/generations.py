@@ -237,6 +237,142 @@ def markdown(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
+def _read_json(path: str):
+  with open(path) as f:
+    return json.load(f)
+
+
+def _censored(steps_S, budget: float) -> np.ndarray:
+  """Steps with a seed that never reached its target counted at `budget` (a lower bound)."""
+  return np.where(np.isfinite(steps_S), steps_S, budget)
+
+
+def _row(*cells) -> str:
+  return report.row(*cells).rstrip("\n")
+
+
+def _ci(values, count: bool = True) -> str:
+  return report.pm(*report.mean_ci(values), count=count)
+
+
+def _steps(values_S) -> str:
+  mean, half = report.mean_ci(values_S)
+  return f"{mean:.0f} ± {half:.0f}"
+
+
+def _paired(a_S, b_S, count: bool = True, steps: bool = False) -> str:
+  """b − a per seed: its mean ± the half-width of the paired Student t interval, and the verdict."""
+  diff, half = report.mean_ci(np.asarray(b_S, np.float64) - np.asarray(a_S, np.float64))
+  shown = f"{diff:+.0f} ± {half:.0f}" if steps else report.pm(diff, half, sign=True, count=count)
+  return f"{shown} ({report.verdict(diff, half)})"
+
+
+def study_tables(out: str) -> str:
+  """The tables of docs/results/generations.md from what `scripts/generations_results.sh OUT` has
+  finished (each seed set OUT/seedN: generations, newcomers, cross-play, retention), as markdown; a
+  cell not finished yet is left out.  Means carry their 95% interval over seeds; steps of a seed that
+  never reached its target count as the run's budget (a lower bound, marked with the seeds reached)."""
+  sets = sorted((d for d in os.listdir(out) if d.startswith("seed")), key=lambda d: int(d[4:]))
+  lines = []
+  generations_rows = {d: _read_json(os.path.join(out, d, "generations.json")) for d in sets
+                      if os.path.isfile(os.path.join(out, d, "generations.json"))}
+  if generations_rows:
+    lines += ["### Generations", "", "| seeds | generation | final eval accuracy (%) | eval topsim | eval MI (bits) | "
+              "steps to the previous final (reached) | generation 0's steps to it (reached) | paired difference "
+              "(steps) | accuracy vs generation 0 (points, paired) | sender / receiver same messages as the previous |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for d, rows in generations_rows.items():
+      budget = configs.read_run_config(generation_dir(os.path.join(out, d), 0)).total_steps
+      for row in rows:
+        cells = [d, str(row["generation"]), _ci(row["accuracy"], count=False), _ci(row.get("topsim", [])),
+                 _ci(row.get("mutual_information", []))]
+        if "target" in row:
+          own, scratch = (np.asarray(row[k], np.float64) for k in ("steps_to_target", "from_scratch_steps_to_target"))
+          cells += [f"{_steps(_censored(own, budget))} ({np.isfinite(own).sum()}/{len(own)})",
+                    f"{_steps(_censored(scratch, budget))} ({np.isfinite(scratch).sum()}/{len(scratch)})",
+                    _paired(_censored(scratch, budget), _censored(own, budget), steps=True),
+                    _paired(rows[0]["accuracy"], row["accuracy"], count=False),
+                    f"{np.mean(row['sender_agreement']):.2f} / {np.mean(row['receiver_agreement']):.2f}"]
+        else:
+          cells += [""] * 5
+        lines.append(_row(*cells))
+    lines.append("")
+  crossplay = {d: _read_json(os.path.join(out, d, "crossplay.json")) for d in sets
+               if os.path.isfile(os.path.join(out, d, "crossplay.json"))}
+  if crossplay:
+    lines += ["### Cross-play of generation 0's teams", "",
+              "| seeds | self-play accuracy (%) | cross-play accuracy (%) | cross / self |", "|---|---|---|---|"]
+    for d, c in crossplay.items():
+      value_NxN = np.asarray(c["matrices"]["accuracy"])
+      off_N = [np.delete(row, i).mean() for i, row in enumerate(value_NxN)]  # each sender with the others' receivers
+      lines.append(_row(d, _ci(np.diag(value_NxN), count=False), _ci(off_N, count=False), f"{c['ratio']:.2f}"))
+    lines.append("")
+  newcomers_rows = {d: {name: _read_json(os.path.join(out, d, f"newcomer_{name}", "recovery.json"))
+                        for name in ("fresh", "distilled")
+                        if os.path.isfile(os.path.join(out, d, f"newcomer_{name}", "recovery.json"))} for d in sets}
+  if any(newcomers_rows.values()):
+    lines += ["### Newcomers (a fresh receiver joins generation 0's team, the sender frozen)", "",
+              "| seeds | newcomer | team's accuracy (%) | at step 0 (%) | final (%) | steps to the team's accuracy "
+              "(reached) | receiver's same messages as the team's |", "|---|---|---|---|---|---|---|"]
+    for d, by_name in newcomers_rows.items():
+      for name, r in by_name.items():
+        budget = configs.read_run_config(os.path.join(out, d, f"newcomer_{name}")).total_steps
+        steps = np.asarray(r["steps_to_recover"], np.float64)
+        lines.append(_row(d, name, _ci(r["target"], count=False), _ci(r["start_accuracy"], count=False),
+                                _ci(r["final_accuracy"], count=False),
+                                f"{_steps(_censored(steps, budget))} ({np.isfinite(steps).sum()}/{len(steps)})",
+                                _ci(r["receiver_agreement"])))
+      if len(by_name) == 2:
+        budget = configs.read_run_config(os.path.join(out, d, "newcomer_fresh")).total_steps
+        fresh, distilled = (_censored(np.asarray(by_name[k]["steps_to_recover"], np.float64), budget)
+                            for k in ("fresh", "distilled"))
+        lines.append(_row(d, "distilled − fresh (paired)", "", "", "", _paired(fresh, distilled, steps=True), ""))
+    lines.append("")
+  retention_rows = {d: {replay: _read_json(os.path.join(out, d, f"retention_replay{replay}", "generations.json"))
+                        for replay in ("0", "0.5")
+                        if os.path.isfile(os.path.join(out, d, f"retention_replay{replay}", "generations.json"))}
+                    for d in sets}
+  if any(retention_rows.values()):
+    lines += ["### Retention (arithmetic: A = additions, then B = multiplications, then A again)", "",
+              "| seeds | B's warm start replaying A's archive | A before B (%) | B after B (%) | A after B (%) | "
+              "A after B − before (points, paired) |", "|---|---|---|---|---|---|"]
+    for d, by_replay in retention_rows.items():
+      for replay, rows in by_replay.items():
+        lines.append(_row(d, f"{float(replay):.0%}", _ci(rows[0]["accuracy"], count=False),
+                                _ci(rows[1]["accuracy"], count=False), _ci(rows[1]["first_task_accuracy"], count=False),
+                                _paired(rows[0]["accuracy"], rows[1]["first_task_accuracy"], count=False)))
+      if len(by_replay) == 2:
+        lines.append(_row(d, "replay − none (paired)", "", "", "", _paired(
+            by_replay["0"][1]["first_task_accuracy"], by_replay["0.5"][1]["first_task_accuracy"], count=False)))
+  return "\n".join(lines)
+
+
+def plot_study(out: str, path: str) -> None:
+  """Evaluation accuracy against RL steps for each generation (mean over seeds, its 95% band), one
+  panel per seed set, as a PNG at `path`."""
+  from matplotlib.figure import Figure  # the plot alone needs it
+  sets = sorted((d for d in os.listdir(out) if os.path.isdir(generation_dir(os.path.join(out, d), 0))),
+                key=lambda d: int(d[4:]))
+  fig = Figure(figsize=(5 * len(sets), 3.6))
+  for i, d in enumerate(sets):
+    ax = fig.add_subplot(1, len(sets), i + 1)
+    g = 0
+    while os.path.isfile(os.path.join(generation_dir(os.path.join(out, d), g), "metrics.jsonl")):
+      rows = [r for r in metrics.read(generation_dir(os.path.join(out, d), g)) if "eval_accuracy" in r]
+      steps = [r["step"] for r in rows]
+      stats_N = [report.mean_ci(report.seed_values(r, "eval_accuracy")) for r in rows]
+      mean_N, half_N = (np.array(x) for x in zip(*stats_N))
+      label = "generation 0 (from scratch)" if g == 0 else f"generation {g} (distilled from {g - 1})"
+      ax.plot(steps, mean_N, label=label)
+      ax.fill_between(steps, mean_N - half_N, mean_N + half_N, alpha=0.2)
+      g += 1
+    ax.set(title=f"seeds {d[4:]}.. (10 vmapped)", xlabel="RL step (0: after distillation)", ylabel="eval accuracy")
+    ax.axhline(0.25, color="grey", linestyle=":", linewidth=1)
+    ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+
+
 def run(config, workdir: str) -> str:
   """Trains and archives the generations not yet done, then writes the summary (returns its table)."""
   try:

@@ -31,8 +31,8 @@ else
                       sft.steps=300)
 fi
 prefixed() {  # prefixed PREFIX [SETTINGS...]: SETTINGS (default run_settings) as --config.PREFIXKEY=VALUE flags
-  local prefix=$1
-  shift
+  local prefix=${1:-}
+  shift $(( $# > 0 ))
   if [ $# = 0 ]; then set -- "${run_settings[@]}"; fi
   for s in "$@"; do echo "--config.$prefix$s"; done
 }

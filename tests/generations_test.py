@@ -232,3 +232,27 @@ def test_a_team_trained_on_a_then_b_is_evaluated_on_a_again_through_the_cli(tmp_
   assert "steps_to_target" not in rows[1] and len(rows[1]["first_task_accuracy"]) == 2
   # Generation 0's own team on its own task: its final evaluation.
   np.testing.assert_allclose(generations.first_task_accuracy(workdir, 0), rows[0]["accuracy"], atol=1e-6)
+
+
+@pytest.mark.slow  # every cell of the study at the tiny size: many commands, minutes
+def test_the_study_script_runs_every_cell_tiny_and_its_tables_read_them(tmp_path):
+  out = str(tmp_path / "study")
+  proc = subprocess.run(["scripts/generations_results.sh", out], cwd=ROOT, capture_output=True, text=True, timeout=3600,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu", "SIZE": "tiny"})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  for seed in (0, 1000):
+    d = os.path.join(out, f"seed{seed}")
+    assert [r["generation"] for r in json.loads(open(os.path.join(d, "generations.json")).read())] == [0, 1, 2]
+    for name in ("newcomer_fresh/recovery.json", "newcomer_distilled/recovery.json", "crossplay.json",
+                 "retention_replay0/generations.json", "retention_replay0.5/generations.json"):
+      assert os.path.isfile(os.path.join(d, name)), name
+  tables = generations.study_tables(out)
+  for heading in ("### Generations", "### Cross-play", "### Newcomers", "### Retention"):
+    assert heading in tables
+  assert "| seed1000 | distilled − fresh (paired) |" in tables and "| seed0 | replay − none (paired) |" in tables
+  generations.plot_study(out, str(tmp_path / "accuracy.png"))
+  assert os.path.getsize(tmp_path / "accuracy.png") > 0
+  # A rerun finds every cell finished and trains nothing.
+  rerun = subprocess.run(["scripts/generations_results.sh", out], cwd=ROOT, capture_output=True, text=True, timeout=3600,
+                         env={**os.environ, "JAX_PLATFORMS": "cpu", "SIZE": "tiny"})
+  assert rerun.returncode == 0 and "train:" not in rerun.stderr, rerun.stderr[-3000:]
