@@ -24,6 +24,9 @@ def test_work_counts_by_hand():
   # (tied: the embedding is the unembedding) and the keys and values at 2 layers x 2 heads x 16 x 4
   # bytes x 2 of positions 0..3, then 0..4.
   assert bench.decode_bytes(setup, weight_count=1000) == 2 * 4000 + (4 + 5) * 512
+  # --rows: the generations each set of rows needs (decode is the whole answer's less the first token's).
+  assert [bench.generations(setup, rows, ("first", "whole")) for rows in (
+      ("update",), ("prefill",), ("decode",), bench.ROWS)] == [(), ("first",), ("first", "whole"), ("first", "whole")]
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -45,7 +45,6 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
@@ -54,6 +53,7 @@ from marl_jax import (cli, configs, experiment, model as model_lib, parallel, pr
 from marl_jax.lm import agent as lm_agent
 from marl_jax.lm import checkpoint as lm_checkpoint
 from marl_jax.lm import model as lm_model
+from marl_jax.protocols import engine
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "tests", "fixtures",
                         "lm")
@@ -105,7 +105,7 @@ class Canvas(tasks.Task):
 class Setup:
   """What every row reads: the agent, its canvas for each message length, the trainer's experiment."""
   exp: experiment.Experiment  # the single agent's experiment, on the whole canvas
-  prefill_layout: object  # the same canvas with a one-token message
+  prefill_layout: engine.Layout  # the same canvas with a one-token message
   batch: int
   prompt: int
   answer: int
@@ -208,8 +208,8 @@ def median_seconds(call, repeats: int) -> float:
   return statistics.median(seconds)
 
 
-def marl_jax_rows(setup: Setup, repeats: int, seed: int = 0) -> tuple[dict, int]:
-  """Seconds and tokens of each row through marl_jax, and the parameter count."""
+def marl_jax_rows(setup: Setup, rows: tuple[str, ...], repeats: int, seed: int = 0) -> tuple[dict, int]:
+  """Seconds and tokens of each of `rows` through marl_jax, and the parameter count."""
   exp, B = setup.exp, setup.batch
   key_params, key_prompt, key_sample, key_update = jax.random.split(jax.random.PRNGKey(seed), 4)
   params_R = model_lib.pretrained_stack(exp.model, 1)
@@ -219,30 +219,40 @@ def marl_jax_rows(setup: Setup, repeats: int, seed: int = 0) -> tuple[dict, int]
   prompt_BxP = prompt_tokens(setup, key_prompt)
   key_B = jax.random.split(key_sample, B)
   seconds, sampled = [], []
-  for layout in (setup.prefill_layout, exp.layout):
+  for layout in generations(setup, rows, (setup.prefill_layout, exp.layout)):
     canvas_BxT = jnp.pad(prompt_BxP, ((0, 0), (0, layout.length - setup.prompt)), constant_values=text.PAD)
     force_BxT = jnp.zeros(canvas_BxT.shape, bool)
+    # Every output returned: the sampled mask alone would let XLA drop a one-token message's prefill.
     sample = jax.jit(lambda p, c, k, layout=layout: sampling.generate(
-        exp.model, layout, p, c, force_BxT, k, exp.config.rl.temperature)[2].sum())
+        exp.model, layout, p, c, force_BxT, k, exp.config.rl.temperature))
     compiled = sample.lower(params_R, canvas_BxT, key_B).compile()
     seconds.append(median_seconds(lambda: compiled(params_R, canvas_BxT, key_B), repeats))
-    sampled.append(int(compiled(params_R, canvas_BxT, key_B)))
-  rows = prefill_and_decode(setup, *seconds, sampled[1] - sampled[0])
-  mb = update_batch(setup, prompt_BxP, key_update)
-  gradient = jax.jit(parallel.shard_map(lambda p, b: update.minibatch_gradient(exp, p, b, 1)[:2], exp.mesh,
-                                        in_specs=P(), out_specs=P()))
-  compiled = gradient.lower(params_R, mb).compile()
-  rows["update"] = {"seconds": median_seconds(lambda: compiled(params_R, mb), repeats),
-                    "tokens": B * exp.layout.length}
-  return rows, model_lib.count_params(params_R)
+    sampled.append(int(compiled(params_R, canvas_BxT, key_B)[2].sum()))
+  timed = prefill_and_decode(setup, seconds, sampled[-1] - sampled[0])
+  if "update" in rows:
+    mb = update_batch(setup, prompt_BxP, key_update)
+    gradient = jax.jit(parallel.shard_map(lambda p, b: update.minibatch_gradient(exp, p, b, 1)[:2], exp.mesh,
+                                          in_specs=P(), out_specs=P()))
+    compiled = gradient.lower(params_R, mb).compile()
+    timed["update"] = {"seconds": median_seconds(lambda: compiled(params_R, mb), repeats),
+                       "tokens": B * exp.layout.length}
+  return timed, model_lib.count_params(params_R)
 
 
-def prefill_and_decode(setup: Setup, first_s: float, whole_s: float, decoded: int) -> dict:
+def generations(setup: Setup, rows: tuple[str, ...], lengths: tuple) -> tuple:
+  """The generations `rows` need, of `lengths` (one token, the whole answer): none without prefill or
+  decode, the first alone for prefill, both for decode (the whole answer less the first token)."""
+  return lengths[:("prefill" in rows or "decode" in rows) + ("decode" in rows)]
+
+
+def prefill_and_decode(setup: Setup, seconds: list[float], decoded: int) -> dict:
   """The prefill row from a generation of one token (the time to the first token: the prompt and
-  header read) and the decode row from one of the whole answer less it (`decoded` tokens sampled
-  after the first: B x (answer - 1) unless a row wrote its end-of-turn token)."""
-  return {"prefill": {"seconds": first_s, "tokens": setup.batch * (setup.prompt + 1)},
-          "decode": {"seconds": whole_s - first_s, "tokens": decoded}}
+  header read) and, with a second, the decode row from one of the whole answer less it (`decoded`
+  tokens sampled after the first: B x (answer - 1) unless a row wrote its end-of-turn token)."""
+  timed = {"prefill": {"seconds": seconds[0], "tokens": setup.batch * (setup.prompt + 1)}} if seconds else {}
+  if len(seconds) == 2:
+    timed["decode"] = {"seconds": seconds[1] - seconds[0], "tokens": decoded}
+  return timed
 
 
 def update_batch(setup: Setup, prompt_BxP, key) -> update.Batch:
@@ -261,7 +271,8 @@ def update_batch(setup: Setup, prompt_BxP, key) -> update.Batch:
                       role_mask_BxRxT=sampled_BxT[:, None], group_B=jnp.arange(B))
 
 
-def transformers_rows(setup: Setup, random_weights: bool, microbatch: int, repeats: int, seed: int = 0) -> dict:
+def transformers_rows(setup: Setup, rows: tuple[str, ...], random_weights: bool, microbatch: int, repeats: int,
+                      seed: int = 0) -> dict:
   """The same rows through `transformers` (torch, float32 or bfloat16 as `--dtype`): generate with one
   and with `answer` new tokens, sampled from the whole distribution, and forward and backward of the
   trainer's loss (PPO-clip, its entropy computed) over the same canvases, `microbatch` rows at a time."""
@@ -293,8 +304,10 @@ def transformers_rows(setup: Setup, random_weights: bool, microbatch: int, repea
                             pad_token_id=int(eos))
 
   generate(2)  # warm-up: torch allocates and picks its kernels on the first call
-  rows = prefill_and_decode(setup, *(median_seconds(lambda n=n: generate(n), repeats) for n in (1, setup.answer)),
-                            B * (setup.answer - 1))
+  timed = prefill_and_decode(setup, [median_seconds(lambda n=n: generate(n), repeats)
+                                     for n in generations(setup, rows, (1, setup.answer))], B * (setup.answer - 1))
+  if "update" not in rows:
+    return timed
 
   mb = jax.tree.map(np.array, update_batch(setup, prompt_BxP, key_update))  # writable copies for torch
   rl = exp.config.rl
@@ -319,8 +332,8 @@ def transformers_rows(setup: Setup, random_weights: bool, microbatch: int, repea
       ((per_token * mask[rows_slice, 1:]).sum() / count).backward()
 
   loss_and_grad()  # warm-up
-  rows["update"] = {"seconds": median_seconds(loss_and_grad, repeats), "tokens": B * exp.layout.length}
-  return rows
+  timed["update"] = {"seconds": median_seconds(loss_and_grad, repeats), "tokens": B * exp.layout.length}
+  return timed
 
 
 def table(rows: list[dict], header: dict) -> str:
@@ -347,17 +360,18 @@ def table(rows: list[dict], header: dict) -> str:
   return "\n".join(lines)
 
 
-def measure(setup: Setup, random_weights: bool, microbatch: int, repeats: int, peer: str) -> tuple[list, dict]:
-  """Every row (and the peer's), with the bounds measured before and after them."""
+def measure(setup: Setup, rows: tuple[str, ...], random_weights: bool, microbatch: int, repeats: int,
+            peer: str) -> tuple[list, dict]:
+  """Each of `rows` (and the peer's), with the bounds measured before and after them."""
   matmul_readings, copy_readings = [throughput.matmul_flops_per_s()], [copy_bytes_per_s()]
-  ours, weight_count = marl_jax_rows(setup, repeats)
-  theirs = transformers_rows(setup, random_weights, microbatch, repeats) if peer else None
+  ours, weight_count = marl_jax_rows(setup, rows, repeats)
+  theirs = transformers_rows(setup, rows, random_weights, microbatch, repeats) if peer else None
   matmul_readings.append(throughput.matmul_flops_per_s())
   copy_readings.append(copy_bytes_per_s())
   matmul, copy = float(np.mean(matmul_readings)), float(np.mean(copy_readings))
   work = row_flops(setup) | {"decode": decode_bytes(setup, weight_count)}
-  rows = []
-  for name in ROWS:
+  table_rows = []
+  for name in [name for name in ROWS if name in rows]:
     bound, per_s = ("bytes", copy) if name == "decode" else ("flops", matmul)
     row = {"row": name, "bound": bound, "work": work[name], **ours[name]}
     row |= {"tokens_per_s": row["tokens"] / row["seconds"], "rate": work[name] / row["seconds"],
@@ -367,14 +381,14 @@ def measure(setup: Setup, random_weights: bool, microbatch: int, repeats: int, p
       row |= {"peer_seconds": peer_s, "peer_tokens_per_s": theirs[name]["tokens"] / peer_s,
               "peer_of_bound": work[name] / per_s / peer_s}
       row["ratio"] = row["tokens_per_s"] / row["peer_tokens_per_s"]
-    rows.append(row)
+    table_rows.append(row)
   header = {"batch": setup.batch, "prompt": setup.prompt, "answer": setup.answer,
             "dtype": jnp.dtype(setup.lm.dtype).name, "cores": len(os.sched_getaffinity(0)),
             "huge_pages": throughput.huge_pages(), "matmul_flops_per_s": matmul,
             "matmul_readings": matmul_readings, "copy_bytes_per_s": copy, "copy_readings": copy_readings,
             "params": weight_count, "microbatch": microbatch, "repeats": repeats, "peer": peer,
             "backend": jax.default_backend()}
-  return rows, header
+  return table_rows, header
 
 
 def parser() -> argparse.ArgumentParser:
@@ -389,11 +403,13 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--batch", type=int, default=32, help="rows sampled and trained at once")
   p.add_argument("--prompt", type=int, default=160, help="prompt tokens of each row")
   p.add_argument("--answer", type=int, default=160, help="tokens each row samples (exactly these many)")
-  p.add_argument("--microbatch", type=int, default=4, help="rows per forward and backward pass of the "
+  p.add_argument("--microbatch", type=int, default=1, help="rows per forward and backward pass of the "
                  "update (config.rl.microbatch_size); must divide --batch")
   p.add_argument("--dtype", default="float32", choices=("auto", "float32", "bfloat16"),
                  help="compute dtype (config.model.dtype)")
   p.add_argument("--repeats", type=int, default=3, help="timed calls per row; each row is their median")
+  p.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS), help="the rows to time (decode "
+                 "times the prefill's generation too)")
   p.add_argument("--peer", choices=PEERS, help="also time the same work through this library")
   p.add_argument("--out", help="also write the rows and bounds here as JSON")
   return p
@@ -414,8 +430,8 @@ def main(argv=None) -> None:
       checkpoint = write_shapes(args.shapes, scratch) if args.shapes else args.checkpoint
       setup = make_setup(checkpoint, args.random_weights or bool(args.shapes), args.batch, args.prompt,
                          args.answer, args.microbatch, args.dtype)
-      rows, header = measure(setup, args.random_weights or bool(args.shapes), args.microbatch, args.repeats,
-                             args.peer)
+      rows, header = measure(setup, tuple(args.rows), args.random_weights or bool(args.shapes), args.microbatch,
+                             args.repeats, args.peer)
     finally:
       if scratch:
         shutil.rmtree(scratch)
