@@ -152,25 +152,39 @@ def attend(q_BxLxHxK, k_BxLxNxK, v_BxLxNxK, mask_BxLxT, start, layer_cache, dtyp
   Without `layer_cache` the L queries read the L new keys (`mask_BxLxT` over them, T = L).  With it
   (one layer's cache, `empty_cache`) they read the cached positions before `start` and the new keys
   at start..start+L-1 (`mask_BxLxT` over the canvas): one softmax over both, so nothing has to be
-  written before it is read, and the cache is only read here (`Decoder` writes it once)."""
+  written before it is read, and the cache is only read here (`Decoder` writes it once).  A `start`
+  known when tracing (a prefill chunk's) reads only the S = start positions before it; a traced one
+  (a decode step's) reads the whole canvas, the positions from `start` on masked."""
   B, L, H, K = q_BxLxHxK.shape
   N = k_BxLxNxK.shape[2]
   q_BxLxNxGxK = q_BxLxHxK.reshape(B, L, N, H // N, K)
-  scores = [jnp.einsum("blngk,bmnk->bnlgm", q_BxLxNxGxK, k_BxLxNxK)]
-  masks = [mask_BxLxT]
+  # (scores, their mask, the values they weigh, the einsum that weighs them), one part per key source.
+  new_mask_BxLxL = mask_BxLxT
+  parts = []
   if layer_cache is not None:
     T = mask_BxLxT.shape[-1]
-    masks = [mask_BxLxT & (jnp.arange(T) < start), jax.lax.dynamic_slice_in_dim(mask_BxLxT, start, L, 2)]
-    # Keys are cached [B, N, K, T] (positions minor): XLA:CPU ran this product 30x faster than with
-    # the positions major, [B, N, T, K], at a 384-position canvas.
-    scores.insert(0, jnp.einsum("blngk,bnkt->bnlgt", q_BxLxNxGxK, layer_cache["k"]))
+    if isinstance(start, (int, np.integer)):
+      k_BxNxKxS, v_BxNxSxK = layer_cache["k"][..., :start], layer_cache["v"][:, :, :start]
+      mask_BxLxS, new_mask_BxLxL = mask_BxLxT[..., :start], mask_BxLxT[..., start:start + L]
+    else:
+      k_BxNxKxS, v_BxNxSxK = layer_cache["k"], layer_cache["v"]
+      mask_BxLxS = mask_BxLxT & (jnp.arange(T) < start)
+      new_mask_BxLxL = jax.lax.dynamic_slice_in_dim(mask_BxLxT, start, L, 2)
+    if mask_BxLxS.shape[-1]:
+      # Keys are cached [B, N, K, T] (positions minor): XLA:CPU ran this product 30x faster than with
+      # the positions major, [B, N, T, K], at a 384-position canvas.
+      parts.append((jnp.einsum("blngk,bnks->bnlgs", q_BxLxNxGxK, k_BxNxKxS), mask_BxLxS, v_BxNxSxK,
+                    "bnlgs,bnsk->blngk"))
+  parts.append((jnp.einsum("blngk,bmnk->bnlgm", q_BxLxNxGxK, k_BxLxNxK), new_mask_BxLxL, v_BxLxNxK,
+                "bnlgm,bmnk->blngk"))
+  scale = np.sqrt(K).astype(np.float32)
   att_BxNxLxGxS = jnp.concatenate(
-      [jnp.where(m_BxLxS[:, None, :, None], s.astype(jnp.float32) / np.sqrt(K).astype(np.float32), -1e9)
-       for s, m_BxLxS in zip(scores, masks)], -1)
+      [jnp.where(m_BxLxS[:, None, :, None], s.astype(jnp.float32) / scale, -1e9) for s, m_BxLxS, _, _ in parts],
+      -1)
   att_BxNxLxGxS = jax.nn.softmax(att_BxNxLxGxS, axis=-1).astype(dtype)
-  o_BxLxNxGxK = jnp.einsum("bnlgm,bmnk->blngk", att_BxNxLxGxS[..., -L:], v_BxLxNxK)
-  if layer_cache is not None:
-    o_BxLxNxGxK += jnp.einsum("bnlgt,bntk->blngk", att_BxNxLxGxS[..., :-L], layer_cache["v"])
+  widths = [m_BxLxS.shape[-1] for _, m_BxLxS, _, _ in parts]
+  weights = jnp.split(att_BxNxLxGxS, np.cumsum(widths)[:-1], axis=-1)
+  o_BxLxNxGxK = sum(jnp.einsum(spec, w, values) for w, (_, _, values, spec) in zip(weights, parts))
   return o_BxLxNxGxK.reshape(B, L, H, K)
 
 
