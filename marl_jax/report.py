@@ -490,7 +490,7 @@ def setting_label(config: dict) -> str:
 def plot_rates(workdirs: list[str], path: str) -> None:
   """Runs rewarded by their judges against their audit rate (`config.reward.audit_rate`), written to
   `path` (PNG): the final evaluated accuracy (the checker's) and the accuracy the judges last reported
-  in training, mean over seeds with its 95% band, one line per payment rule and collusion setting
+  in training, mean over seeds with its 95% interval (bars and band), one line per payment rule and collusion setting
   (`setting_label`) and seed set (solid: the first, dashed: the others); runs not rewarded by judges
   (the checker-rewarded workflow, a single agent) as horizontal bands."""
   from matplotlib.figure import Figure  # the plot alone needs it
@@ -518,7 +518,8 @@ def plot_rates(workdirs: list[str], path: str) -> None:
       rate_N = np.array([rate for rate, _ in points])
       mean_N, half_N = (100 * np.array([m[i] for _, m in points]) for i in (0, 1))
       style = dict(color=colours[label], linestyle="-" if seed == first_seeds[0] else "--")
-      ax.plot(rate_N, mean_N, marker="o", label=f"{label} (seeds {seed}..)", **style)
+      # The interval as error bars too: a rule measured at one rate has no band to fill.
+      ax.errorbar(rate_N, mean_N, yerr=half_N, marker="o", capsize=3, label=f"{label} (seeds {seed}..)", **style)
       ax.fill_between(rate_N, mean_N - half_N, mean_N + half_N, alpha=0.15, color=colours[label])
     for i, s in enumerate(bands):
       mean, half = (100 * x for x in mean_ci(s["final"]))
