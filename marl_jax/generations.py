@@ -88,6 +88,7 @@ def transcripts_path(config, workdir: str, g: int) -> str:
 def generation_config(config, workdir: str, g: int) -> ml_collections.ConfigDict:
   """Generation g's run: `config.run` with its stage's overrides, and after generation 0, by
   `config.inherit`:
+
   - `distil`: fresh parameters, with a warm start that distils the previous generation's archive
     instead of the workflow's demonstrations;
   - `team`: the previous generation's team carries on (`init_from`), through its run's warm start if

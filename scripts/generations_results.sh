@@ -13,18 +13,19 @@
 # its last checkpoint.
 # Usage: scripts/generations_results.sh [OUT] [CELLS]   CELLS: any of "generations crossplay
 # generation2 newcomers retention" (default all of them, in that order).  SIZE=tiny runs every cell in
-# seconds (2 seeds, 4 steps, the tiny model: tests/generations_test.py).
+# seconds (2 seeds, 4 steps, the tiny model: tests/generations_test.py); SEEDS="0" runs one seed set.
 set -euo pipefail
 out=${1:-workdirs/generations}
 cells=${2:-generations crossplay generation2 newcomers retention}
 size=${SIZE:-cpu}
+seed_sets=${SEEDS:-0 1000}
 # Each run's settings beside the config's (signalling at lr 1e-3 with the entropy bonus).
 if [ "$size" = tiny ]; then
-  steps=4 distil=4 archive_size=64
+  steps=4 distil=4 archive_size=64 filter=all  # a team trained for seconds is seldom right
   run_settings=(num_seeds=2 total_steps=$steps eval_every=2 log_every=2 checkpoint_every=2 eval.size=16)
   retention_settings=(num_seeds=2 eval.size=16)
 else
-  steps=100 distil=100 archive_size=256
+  steps=100 distil=100 archive_size=256 filter=right
   run_settings=(num_seeds=10 total_steps=$steps eval_every=10 log_every=10 checkpoint_every=50 eval.size=256
                 rl.batch_size=128)
   retention_settings=(num_seeds=10 total_steps=50 eval_every=10 log_every=10 checkpoint_every=50 eval.size=256
@@ -61,27 +62,28 @@ retention() {  # retention SEED REPLAY: arithmetic, additions then multiplicatio
   if [ "$dir" != "$first" ] && [ ! -d "$dir/gen0" ]; then cp -r "$first/gen0" "$dir/gen0"; fi
   python -m marl_jax.generations --config=experiments/generations.py:task=arithmetic,size=$size --workdir="$dir" \
     --config.generations=2 --config.inherit=team --config.stages='task.ops=+;task.ops=*' --config.replay="$replay" \
+    --config.distil.filter=$filter \
     --config.archive.size=$archive_size --config.run.seed="$seed" $(prefixed run. "${retention_settings[@]}")
 }
 for cell in $cells; do
   case $cell in
     generations)
-      for seed in 0 1000; do generations $seed 2; done;;
+      for seed in $seed_sets; do generations $seed 2; done;;
     crossplay)
-      for seed in 0 1000; do
+      for seed in $seed_sets; do
         [ -f "$out/seed$seed/crossplay.json" ] ||
           python -m marl_jax.crossplay --workdirs="$out/seed$seed/gen0" --out="$out/seed$seed/crossplay.json"
       done;;
     generation2)
-      for seed in 0 1000; do generations $seed 3; done;;
+      for seed in $seed_sets; do generations $seed 3; done;;
     newcomers)
-      for seed in 0 1000; do
+      for seed in $seed_sets; do
         newcomer $seed fresh
         newcomer $seed distilled --config.newcomers.distil=true --config.sft.steps=$distil \
-          --config.sft.transcripts="$(archive $seed)"
+          --config.sft.transcripts="$(archive $seed)" --config.sft.filter=$filter
       done;;
     retention)
-      for seed in 0 1000; do
+      for seed in $seed_sets; do
         retention $seed 0
         retention $seed 0.5
       done;;
