@@ -72,7 +72,7 @@ def test_greedy_decoding_is_the_whole_canvas_forward_pass(family):
   _assert_greedy_is_the_whole_canvas_mode(agent, jax.tree.map(jnp.asarray, agent.pretrained_stack(2)))
 
 
-def test_greedy_decoding_with_lora_and_a_mixed_team():
+def test_greedy_decoding_with_lora():
   # Adapters moved off their fresh b = 0, so each set is a different adapted model.
   agent = _agent("llama", lora=dict(rank=2, alpha=4.0, targets="q_proj,v_proj,down_proj"))
   params_R = jax.tree.map(jnp.asarray, agent.pretrained_stack(2))
@@ -80,6 +80,9 @@ def test_greedy_decoding_with_lora_and_a_mixed_team():
   adapter_R = treedef.unflatten([p + 0.3 * jax.random.normal(jax.random.key(i), p.shape)
                                  for i, p in enumerate(leaves)])
   _assert_greedy_is_the_whole_canvas_mode(agent, {**params_R, "adapter": adapter_R})
+
+
+def test_greedy_decoding_in_a_mixed_team():
   # Qwen3 solves, Llama verifies: each view's cache and calls are its own model's.
   qwen, llama = _agent("qwen3"), _agent("llama")
   team = team_lib.Team(("qwen", "llama"), (qwen, llama), (0, 1))
@@ -158,20 +161,22 @@ def test_message_loop_stops_once_every_row_has_ended():
   over seeds, a seed whose rows end at once runs on with the other seed's, and each seed's transcript
   is the one it gets alone."""
   cfg = _Recording(d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=24)
-  params_R = model_lib.init_stack(cfg, jax.random.key(0), 2)
+  layout = protocols.make("solver_verifier", TASK).layout(TASK, (0, 0))  # two messages of one set
+  params_R = jax.jit(model_lib.init_stack, static_argnums=(0, 2))(cfg, jax.random.key(0, impl="unsafe_rbg"), 1)
   eos_R = {**params_R, "unembed": {**params_R["unembed"], "bias": params_R["unembed"]["bias"].at[:, text.EOS].add(100.0)}}
-  canvas_BxT, force_BxT = _canvas(LAYOUT), jnp.zeros((B, LAYOUT.length), bool)
-  generate = functools.partial(sampling.generate, cfg, LAYOUT, canvas_BxT=canvas_BxT, force_BxT=force_BxT,
+  canvas_BxT, force_BxT = _canvas(layout), jnp.zeros((B, layout.length), bool)
+  generate = functools.partial(sampling.generate, cfg, layout, canvas_BxT=canvas_BxT, force_BxT=force_BxT,
                                key_B=jax.random.split(jax.random.PRNGKey(0), B), temperature=TEMP)
+  run = jax.jit(generate)
   _READ_AT.clear()
-  tokens_BxT, logp_BxT, sampled_BxT = jax.device_get(jax.jit(generate)(eos_R))
-  starts = [start for start, _ in LAYOUT.turn_slices]
-  assert sorted(set(_READ_AT)) == starts, (_READ_AT, LAYOUT.turn_slices)
-  for start, stop in LAYOUT.turn_slices:
+  tokens_BxT, logp_BxT, sampled_BxT = jax.device_get(run(eos_R))
+  starts = [start for start, _ in layout.turn_slices]
+  assert sorted(set(_READ_AT)) == starts, (_READ_AT, layout.turn_slices)
+  for start, stop in layout.turn_slices:
     assert np.all(tokens_BxT[:, start] == text.EOS) and np.all(tokens_BxT[:, start + 1:stop] == text.PAD)
     assert np.all(sampled_BxT[:, start]) and not sampled_BxT[:, start + 1:stop].any()
     assert np.all(logp_BxT[:, start + 1:stop] == 0.0)
-  alone = [jax.jit(generate)(p) for p in (eos_R, params_R)]
+  alone = [run(p) for p in (eos_R, params_R)]
   both = jax.jit(jax.vmap(generate))(jax.tree.map(lambda a, b: jnp.stack([a, b]), eos_R, params_R))
   chex.assert_trees_all_equal(both, jax.tree.map(lambda a, b: jnp.stack([a, b]), *alone))
   assert not np.array_equal(alone[0][0], alone[1][0])
