@@ -278,7 +278,7 @@ def study_tables(out: str) -> str:
   generations_rows = {d: _read_json(os.path.join(out, d, "generations.json")) for d in sets
                       if os.path.isfile(os.path.join(out, d, "generations.json"))}
   if generations_rows:
-    lines += ["### Generations", "", "| seeds | generation | final eval accuracy (%) | eval topsim | eval MI (bits) | "
+    lines += ["## Generations", "", "| seeds | generation | final eval accuracy (%) | eval topsim | eval MI (bits) | "
               "steps to the previous final (reached) | generation 0's steps to it (reached) | paired difference "
               "(steps) | accuracy vs generation 0 (points, paired) | sender / receiver same messages as the previous |",
               "|---|---|---|---|---|---|---|---|---|---|"]
@@ -301,7 +301,7 @@ def study_tables(out: str) -> str:
   crossplay = {d: _read_json(os.path.join(out, d, "crossplay.json")) for d in sets
                if os.path.isfile(os.path.join(out, d, "crossplay.json"))}
   if crossplay:
-    lines += ["### Cross-play of generation 0's teams", "",
+    lines += ["## Cross-play of generation 0's teams", "",
               "| seeds | self-play accuracy (%) | cross-play accuracy (%) | cross / self |", "|---|---|---|---|"]
     for d, c in crossplay.items():
       value_NxN = np.asarray(c["matrices"]["accuracy"])
@@ -312,7 +312,7 @@ def study_tables(out: str) -> str:
                         for name in ("fresh", "distilled")
                         if os.path.isfile(os.path.join(out, d, f"newcomer_{name}", "recovery.json"))} for d in sets}
   if any(newcomers_rows.values()):
-    lines += ["### Newcomers (a fresh receiver joins generation 0's team, the sender frozen)", "",
+    lines += ["## Newcomers (a fresh receiver joins generation 0's team, the sender frozen)", "",
               "| seeds | newcomer | team's accuracy (%) | at step 0 (%) | final (%) | steps to the team's accuracy "
               "(reached) | receiver's same messages as the team's |", "|---|---|---|---|---|---|---|"]
     for d, by_name in newcomers_rows.items():
@@ -334,7 +334,7 @@ def study_tables(out: str) -> str:
                         if os.path.isfile(os.path.join(out, d, f"retention_replay{replay}", "generations.json"))}
                     for d in sets}
   if any(retention_rows.values()):
-    lines += ["### Retention (arithmetic: A = additions, then B = multiplications, then A again)", "",
+    lines += ["## Retention (arithmetic: A = additions, then B = multiplications, then A again)", "",
               "| seeds | B's warm start replaying A's archive | A before B (%) | B after B (%) | A after B (%) | "
               "A after B − before (points, paired) |", "|---|---|---|---|---|---|"]
     for d, by_replay in retention_rows.items():

@@ -247,7 +247,7 @@ def test_the_study_script_runs_every_cell_tiny_and_its_tables_read_them(tmp_path
                  "retention_replay0/generations.json", "retention_replay0.5/generations.json"):
       assert os.path.isfile(os.path.join(d, name)), name
   tables = generations.study_tables(out)
-  for heading in ("### Generations", "### Cross-play", "### Newcomers", "### Retention"):
+  for heading in ("## Generations", "## Cross-play", "## Newcomers", "## Retention"):
     assert heading in tables
   assert "| seed1000 | distilled − fresh (paired) |" in tables and "| seed0 | replay − none (paired) |" in tables
   generations.plot_study(out, str(tmp_path / "accuracy.png"))
