@@ -3,6 +3,7 @@ in the same run, optionally beside the same work through `transformers` (a bench
 
   python -m marl_jax.lm.bench --checkpoint=DIR [--random_weights] --batch=32 --prompt=160 --answer=160
   python -m marl_jax.lm.bench --shapes=qwen3-0.6b --batch=8 --prompt=160 --answer=160 --peer=transformers
+  python -m marl_jax.lm.bench --shapes=qwen3-0.6b --rows update   # some of the rows only
 
 One agent over its checkpoint's whole vocabulary (`lm.agent.from_config` with `free_text`, as a
 word-problem run's) answers `--batch` prompts of `--prompt` random tokens with `--answer` sampled
