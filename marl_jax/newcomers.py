@@ -8,20 +8,13 @@ newcomers alone, each its own role's messages, the rest of the team unchanged.  
 parameter set of its own; the run then trains as any run started from `init_from` does, and its
 checkpoint 0 is the team the newcomers joined (after their distillation).
 
-  python -m marl_jax.newcomers --workdir=NEWCOMER_RUN [--out=FILE.json]
-
-reports how a finished newcomer run recovered: per seed the team's final evaluation accuracy, the
-run's at step 0 and at its end, the evaluated steps it took to reach the team's accuracy, and each
-role's code agreement with the team (`generations.recovery`).
+`python -m marl_jax.newcomer_report --workdir=NEWCOMER_RUN` reports how a finished newcomer run
+recovered (`marl_jax.newcomer_report`).
 """
-import argparse
-import json
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from marl_jax import cli
 from marl_jax import model as model_lib
 from marl_jax.experiment import Experiment
 
@@ -71,29 +64,3 @@ def join(exp: Experiment, team_S, newcomers_S):
   replaced_R = np.isin(np.arange(exp.num_sets), replaced_sets(exp))
   pick = lambda team, new: jnp.where(replaced_R.reshape((1, -1) + (1,) * (team.ndim - 2)), new, team)
   return jax.tree.map(pick, team_S, newcomers_S)
-
-
-def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(prog="python -m marl_jax.newcomers",
-                                   description="How a newcomer run recovered the accuracy of the team it joined.")
-  parser.add_argument("--workdir", required=True, help="a finished run with config.newcomers.roles")
-  parser.add_argument("--out", default="", help="write the report here (JSON)")
-  args = parser.parse_args(argv)
-  # Imported here: generations imports the training loop, which imports this module.
-  from marl_jax import generations  # pylint: disable=import-outside-toplevel
-  with cli.refusing_bad_input(parser):
-    out = generations.recovery(args.workdir)
-  agreement = {k: v for k, v in out.items() if k.endswith("_agreement")}
-  print(f"newcomers {out['newcomers']['roles']!r} joining {out['team']}")
-  print("seed  team  start  final  steps to the team's accuracy  " + "  ".join(agreement))
-  for s, (target, start, final, steps) in enumerate(zip(out["target"], out["start_accuracy"], out["final_accuracy"],
-                                                         out["steps_to_recover"])):
-    print(f"{s:>4}  {target:.3f}  {start:.3f}  {final:.3f}  {steps:>6.0f}  "
-          + "  ".join(f"{v[s]:.3f}" for v in agreement.values()))
-  if args.out:
-    with open(args.out, "w") as f:
-      json.dump(out, f, indent=1)
-
-
-if __name__ == "__main__":
-  main()

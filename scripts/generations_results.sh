@@ -52,7 +52,7 @@ newcomer() {  # newcomer SEED NAME [FLAGS...]: a fresh receiver joins generation
     python -m marl_jax.main --config=experiments/tasks.py:task=signalling,size=$size --workdir="$dir" \
       --config.seed="$seed" --config.rl.entropy_coef=0.01 --config.optim.learning_rate=1e-3 $(prefixed) \
       --config.init_from="$out/seed$seed/gen0" --config.newcomers.roles=receiver --config.roles.trainable=0,1 "$@" > /dev/null
-    python -m marl_jax.newcomers --workdir="$dir" --out="$dir/recovery.json"
+    python -m marl_jax.newcomer_report --workdir="$dir" --out="$dir/recovery.json"
   fi
 }
 retention() {  # retention SEED REPLAY: arithmetic, additions then multiplications, B replaying REPLAY of A's archive

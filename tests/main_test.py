@@ -49,20 +49,26 @@ def _check_rejected(result, expected):
 
 def test_every_module_the_package_imports_is_an_install_requirement():
   # `pip install marl_jax` without the dev extras must run every command line: matplotlib, which the
-  # credit benchmark imports, once came only with the extras.
-  imported = set()
+  # credit benchmark imports, once came only with the extras.  An import inside a function (one flag's
+  # code, as lm.bench's --peer=transformers) may instead come from the optional `peer` extra.
+  imported, imported_in_functions = set(), set()
   for path in (REPO / "marl_jax").rglob("*.py"):
-    for node in ast.walk(ast.parse(path.read_text())):
-      if isinstance(node, ast.Import):
-        imported |= {alias.name.split(".")[0] for alias in node.names}
-      elif isinstance(node, ast.ImportFrom) and node.level == 0:
-        imported.add(node.module.split(".")[0])
-  third_party = imported - set(sys.stdlib_module_names) - {"marl_jax"}
+    tree = ast.parse(path.read_text())
+    nested = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+              for n in ast.walk(f)}
+    for node in ast.walk(tree):
+      names = (set() if not isinstance(node, (ast.Import, ast.ImportFrom)) else
+               {alias.name.split(".")[0] for alias in node.names} if isinstance(node, ast.Import) else
+               {node.module.split(".")[0]} if node.level == 0 else set())
+      (imported_in_functions if id(node) in nested else imported).update(names)
   setup_call = next(node for node in ast.walk(ast.parse((REPO / "setup.py").read_text()))
                     if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "setup")
-  requires = next(ast.literal_eval(k.value) for k in setup_call.keywords if k.arg == "install_requires")
+  setting = lambda arg: next(ast.literal_eval(k.value) for k in setup_call.keywords if k.arg == arg)
   canonical = lambda name: re.sub(r"[-_.]+", "-", name).lower()
-  required = {canonical(re.split(r"[<>=!~;\[ ]", r)[0]) for r in requires}
+  required = {canonical(re.split(r"[<>=!~;\[ ]", r)[0]) for r in setting("install_requires")}
+  optional = {canonical(re.split(r"[<>=!~;\[ ]", r)[0]) for r in setting("extras_require")["peer"]}
+  imported_in_functions -= {m for m in imported_in_functions if canonical(m) in optional}
+  third_party = (imported | imported_in_functions) - set(sys.stdlib_module_names) - {"marl_jax"}
   distributions = importlib.metadata.packages_distributions()
   undeclared = {module: distributions.get(module) for module in third_party
                 if not {canonical(d) for d in distributions.get(module, [])} & required}

@@ -11,7 +11,7 @@ import pytest
 from archive_test import tiny_experiment, write_run
 from generations_test import hand_made_archive
 
-from marl_jax import checkpoint, experiment, loop, newcomers, sft, state, transcripts
+from marl_jax import checkpoint, experiment, loop, newcomer_report, newcomers, sft, state, transcripts
 
 
 def two_seeds(**settings):
@@ -121,12 +121,12 @@ def test_a_newcomer_report_reads_recovery_and_agreement(teams, tmp_path, capsys)
     f.write(json.dumps({"step": 4, "eval_accuracy": 1.0, "eval_accuracy/seed0": 0.0, "eval_accuracy/seed1": 2.0}) + "\n")
   run = str(tmp_path / "own")
   newcomer_run(run, a, **{"newcomers.roles": "receiver", "newcomers.source": a})
-  newcomers.main([f"--workdir={run}", f"--out={tmp_path / 'recovery.json'}"])
+  newcomer_report.main([f"--workdir={run}", f"--out={tmp_path / 'recovery.json'}"])
   out = json.loads((tmp_path / "recovery.json").read_text())
   assert out["team"] == a and out["target"] == [0.0, 2.0] and out["steps_to_recover"] == [0.0, float("inf")]
   assert out["start_accuracy"] == out["final_accuracy"]
   assert out["sender_agreement"] == [1.0, 1.0] and out["receiver_agreement"] == [1.0, 1.0]
   assert "newcomers 'receiver' joining" in capsys.readouterr().out
   with pytest.raises(SystemExit):  # a run without newcomers has nothing to recover
-    newcomers.main([f"--workdir={a}"])
+    newcomer_report.main([f"--workdir={a}"])
   assert "is not a newcomer run" in capsys.readouterr().err
