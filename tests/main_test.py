@@ -65,8 +65,8 @@ def test_every_module_the_package_imports_is_an_install_requirement():
                     if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "setup")
   setting = lambda arg: next(ast.literal_eval(k.value) for k in setup_call.keywords if k.arg == arg)
   canonical = lambda name: re.sub(r"[-_.]+", "-", name).lower()
-  required = {canonical(re.split(r"[<>=!~;\[ ]", r)[0]) for r in setting("install_requires")}
-  optional = {canonical(re.split(r"[<>=!~;\[ ]", r)[0]) for r in setting("extras_require")["peer"]}
+  named = lambda requirements: {canonical(re.split(r"[<>=!~;\[ ]", r)[0]) for r in requirements}
+  required, optional = named(setting("install_requires")), named(setting("extras_require")["peer"])
   imported_in_functions -= {m for m in imported_in_functions if canonical(m) in optional}
   third_party = (imported | imported_in_functions) - set(sys.stdlib_module_names) - {"marl_jax"}
   distributions = importlib.metadata.packages_distributions()
