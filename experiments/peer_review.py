@@ -10,8 +10,9 @@ audited episodes.  How the judges are paid decides whether the reward stays true
   python -m marl_jax.main --config=experiments/peer_review.py:pay=team,audit_rate=0,channel=2 --workdir=/tmp/pr_channel
   python -m marl_jax.main --config=experiments/peer_review.py:pay=team,cross=frozen --workdir=/tmp/pr_frozen
 
-Arguments: task=subset_sum|arithmetic|stack_program; pay=team|audited|peer_prediction|reputation (every
-name in marl_jax.rewards.REGISTRY; its settings are `--config.reward.KEY=VALUE`); audit_rate (the share
+Arguments: task=subset_sum|arithmetic|stack_program;
+pay=team|audited|audited_team|audited_balanced|peer_prediction|reputation (every name in
+marl_jax.rewards.REGISTRY; its settings are `--config.reward.KEY=VALUE`); audit_rate (the share
 of episodes the checker audits; 0: no ground truth reaches the loss); penalty (charged to the solver
 when an audit catches an accepted wrong answer); judges=K (1..7); source=peer|checker (checker: the
 usual checker reward, the baseline; pay and penalty must then stay at their defaults, audit_rate is

@@ -18,6 +18,7 @@ previous generation's messages (greedy).
 """
 import json
 import os
+import re
 import sys
 
 import jax
@@ -268,6 +269,21 @@ def _paired(a_S, b_S, count: bool = True, steps: bool = False) -> str:
   return f"{shown} ({report.verdict(diff, half)})"
 
 
+NEWCOMER_RUN = re.compile(r"newcomer_(fresh|distilled)(?:_gen(\d+))?$")
+
+
+def newcomer_runs(seed_set_dir: str) -> dict[tuple[int, str], str]:
+  """The finished newcomer runs of a seed set's study directory, by (the generation whose team the
+  newcomer joined, fresh or distilled), each generation's fresh one first: newcomer_NAME joined
+  generation 0's, newcomer_NAME_genG generation G's."""
+  runs = {}
+  for entry in sorted(os.listdir(seed_set_dir)):
+    match = NEWCOMER_RUN.match(entry)
+    if match and os.path.isfile(os.path.join(seed_set_dir, entry, "recovery.json")):
+      runs[int(match.group(2) or 0), match.group(1)] = os.path.join(seed_set_dir, entry)
+  return dict(sorted(runs.items(), key=lambda item: (item[0][0], item[0][1] != "fresh")))
+
+
 def study_tables(out: str) -> str:
   """The tables of docs/results/generations.md from what `scripts/generations_results.sh OUT` has
   finished (each seed set OUT/seedN: generations, newcomers, cross-play, retention), as markdown; a
@@ -308,43 +324,51 @@ def study_tables(out: str) -> str:
       off_N = [np.delete(row, i).mean() for i, row in enumerate(value_NxN)]  # each sender with the others' receivers
       lines.append(_row(d, _ci(np.diag(value_NxN), count=False), _ci(off_N, count=False), f"{c['ratio']:.2f}"))
     lines.append("")
-  newcomers_rows = {d: {name: _read_json(os.path.join(out, d, f"newcomer_{name}", "recovery.json"))
-                        for name in ("fresh", "distilled")
-                        if os.path.isfile(os.path.join(out, d, f"newcomer_{name}", "recovery.json"))} for d in sets}
+  newcomers_rows = {d: newcomer_runs(os.path.join(out, d)) for d in sets}
   if any(newcomers_rows.values()):
-    lines += ["## Newcomers (a fresh receiver joins generation 0's team, the sender frozen)", "",
-              "| seeds | newcomer | team's accuracy (%) | at step 0 (%) | final (%) | steps to the team's accuracy "
-              "(reached) | receiver's same messages as the team's |", "|---|---|---|---|---|---|---|"]
-    for d, by_name in newcomers_rows.items():
-      for name, r in by_name.items():
-        budget = configs.read_run_config(os.path.join(out, d, f"newcomer_{name}")).total_steps
-        steps = np.asarray(r["steps_to_recover"], np.float64)
-        lines.append(_row(d, name, _ci(r["target"], count=False), _ci(r["start_accuracy"], count=False),
-                                _ci(r["final_accuracy"], count=False),
-                                f"{_steps(_censored(steps, budget))} ({np.isfinite(steps).sum()}/{len(steps)})",
-                                _ci(r["receiver_agreement"])))
-      if len(by_name) == 2:
-        budget = configs.read_run_config(os.path.join(out, d, "newcomer_fresh")).total_steps
-        fresh, distilled = (_censored(np.asarray(by_name[k]["steps_to_recover"], np.float64), budget)
-                            for k in ("fresh", "distilled"))
-        lines.append(_row(d, "distilled − fresh (paired)", "", "", "", _paired(fresh, distilled, steps=True), ""))
+    lines += ["## Newcomers (a fresh receiver joins a generation's team, the sender frozen)", "",
+              "| seeds | team | newcomer | team's accuracy (%) | at step 0 (%) | final (%) | steps to the team's accuracy "
+              "(reached) | receiver's same messages as the team's |", "|---|---|---|---|---|---|---|---|"]
+    for d, by_cell in newcomers_rows.items():
+      steps = {}  # (generation, name) -> steps to recover per seed, censored at the budget
+      for (g, name), run_dir in by_cell.items():
+        r = _read_json(os.path.join(run_dir, "recovery.json"))
+        budget = configs.read_run_config(run_dir).total_steps
+        reached = np.asarray(r["steps_to_recover"], np.float64)
+        steps[g, name] = _censored(reached, budget)
+        lines.append(_row(d, f"generation {g}", name, _ci(r["target"], count=False), _ci(r["start_accuracy"], count=False),
+                          _ci(r["final_accuracy"], count=False),
+                          f"{_steps(steps[g, name])} ({np.isfinite(reached).sum()}/{len(reached)})",
+                          _ci(r["receiver_agreement"])))
+      for g in sorted({g for g, _ in steps}):
+        if {(g, "fresh"), (g, "distilled")} <= set(steps):
+          lines.append(_row(d, f"generation {g}", "distilled − fresh (paired)", "", "", "",
+                            _paired(steps[g, "fresh"], steps[g, "distilled"], steps=True), ""))
+        if g and {(0, "fresh"), (g, "fresh")} <= set(steps):
+          lines.append(_row(d, f"generation {g} − generation 0", "fresh (paired)", "", "", "",
+                            _paired(steps[0, "fresh"], steps[g, "fresh"], steps=True), ""))
     lines.append("")
-  retention_rows = {d: {replay: _read_json(os.path.join(out, d, f"retention_replay{replay}", "generations.json"))
-                        for replay in ("0", "0.5")
-                        if os.path.isfile(os.path.join(out, d, f"retention_replay{replay}", "generations.json"))}
-                    for d in sets}
-  if any(retention_rows.values()):
-    lines += ["## Retention (arithmetic: A = additions, then B = multiplications, then A again)", "",
+  # Retention: each order of the two arithmetic tasks (its directories' prefix, A's and B's names).
+  for prefix, first, second in (("retention", "additions", "multiplications"),
+                                ("retention_mul", "multiplications", "additions")):
+    retention_rows = {d: {replay: _read_json(os.path.join(out, d, f"{prefix}_replay{replay}", "generations.json"))
+                          for replay in ("0", "0.5")
+                          if os.path.isfile(os.path.join(out, d, f"{prefix}_replay{replay}", "generations.json"))}
+                      for d in sets}
+    if not any(retention_rows.values()):
+      continue
+    lines += [f"## Retention (arithmetic: A = {first}, then B = {second}, then A again)", "",
               "| seeds | B's warm start replaying A's archive | A before B (%) | B after B (%) | A after B (%) | "
               "A after B − before (points, paired) |", "|---|---|---|---|---|---|"]
     for d, by_replay in retention_rows.items():
       for replay, rows in by_replay.items():
         lines.append(_row(d, f"{float(replay):.0%}", _ci(rows[0]["accuracy"], count=False),
-                                _ci(rows[1]["accuracy"], count=False), _ci(rows[1]["first_task_accuracy"], count=False),
-                                _paired(rows[0]["accuracy"], rows[1]["first_task_accuracy"], count=False)))
+                          _ci(rows[1]["accuracy"], count=False), _ci(rows[1]["first_task_accuracy"], count=False),
+                          _paired(rows[0]["accuracy"], rows[1]["first_task_accuracy"], count=False)))
       if len(by_replay) == 2:
         lines.append(_row(d, "replay − none (paired)", "", "", "", _paired(
             by_replay["0"][1]["first_task_accuracy"], by_replay["0.5"][1]["first_task_accuracy"], count=False)))
+    lines.append("")
   return "\n".join(lines)
 
 

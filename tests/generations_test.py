@@ -243,13 +243,17 @@ def test_the_study_script_runs_every_cell_tiny_and_its_tables_read_them(tmp_path
   for seed in (0, 1000):
     d = os.path.join(out, f"seed{seed}")
     assert [r["generation"] for r in json.loads(open(os.path.join(d, "generations.json")).read())] == [0, 1, 2]
-    for name in ("newcomer_fresh/recovery.json", "newcomer_distilled/recovery.json", "crossplay.json",
-                 "retention_replay0/generations.json", "retention_replay0.5/generations.json"):
+    for name in ("newcomer_fresh/recovery.json", "newcomer_distilled/recovery.json", "newcomer_fresh_gen1/recovery.json",
+                 "newcomer_fresh_gen2/recovery.json", "crossplay.json",
+                 "retention_replay0/generations.json", "retention_replay0.5/generations.json",
+                 "retention_mul_replay0/generations.json", "retention_mul_replay0.5/generations.json"):
       assert os.path.isfile(os.path.join(d, name)), name
   tables = generations.study_tables(out)
-  for heading in ("## Generations", "## Cross-play", "## Newcomers", "## Retention"):
+  for heading in ("## Generations", "## Cross-play", "## Newcomers", "## Retention (arithmetic: A = additions",
+                  "## Retention (arithmetic: A = multiplications"):
     assert heading in tables
-  assert "| seed1000 | distilled − fresh (paired) |" in tables and "| seed0 | replay − none (paired) |" in tables
+  assert "| seed1000 | generation 0 | distilled − fresh (paired) |" in tables and "| seed0 | replay − none (paired) |" in tables
+  assert "| seed0 | generation 2 − generation 0 | fresh (paired) |" in tables
   generations.plot_study(out, str(tmp_path / "accuracy.png"))
   assert os.path.getsize(tmp_path / "accuracy.png") > 0
   # A rerun finds every cell finished and trains nothing.

@@ -24,6 +24,10 @@ def test_work_counts_by_hand():
   # (tied: the embedding is the unembedding) and the keys and values at 2 layers x 2 heads x 16 x 4
   # bytes x 2 of positions 0..3, then 0..4.
   assert bench.decode_bytes(setup, weight_count=1000) == 2 * 4000 + (4 + 5) * 512
+  # The step rows: one token at the message's first position (3, after the prompt and header) and at
+  # the canvas's last (5), each reading every weight and the keys and values up to its own.
+  assert bench.step_positions(setup) == {"step_first": 3, "step_last": 5}
+  assert bench.token_bytes(setup, 1000, 5) == 4000 + 6 * 512
   # --rows: the generations each set of rows needs (decode is the whole answer's less the first token's).
   assert [bench.generations(setup, rows, ("first", "whole")) for rows in (
       ("update",), ("prefill",), ("decode",), bench.ROWS)] == [(), ("first",), ("first", "whole"), ("first", "whole")]
@@ -58,19 +62,23 @@ def test_named_shapes_are_the_fixture_at_qwen3_0_6b_sizes(tmp_path):
 def test_the_tiny_run_prints_every_row(tmp_path, capsys):
   out = tmp_path / "rows.json"
   bench.main([f"--checkpoint={QWEN3}", "--random_weights", "--batch=2", "--prompt=8", "--answer=4", "--microbatch=1",
-              "--repeats=1", f"--out={out}"])
+              "--repeats=1", f"--out={out}", "--rows", *bench.ROWS])
   lines = capsys.readouterr().out.splitlines()
   assert [line.split(" | ")[0] for line in lines if line.startswith("| ") and "---" not in line] == [
-      "| row", "| prefill", "| decode", "| update"]
+      "| row", "| prefill", "| decode", "| update", "| step_first", "| step_last"]
+  assert lines[-1].startswith("One token at the canvas's last position costs ")
   written = json.loads(out.read_text())
   rows, header = written["rows"], written["header"]
-  assert [r["row"] for r in rows] == list(bench.ROWS)
+  assert [r["row"] for r in rows] == ["prefill", "decode", "update", "step_first", "step_last"]
   assert rows[0]["tokens"] == 2 * (8 + 1) and rows[2]["tokens"] == 2 * (8 + 1 + 4)
   assert 0 < rows[1]["tokens"] <= 2 * 3  # fewer only where a row wrote its end of turn
   # Each row against its bound (its work from the counts above): no timing is asserted.
   setup = bench.make_setup(QWEN3, True, batch=2, prompt=8, answer=4, microbatch=1, dtype="float32")
-  assert [r["bound"] for r in rows] == ["flops", "bytes", "flops"]
+  assert [r["bound"] for r in rows] == ["flops", "bytes", "flops", "bytes", "bytes"]
   assert [r["work"] for r in rows] == [bench.row_flops(setup)["prefill"], bench.decode_bytes(setup, header["params"]),
-                                       bench.row_flops(setup)["update"]]
-  bounds = [header["matmul_flops_per_s"], header["copy_bytes_per_s"], header["matmul_flops_per_s"]]
+                                       bench.row_flops(setup)["update"], bench.token_bytes(setup, header["params"], 9),
+                                       bench.token_bytes(setup, header["params"], 12)]
+  assert rows[3]["tokens"] == rows[4]["tokens"] == 2
+  bounds = [header["matmul_flops_per_s"], header["copy_bytes_per_s"], header["matmul_flops_per_s"],
+            header["copy_bytes_per_s"], header["copy_bytes_per_s"]]
   assert all(r["of_bound"] == pytest.approx(r["rate"] / bound) for r, bound in zip(rows, bounds))

@@ -18,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 from marl_jax import cli, codes, configs, credit, experiment, judging, parallel, protocols, rewards, state, tasks, text, train
 from marl_jax.protocols import engine
-from marl_jax.rewards import audited, audited_team, peer_prediction, reputation
+from marl_jax.rewards import audited, audited_balanced, audited_team, peer_prediction, reputation
 
 EXPERIMENTS = pathlib.Path(__file__).resolve().parents[1] / "experiments"
 LEVELS = (0.0, 1 / 3, 2 / 3, 1.0)
@@ -156,6 +156,40 @@ def test_audited_team_pays_most_for_the_belief_inflated_by_the_share(q, audit_ra
   expected = audit_rate * np.asarray(audited_pay) + (1 - audit_rate) * np.asarray(pay(False, 0))
   best = min(1.0, q + audited_team.inflation(share, audit_rate, judges))
   assert abs(grid[np.argmax(expected)] - best) < 0.004
+
+
+def test_audited_balanced_weighs_each_class_by_the_inverse_of_its_share_by_hand():
+  # A record of 1 right and 3 wrong audited answers: base rate 1/4, a right answer weighs 1 / (2 * 1/4) = 2,
+  # a wrong one 1 / (2 * 3/4) = 2/3.  One judge states 1, 2/3, 0, 1/3; the first three episodes are
+  # audited (right, wrong, wrong).
+  rule = _peer("audited_balanced", audit_rate=0.5)
+  reviewed = _reviewed([[3, 2, 0, 1]], [True, True, True, False], [1, 0, 0, 1])
+  pay_JxA, counts_2, metrics = rule.pay(jnp.array([1.0, 3.0]), reviewed, None)
+  np.testing.assert_allclose(pay_JxA, [[2 * 1.0, 2 / 3 * (1 - 4 / 9), 2 / 3 * 1.0, 0.0]], rtol=1e-6)
+  np.testing.assert_allclose(counts_2, [2.0, 5.0])
+  np.testing.assert_allclose(metrics["base_rate"], 0.25)
+  # The judged roles get each statement read at the base rate: 1 stays 1, 0 stays 0, 2/3 (odds 2) is odds
+  # 2 / 3, probability 2/5; 1/3 is odds 1/6, probability 1/7.
+  np.testing.assert_allclose(rule.aggregate(jnp.array([1.0, 3.0]), reviewed), [1.0, 2 / 5, 0.0, 1 / 7], rtol=1e-6)
+
+
+@pytest.mark.parametrize("q,rate", [(0.07, 0.07), (0.2, 0.07), (0.5, 0.3), (0.02, 0.1), (0.9, 0.5)])
+def test_audited_balanced_pays_most_for_the_belief_at_even_odds_and_reads_it_back(q, rate):
+  # A judge who believes the answer right with probability q, the record at base rate `rate`: its
+  # expected pay for statement s, from the rule's own pay, is largest where s / (1 - s) = (q / (1 - q))
+  # ((1 - rate) / rate); that statement, read at the base rate, is q again.
+  rule = _peer("audited_balanced", audit_rate=0.5)
+  grid = np.linspace(0, 1, 1001)
+  level_A = jnp.arange(len(grid))
+  counts_2 = jnp.array([rate, 1 - rate]) * 100
+  pay = lambda truth: np.asarray(rule.pay(counts_2, _reviewed(level_A[None], True, truth, tuple(grid)), None)[0][0])
+  expected = q * pay(1) + (1 - q) * pay(0)
+  best = q * (1 - rate) / (q * (1 - rate) + (1 - q) * rate)
+  assert abs(grid[np.argmax(expected)] - best) < 0.002
+  np.testing.assert_allclose(audited_balanced.at_base_rate(best, rate), q, rtol=1e-6)
+  # A judge that knows nothing (q = rate) does best to state 1/2, not the base rate.
+  uninformed = rate * pay(1) + (1 - rate) * pay(0)
+  assert abs(grid[np.argmax(uninformed)] - 0.5) < 0.002
 
 
 def test_correlated_agreement_by_hand():
@@ -314,7 +348,7 @@ def test_the_pay_flag_selects_the_rules_settings():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arg", ["pay=team,audit_rate=0", "pay=audited,penalty=0.5", "pay=peer_prediction,audit_rate=0",
-                                 "pay=reputation,judges=3"])
+                                 "pay=reputation,judges=3", "pay=audited_balanced"])
 def test_each_payment_rule_trains_through_the_cli(tmp_path, arg):
   rows = _cli_rows(tmp_path, f"peer_review.py:size=tiny,{arg}")
   assert rows[-1]["step"] == 4 and 0 <= rows[-1]["eval_accuracy"] <= 1

@@ -15,7 +15,11 @@ tokens, on a single agent's canvas: the prompt, the turn's one-token header, the
   answer - 1 tokens, each sampled after reading the last;
 - update: the trainer's value and gradient of its loss (`update.minibatch_gradient`: PPO-clip at
   `config.rl`'s defaults, its entropy computed) over `--batch` whole canvases, `--microbatch` rows
-  at a time, as `config.rl.microbatch_size` splits a minibatch.
+  at a time, as `config.rl.microbatch_size` splits a minibatch;
+- step (two rows, not in the default set): one decode token, the program the message loop runs per
+  token (`model.apply` of one token with the cache, the cache donated as the loop's carry is), at the
+  message's first position (`step_first`, after the prompt and header) and at the canvas's last
+  (`step_last`): what a token costs as the canvas fills.
 
 Bounds, measured before and after the rows (their mean): prefill and update against the matmul of
 `marl_jax.throughput` (FLOP/s; the FLOPs each row needs, `needed_flops`), decode against memory (the
@@ -64,7 +68,9 @@ SHAPES = {"qwen3-0.6b": ("qwen3", dict(hidden_size=1024, intermediate_size=3072,
                                        layer_types=["full_attention"] * 28, vocab_size=151936,
                                        max_position_embeddings=40960))}
 PEERS = ("transformers",)
-ROWS = ("prefill", "decode", "update")
+ROWS = ("prefill", "decode", "update", "step")
+# The table's rows of each flag value: `step` times one token at two canvas positions.
+TABLE_ROWS = {"prefill": ("prefill",), "decode": ("decode",), "update": ("update",), "step": ("step_first", "step_last")}
 
 
 def write_shapes(name: str, directory: str) -> str:
@@ -178,16 +184,27 @@ def row_flops(setup: Setup) -> dict[str, int]:
           "update": 3 * B * needed_flops(setup.lm, range(P + 1 + N), N)}
 
 
-def decode_bytes(setup: Setup, weight_count: int) -> int:
-  """Bytes the decode row must read: for each of the answer - 1 tokens read, every weight once at the
-  compute dtype's width (the embedding's rows aside, unless it is the unembedding too) and the keys
-  and values of every position written so far, its own included."""
-  lm, P, N = setup.lm, setup.prompt, setup.answer
+def token_bytes(setup: Setup, weight_count: int, position: int) -> int:
+  """Bytes reading one token at canvas `position` must read: every weight once at the compute dtype's
+  width (the embedding's rows aside, unless it is the unembedding too) and the keys and values of
+  every position written so far, its own included, for the batch."""
+  lm = setup.lm
   width = jnp.dtype(lm.dtype).itemsize
   if not lm.tie_word_embeddings:
     weight_count -= lm.vocab_size * lm.hidden_size
   per_position = 2 * lm.num_hidden_layers * lm.num_key_value_heads * lm.head_dim * width * setup.batch
-  return sum(weight_count * width + (p + 1) * per_position for p in range(P + 1, P + N))
+  return weight_count * width + (position + 1) * per_position
+
+
+def decode_bytes(setup: Setup, weight_count: int) -> int:
+  """Bytes the decode row must read: `token_bytes` of each of the answer - 1 tokens read."""
+  P, N = setup.prompt, setup.answer
+  return sum(token_bytes(setup, weight_count, p) for p in range(P + 1, P + N))
+
+
+def step_positions(setup: Setup) -> dict[str, int]:
+  """The canvas position each step row reads: the message's first token, the canvas's last."""
+  return {"step_first": setup.prompt + 1, "step_last": setup.exp.layout.length - 1}
 
 
 def copy_bytes_per_s(mib: int = 512, reps: int = 5) -> float:
@@ -229,7 +246,7 @@ def marl_jax_rows(setup: Setup, rows: tuple[str, ...], repeats: int, seed: int =
     compiled = sample.lower(params_R, canvas_BxT, key_B).compile()
     seconds.append(median_seconds(lambda: compiled(params_R, canvas_BxT, key_B), repeats))
     sampled.append(int(compiled(params_R, canvas_BxT, key_B)[2].sum()))
-  timed = prefill_and_decode(setup, seconds, sampled[-1] - sampled[0])
+  timed = prefill_and_decode(setup, seconds, sampled[-1] - sampled[0] if sampled else 0)
   if "update" in rows:
     mb = update_batch(setup, prompt_BxP, key_update)
     gradient = jax.jit(parallel.shard_map(lambda p, b: update.minibatch_gradient(exp, p, b, 1)[:2], exp.mesh,
@@ -237,7 +254,28 @@ def marl_jax_rows(setup: Setup, rows: tuple[str, ...], repeats: int, seed: int =
     compiled = gradient.lower(params_R, mb).compile()
     timed["update"] = {"seconds": median_seconds(lambda: compiled(params_R, mb), repeats),
                        "tokens": B * exp.layout.length}
+  if "step" in rows:
+    timed |= step_rows(setup, params_R, prompt_BxP, repeats)
   return timed, model_lib.count_params(params_R)
+
+
+def step_rows(setup: Setup, params_R, prompt_BxP, repeats: int) -> dict:
+  """One decode token at each of `step_positions`: one compiled program (the position traced, as in
+  the message loop), its cache donated and handed back from call to call."""
+  model, B, T = setup.exp.model, setup.batch, setup.exp.layout.length
+  params = model_lib.take_sets(model, params_R, 0)
+  token_Bx1, key_ok_BxT = jnp.asarray(prompt_BxP[:, :1]), jnp.ones((B, T), bool)
+  step = jax.jit(lambda p, c, t: model_lib.apply(model, p, token_Bx1, t, key_ok_BxT, c, last_logits=True),
+                 donate_argnums=1)
+  cache = [model_lib.empty_cache(model, B, T)]
+  compiled = step.lower(params, cache[0], jnp.int32(0)).compile()
+  timed = {}
+  for name, position in step_positions(setup).items():
+    def call(position=position):
+      logits_Bx1xV, cache[0] = compiled(params, cache[0], jnp.int32(position))
+      return logits_Bx1xV
+    timed[name] = {"seconds": median_seconds(call, repeats), "tokens": B}
+  return timed
 
 
 def generations(setup: Setup, rows: tuple[str, ...], lengths: tuple) -> tuple:
@@ -354,10 +392,16 @@ def table(rows: list[dict], header: dict) -> str:
     unit, scale = ("GB/s", 1e9) if row["bound"] == "bytes" else ("GFLOP/s", 1e9)
     cells = [row["row"], f"{row['tokens']}", f"{row['seconds']:.3g}", f"{row['tokens_per_s']:.1f}",
              f"{row['rate'] / scale:.1f} {unit}", f"{row['of_bound']:.2f}"]
-    if peer:
+    if peer and "ratio" in row:
       cells += [f"{row['peer_seconds']:.3g}", f"{row['peer_tokens_per_s']:.1f}", f"{row['peer_of_bound']:.2f}",
                 f"{row['ratio']:.2f}"]
+    elif peer:  # a row the peer does not time (step)
+      cells += ["–"] * 4
     lines.append("| " + " | ".join(cells) + " |")
+  seconds = {row["row"]: row["seconds"] for row in rows}
+  if {"step_first", "step_last"} <= set(seconds):
+    lines += ["", f"One token at the canvas's last position costs {seconds['step_last'] / seconds['step_first']:.2f}x "
+              f"one at the message's first."]
   return "\n".join(lines)
 
 
@@ -370,14 +414,15 @@ def measure(setup: Setup, rows: tuple[str, ...], random_weights: bool, microbatc
   matmul_readings.append(throughput.matmul_flops_per_s())
   copy_readings.append(copy_bytes_per_s())
   matmul, copy = float(np.mean(matmul_readings)), float(np.mean(copy_readings))
-  work = row_flops(setup) | {"decode": decode_bytes(setup, weight_count)}
+  work = row_flops(setup) | {"decode": decode_bytes(setup, weight_count)} | {
+      name: token_bytes(setup, weight_count, position) for name, position in step_positions(setup).items()}
   table_rows = []
-  for name in [name for name in ROWS if name in rows]:
-    bound, per_s = ("bytes", copy) if name == "decode" else ("flops", matmul)
+  for name in [name for flag in ROWS if flag in rows for name in TABLE_ROWS[flag]]:
+    bound, per_s = ("flops", matmul) if name in ("prefill", "update") else ("bytes", copy)
     row = {"row": name, "bound": bound, "work": work[name], **ours[name]}
     row |= {"tokens_per_s": row["tokens"] / row["seconds"], "rate": work[name] / row["seconds"],
             "of_bound": work[name] / per_s / row["seconds"]}
-    if theirs:
+    if theirs and name in theirs:
       peer_s = theirs[name]["seconds"]
       row |= {"peer_seconds": peer_s, "peer_tokens_per_s": theirs[name]["tokens"] / peer_s,
               "peer_of_bound": work[name] / per_s / peer_s}
@@ -409,8 +454,9 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--dtype", default="float32", choices=("auto", "float32", "bfloat16"),
                  help="compute dtype (config.model.dtype)")
   p.add_argument("--repeats", type=int, default=3, help="timed calls per row; each row is their median")
-  p.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS), help="the rows to time (decode "
-                 "times the prefill's generation too)")
+  p.add_argument("--rows", nargs="+", choices=ROWS, default=["prefill", "decode", "update"],
+                 help="the rows to time (decode times the prefill's generation too; step: one decode token at "
+                 "the message's first position and at the canvas's last)")
   p.add_argument("--peer", choices=PEERS, help="also time the same work through this library")
   p.add_argument("--out", help="also write the rows and bounds here as JSON")
   return p

@@ -8,6 +8,7 @@ interface and the stage)::
   team:            every judge shares the judged roles' reward.
   audited:         a judge is paid the Brier score of its stated confidence on audited episodes.
   audited_team:    that on audited episodes, and a share of the judged roles' reward elsewhere.
+  audited_balanced: the Brier score on audited episodes, right and wrong answers weighted equally.
   peer_prediction: a judge is paid by correlated agreement with the other judges (no ground truth).
   reputation:      the judges' verdicts are weighted by their audited track records (a Beta posterior).
 """
