@@ -66,6 +66,14 @@ class SetStack:
     """norm_S: the global norm of each parameter set's part of a params-shaped tree (a gradient)."""
     return jax.vmap(optax.tree_utils.tree_norm, in_axes=(self.set_axes(tree_R),))(tree_R)
 
+  def rollout_params(self, params):
+    """`params` (any sets of this model) as a rollout reads them token after token: every floating leaf
+    wider than the compute dtype cast to it once, so that the message loop reads bfloat16 weights
+    (half the bytes of float32) and converts none per token.  Float32 compute returns them as they are."""
+    dtype = jnp.dtype(self.compute_dtype)
+    wider = lambda p: jnp.issubdtype(p.dtype, jnp.floating) and p.dtype.itemsize > dtype.itemsize
+    return jax.tree.map(lambda p: p.astype(dtype) if wider(p) else p, params)
+
 
 def _as_slice(index):
   """A static run of consecutive sets (every set, in a team that isolates its roles) as a slice: XLA
@@ -85,6 +93,10 @@ class ModelConfig(SetStack):
   d_ff: int = 256
   max_len: int = 64
   dtype: Any = jnp.float32  # compute dtype; parameters stay float32
+
+  @property
+  def compute_dtype(self):
+    return self.dtype
 
   def apply(self, params, tokens_BxL, start, key_ok_BxT, cache=None, last_logits=False):
     logits_BxLxV, cache = Transformer(self).apply({"params": params}, tokens_BxL, start, key_ok_BxT, cache)
@@ -316,6 +328,11 @@ def take_sets(model, params_R, index):
   """Sets `index` of params_R (an int: one set, unstacked, for `set_model(model, index)`; an index
   array: a stack of them, within one model group); a part every set shares is passed as it is."""
   return model.take_sets(params_R, index)
+
+
+def rollout_params(model, params):
+  """`params` cast once to the model's compute dtype where it is narrower, as a rollout reads them."""
+  return model.rollout_params(params)
 
 
 def apply_sets(model, params_R, set_N, tokens_BxL, start, key_ok_NxBxT):

@@ -119,7 +119,8 @@ def generate(cfg: model_lib.ModelConfig, layout: Layout, params_R, canvas_BxT, f
   `ends_episode_on` closes the episode (every later position is PAD, headers included).  Each turn is
   its view's prefill chunks (of which only the last position's logits are computed) and one
   `lax.while_loop` over its message (`read_schedule`), which stops once every row has ended; the KV
-  cache is its carry, written in place.
+  cache is its carry, written in place.  Each view's weights are cast to the compute dtype once,
+  before its turn (`model.rollout_params`), not per token.
   """
   B, T = canvas_BxT.shape
   ends_TxV = jnp.asarray(layout.ends_episode_TxV)
@@ -172,8 +173,8 @@ def generate(cfg: model_lib.ModelConfig, layout: Layout, params_R, canvas_BxT, f
   cache_V = [model_lib.empty_cache(model, B, T) for model in model_V]
   logp_BxT, sampled_BxT = jnp.zeros((B, T)), jnp.zeros((B, T), bool)
   for (v, chunks, start, stop), header_start in zip(read_schedule(layout), layout.header_starts):
-    apply = functools.partial(model_lib.apply, model_V[v],
-                              model_lib.take_sets(cfg, params_R, layout.view_set_V[v]))
+    apply = functools.partial(model_lib.apply, model_V[v], model_lib.rollout_params(
+        model_V[v], model_lib.take_sets(cfg, params_R, layout.view_set_V[v])))
     visible_T = jnp.asarray(layout.visible_VxT[v])
     # The turn's header (its role marker), none once the episode is over.
     header_BxH = jnp.where(done_B[:, None], text.PAD, canvas_BxT[:, header_start:start])

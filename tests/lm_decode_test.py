@@ -136,6 +136,43 @@ def test_decode_loop_memory_does_not_grow_with_the_cache():
   assert temp_long - temp_short < 0.25 * (cache_long - cache_short), (temp_short, temp_long, cache_long)
 
 
+def _while_body_operands(jaxpr):
+  """The avals every `while` loop in `jaxpr` (and in the jaxprs inside it) closes over in its body:
+  what the loop reads on every iteration without carrying it."""
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "while":
+      first = eqn.params["cond_nconsts"]
+      yield from (v.aval for v in eqn.invars[first:first + eqn.params["body_nconsts"]])
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (tuple, list)) else (value,):
+        if isinstance(sub, jax.extend.core.ClosedJaxpr):
+          yield from _while_body_operands(sub.jaxpr)
+        elif isinstance(sub, jax.extend.core.Jaxpr):
+          yield from _while_body_operands(sub)
+
+
+def test_the_message_loop_reads_bfloat16_weights_cast_before_it(monkeypatch):
+  # bfloat16 compute over float32 parameters (the trainer's): the message loop reads each weight as
+  # bfloat16, cast once before the loop, never a float32 weight per token.
+  agent = lm_agent.from_config(ml_collections.ConfigDict(dict(
+      max_len=24, dtype="bfloat16", checkpoint=str(FIXTURES / "qwen3"), random_weights=False,
+      lora=dict(enabled=False))))
+  # Values bfloat16 holds exactly, so that casting before the loop or inside it computes the same.
+  params_R = jax.tree.map(lambda p: jnp.asarray(p).astype(jnp.bfloat16).astype(jnp.float32), agent.pretrained_stack(2))
+  weight_shapes = {p.shape for p in jax.tree.leaves(model_lib.take_sets(agent, params_R, 0))}
+  canvas_BxT = _canvas(LAYOUT)
+  generate = lambda p: sampling.generate(agent, LAYOUT, p, canvas_BxT, jnp.zeros(canvas_BxT.shape, bool),
+                                         jax.random.split(jax.random.PRNGKey(0), B), TEMP, True)
+  read = [(a.dtype, a.shape) for a in _while_body_operands(jax.make_jaxpr(generate)(params_R).jaxpr)]
+  assert {shape for dtype, shape in read if dtype == jnp.bfloat16} == weight_shapes
+  assert not {shape for dtype, shape in read if dtype == jnp.float32} & weight_shapes
+  # The same tokens and log-probs as casting inside every layer call (the layers' own cast).
+  cast_before = jax.jit(generate)(params_R)
+  monkeypatch.setattr(model_lib, "rollout_params", lambda model, params: params)
+  cast_inside = jax.jit(lambda p: generate(p))(params_R)  # a new function: traced again, not the cached one
+  chex.assert_trees_all_equal(cast_before, cast_inside)
+
+
 def test_any_row_counts_every_vmapped_instance():
   flags_SxB = jnp.array([[False, False], [False, True]])
   np.testing.assert_array_equal(jax.vmap(lambda f: sampling.any_row(f).astype(int))(flags_SxB), [1, 1])

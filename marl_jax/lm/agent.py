@@ -130,6 +130,10 @@ class LMAgent(model_lib.SetStack):
     return self.lm.max_len
 
   @property
+  def compute_dtype(self):
+    return self.lm.dtype
+
+  @property
   def vocab_size(self) -> int:
     """Canvas values the policy reads and writes: text.VOCAB_SIZE, or more with free text."""
     return len(self.canvas_ids_V)
