@@ -38,6 +38,8 @@ checker judges source=checker
 team_0 judges pay=team,audit_rate=0
 audited_0.1 judges pay=audited,audit_rate=0.1
 audited_balanced_0.1 judges pay=audited_balanced,audit_rate=0.1
+audited_1 judges pay=audited,audit_rate=1.0
+audited_balanced_1 judges pay=audited_balanced,audit_rate=1.0
 audited_0.02 judges pay=audited,audit_rate=0.02
 audited_0.25 judges pay=audited,audit_rate=0.25
 peer_prediction_0 judges pay=peer_prediction,audit_rate=0
