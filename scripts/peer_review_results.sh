@@ -31,8 +31,9 @@ else
 fi
 # Cells: NAME BASE EXPERIMENT-ARGUMENT [FLAGS], the most informative first.  A base is a layout's warm
 # start, the run of step 0 alone: judges (the solver one parameter set, the judges another), shared (one
-# set), channel (the channel's turn in the canvas), single (one agent); its reward settings (team pay,
-# no audits) do not act at step 0.
+# set), channel (the channel's turn in the canvas), single (one agent), clean (as judges, the judges'
+# demonstrations without flipped verdicts); its reward settings (team pay, no audits) do not act at
+# step 0.
 cells="
 checker judges source=checker
 team_0 judges pay=team,audit_rate=0
@@ -40,6 +41,9 @@ audited_0.1 judges pay=audited,audit_rate=0.1
 audited_balanced_0.1 judges pay=audited_balanced,audit_rate=0.1
 audited_1 judges pay=audited,audit_rate=1.0
 audited_balanced_1 judges pay=audited_balanced,audit_rate=1.0
+clean_checker clean source=checker
+clean_audited_0.1 clean pay=audited,audit_rate=0.1
+clean_audited_balanced_0.1 clean pay=audited_balanced,audit_rate=0.1
 audited_0.02 judges pay=audited,audit_rate=0.02
 audited_0.25 judges pay=audited,audit_rate=0.25
 peer_prediction_0 judges pay=peer_prediction,audit_rate=0
@@ -69,8 +73,13 @@ config() {  # config BASE ARG: the --config flag of a cell (ARG '-': the single 
     single/*) echo "experiments/tasks.py:task=subset_sum,size=$size" ;;
     shared/) echo "experiments/peer_review.py:pay=team,audit_rate=0,sharing=shared,size=$size" ;;
     channel/) echo "experiments/peer_review.py:pay=team,audit_rate=0,channel=2,size=$size" ;;
-    judges/) echo "experiments/peer_review.py:pay=team,audit_rate=0,size=$size" ;;
+    judges/|clean/) echo "experiments/peer_review.py:pay=team,audit_rate=0,size=$size" ;;
     *) echo "experiments/peer_review.py:$2,size=$size" ;;
+  esac
+}
+base_flags() {  # base_flags BASE: the settings a layout's warm start and its cells share
+  case $1 in
+    clean) echo "--config.protocol.judge_demo_error_rate=0" ;;
   esac
 }
 train() {  # train WORKDIR CONFIG [FLAGS...]
@@ -88,10 +97,11 @@ while read -r name base arg flags; do
   for seed in $seeds; do
     dir=$out/seed$seed
     done_at "$dir/base_$base" 0 ||
-      train "$dir/base_$base" "$(config "$base" "")" --config.seed=$seed --config.total_steps=0
+      train "$dir/base_$base" "$(config "$base" "")" --config.seed=$seed --config.total_steps=0 $(base_flags "$base")
     # shellcheck disable=SC2086  # FLAGS: words, none with spaces
     done_at "$dir/$name" $steps ||
-      train "$dir/$name" "$(config "$base" "$arg")" --config.seed=$seed --config.init_from="$dir/base_$base" $flags
+      train "$dir/$name" "$(config "$base" "$arg")" --config.seed=$seed --config.init_from="$dir/base_$base" $flags \
+        $(base_flags "$base")
   done
 done <<< "$cells"
 for seed in $seeds; do
@@ -103,6 +113,6 @@ for seed in $seeds; do
   echo "## seeds $seed.."
   python -m marl_jax.report --rates="$dir/rates.png" "${runs[@]}"
   for run in "${runs[@]}"; do
-    [[ $run == */checker ]] || python -m marl_jax.report --compare "$dir/checker" "$run"
+    [[ $run == */checker || ! -d $dir/checker ]] || python -m marl_jax.report --compare "$dir/checker" "$run"
   done
 done
