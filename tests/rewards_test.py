@@ -252,7 +252,7 @@ def _config(experiment_name, arg):
 
 @pytest.mark.parametrize("overrides, message", [
     ({"reward.source": "peers"}, "config.reward.source='peers' is unknown; allowed: ['checker', 'peer']"),
-    ({"reward.pay": "vote"}, "config.reward.pay='vote' is unknown; allowed: ['audited', 'audited_team', "
+    ({"reward.pay": "vote"}, "config.reward.pay='vote' is unknown; allowed: ['audited', 'audited_balanced', 'audited_team', "
                              "'peer_prediction', 'reputation', 'team']"),
     ({"reward.audit_rate": 1.5}, "config.reward.audit_rate=1.5; allowed: a probability in [0, 1]"),
     ({"reward.penalty": -1.0}, "config.reward.penalty=-1.0; allowed: a number >= 0"),

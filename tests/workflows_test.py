@@ -573,7 +573,7 @@ def test_bad_protocol_knobs(name, knobs, match):
     ("delegate", "workflow=single,aux=none", r"aux and trainable_workers apply to workflow=delegate only"),
     ("peer_review", "source=judges", r"source='judges' is unknown; allowed: \['peer', 'checker'\]"),
     ("peer_review", "source=checker,pay=audited", r"pay='audited', penalty=0.0, cross='none' act only with source=peer"),
-    ("peer_review", "pay=vote", r"config.reward.pay='vote' is unknown; allowed: \['audited', 'audited_team', 'peer_prediction'"),
+    ("peer_review", "pay=vote", r"config.reward.pay='vote' is unknown; allowed: \['audited', 'audited_balanced', 'audited_team', 'peer_prediction'"),
 ])
 def test_bad_experiment_arguments(name, arg, match):
   with pytest.raises(ValueError, match=match):
