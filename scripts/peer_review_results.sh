@@ -33,7 +33,8 @@ fi
 # start, the run of step 0 alone: judges (the solver one parameter set, the judges another), shared (one
 # set), channel (the channel's turn in the canvas), single (one agent), clean (as judges, the judges'
 # demonstrations without flipped verdicts); its reward settings (team pay, no audits) do not act at
-# step 0.
+# step 0.  cold_* cells sample every role at temperature 0.3, so that the judges' sampled statements
+# keep more of their evidence (docs/results/peer_review.md, why the judges stop judging).
 cells="
 checker judges source=checker
 team_0 judges pay=team,audit_rate=0
@@ -44,6 +45,8 @@ audited_balanced_1 judges pay=audited_balanced,audit_rate=1.0
 clean_checker clean source=checker
 clean_audited_0.1 clean pay=audited,audit_rate=0.1
 clean_audited_balanced_0.1 clean pay=audited_balanced,audit_rate=0.1
+cold_checker judges source=checker --config.rl.temperature=0.3
+cold_audited_balanced_0.1 judges pay=audited_balanced,audit_rate=0.1 --config.rl.temperature=0.3
 audited_0.02 judges pay=audited,audit_rate=0.02
 audited_0.25 judges pay=audited,audit_rate=0.25
 peer_prediction_0 judges pay=peer_prediction,audit_rate=0
