@@ -10,7 +10,7 @@ imports `marl_jax.newcomers`.
 import argparse
 import json
 
-from marl_jax import cli, generations
+from marl_jax import cli, generations, workdir
 
 
 def main(argv=None) -> None:
@@ -29,8 +29,7 @@ def main(argv=None) -> None:
     print(f"{s:>4}  {target:.3f}  {start:.3f}  {final:.3f}  {steps:>6.0f}  "
           + "  ".join(f"{v[s]:.3f}" for v in agreement.values()))
   if args.out:
-    with open(args.out, "w") as f:
-      json.dump(out, f, indent=1)
+    workdir.write_atomically(args.out, json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

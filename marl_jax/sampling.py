@@ -120,7 +120,7 @@ def generate(cfg: model_lib.ModelConfig, layout: Layout, params_R, canvas_BxT, f
   its view's prefill chunks (of which only the last position's logits are computed) and one
   `lax.while_loop` over its message (`read_schedule`), which stops once every row has ended; the KV
   cache is its carry, written in place.  Each view's weights are cast to the compute dtype once,
-  before its turn (`model.rollout_params`), not per token.
+  before its first turn (`model.rollout_params`), not per turn or per token.
   """
   B, T = canvas_BxT.shape
   ends_TxV = jnp.asarray(layout.ends_episode_TxV)
@@ -171,10 +171,12 @@ def generate(cfg: model_lib.ModelConfig, layout: Layout, params_R, canvas_BxT, f
   # A view's set may belong to any model group of a mixed team: its cache and calls are that model's.
   model_V = view_models(cfg, layout)
   cache_V = [model_lib.empty_cache(model, B, T) for model in model_V]
+  # Each view's parameter set, cast once for every turn it takes.
+  params_V = [model_lib.rollout_params(model, model_lib.take_sets(cfg, params_R, s))
+              for model, s in zip(model_V, layout.view_set_V)]
   logp_BxT, sampled_BxT = jnp.zeros((B, T)), jnp.zeros((B, T), bool)
   for (v, chunks, start, stop), header_start in zip(read_schedule(layout), layout.header_starts):
-    apply = functools.partial(model_lib.apply, model_V[v], model_lib.rollout_params(
-        model_V[v], model_lib.take_sets(cfg, params_R, layout.view_set_V[v])))
+    apply = functools.partial(model_lib.apply, model_V[v], params_V[v])
     visible_T = jnp.asarray(layout.visible_VxT[v])
     # The turn's header (its role marker), none once the episode is over.
     header_BxH = jnp.where(done_B[:, None], text.PAD, canvas_BxT[:, header_start:start])
