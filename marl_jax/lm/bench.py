@@ -414,11 +414,12 @@ def measure(setup: Setup, rows: tuple[str, ...], random_weights: bool, microbatc
   matmul_readings.append(throughput.matmul_flops_per_s())
   copy_readings.append(copy_bytes_per_s())
   matmul, copy = float(np.mean(matmul_readings)), float(np.mean(copy_readings))
-  work = row_flops(setup) | {"decode": decode_bytes(setup, weight_count)} | {
+  flops = row_flops(setup)  # the compute-bound rows; the others are bound by the bytes they read
+  work = flops | {"decode": decode_bytes(setup, weight_count)} | {
       name: token_bytes(setup, weight_count, position) for name, position in step_positions(setup).items()}
   table_rows = []
   for name in [name for flag in ROWS if flag in rows for name in TABLE_ROWS[flag]]:
-    bound, per_s = ("flops", matmul) if name in ("prefill", "update") else ("bytes", copy)
+    bound, per_s = ("flops", matmul) if name in flops else ("bytes", copy)
     row = {"row": name, "bound": bound, "work": work[name], **ours[name]}
     row |= {"tokens_per_s": row["tokens"] / row["seconds"], "rate": work[name] / row["seconds"],
             "of_bound": work[name] / per_s / row["seconds"]}

@@ -22,7 +22,6 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from marl_jax import checks
 from marl_jax.rewards import audited, base
 
 
@@ -44,16 +43,10 @@ def at_base_rate(stated, rate):
 
 @base.register("audited_balanced")
 @dataclasses.dataclass(frozen=True)
-class AuditedBalanced(base.PayRule):
-  prior_right: float = 1.0  # Beta prior of the audited answers' accuracy: pseudo-counts right, wrong
-  prior_wrong: float = 1.0
-
+class AuditedBalanced(base.BetaPrior):
+  """The prior (`prior_right`, `prior_wrong`) is of the audited answers' accuracy."""
   needs_audits = True
   pays_team_reward = False
-
-  def check(self, num_judges):
-    checks.number("reward.prior_right", self.prior_right, 0, above=True)
-    checks.number("reward.prior_wrong", self.prior_wrong, 0, above=True)
 
   def init(self, num_judges):
     """counts_2: pseudo-counts of right and wrong audited answers."""

@@ -90,6 +90,18 @@ class PayRule:
     raise NotImplementedError
 
 
+@dataclasses.dataclass(frozen=True)
+class BetaPrior(PayRule):
+  """A rule that keeps counts of audited outcomes from a Beta(`prior_right`, `prior_wrong`) prior: the
+  prior's settings and their check (each rule says what it counts)."""
+  prior_right: float = 1.0  # Beta prior pseudo-counts: right, wrong
+  prior_wrong: float = 1.0
+
+  def check(self, num_judges: int) -> None:
+    checks.number("reward.prior_right", self.prior_right, 0, above=True)
+    checks.number("reward.prior_wrong", self.prior_wrong, 0, above=True)
+
+
 def draw_audits(key_B, audit_rate: float) -> jax.Array:
   """audited_B: each episode audited with probability `audit_rate`, from its own key alone."""
   return jax.vmap(lambda k: jax.random.bernoulli(k, audit_rate))(key_B)

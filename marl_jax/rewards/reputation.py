@@ -14,7 +14,6 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from marl_jax import checks
 from marl_jax.rewards import base
 
 
@@ -28,16 +27,10 @@ def weights(right_J, wrong_J):
 
 @base.register("reputation")
 @dataclasses.dataclass(frozen=True)
-class Reputation(base.PayRule):
-  prior_right: float = 1.0  # Beta prior of each judge's audited accuracy: pseudo-counts right, wrong
-  prior_wrong: float = 1.0
-
+class Reputation(base.BetaPrior):
+  """The prior (`prior_right`, `prior_wrong`) is of each judge's audited accuracy."""
   min_judges = 2
   needs_audits = True
-
-  def check(self, num_judges):
-    checks.number("reward.prior_right", self.prior_right, 0, above=True)
-    checks.number("reward.prior_wrong", self.prior_wrong, 0, above=True)
 
   def init(self, num_judges):
     """counts_2xJ: each judge's posterior pseudo-counts of right and wrong audited verdicts."""
