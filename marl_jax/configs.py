@@ -147,10 +147,12 @@ def base_config() -> ml_collections.ConfigDict:
   # (docs/reliability.md).
   # microbatch_size: at most this many rows per forward/backward pass on each device, their gradients
   # summed over the minibatch before the optimiser step (0: the whole minibatch in one pass);
-  # rollout_batch_size: at most this many rows sampled at once on each device (0: all of them).
+  # rollout_batch_size: at most this many rows sampled at once on each device (0: all of them);
+  # entropy_roles: the roles the entropy bonus (entropy_coef) applies to, comma-separated ('': all).
   c.rl = ml_collections.ConfigDict(dict(
       algorithm="ppo", batch_size=256, group_size=8, temperature=1.0, epochs=1, minibatches=2,
-      microbatch_size=0, rollout_batch_size=0, clip_eps=0.2, kl_coef=0.0, entropy_coef=0.0, on_nonfinite="skip"))
+      microbatch_size=0, rollout_batch_size=0, clip_eps=0.2, kl_coef=0.0, entropy_coef=0.0, entropy_roles="",
+      on_nonfinite="skip"))
   # name: a registered estimator (marl_jax/credit/); the other keys are its settings.
   c.credit = credit_config("team")
   # Where the judged roles' reward comes from (source: checker | peer) and how judges are paid (pay: a

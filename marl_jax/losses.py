@@ -9,6 +9,7 @@ from collections.abc import Callable
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from marl_jax import registry
 
@@ -48,6 +49,18 @@ def reinforce(x: LossInput, rl) -> jax.Array:
   """-logp A: its gradient is the plain score-function estimator."""
   del rl
   return -x.logp_BxT * x.adv_BxT
+
+
+def entropy_coef_R(rl, roles: tuple[str, ...]) -> np.ndarray:
+  """Each role's entropy-bonus coefficient: `rl.entropy_coef` for the roles `rl.entropy_roles` names
+  (comma-separated; '' is every role), 0 for the others, so that one role's exploration (a judge's,
+  say) can be kept up without flattening the others' policies."""
+  named = [r.strip() for r in str(rl.entropy_roles).split(",")] if rl.entropy_roles else list(roles)
+  unknown = sorted(set(named) - set(roles))
+  if unknown:
+    raise ValueError(f"config.rl.entropy_roles={rl.entropy_roles!r} names {unknown}, not roles of this "
+                     f"workflow; allowed: '' (every role) or some of {list(roles)}, comma-separated")
+  return np.array([rl.entropy_coef if r in named else 0.0 for r in roles], np.float32)
 
 
 def kl_to_reference(logp_BxT, ref_logp_BxT):

@@ -1,7 +1,7 @@
 """The update: per-role token-level losses (`losses` registry), epochs x minibatches, per-set optimiser.
 
 Each role's loss is its registered surrogate averaged over the tokens it sampled in the global batch
-(plus an entropy bonus and a k3 KL to the base model); the gradient of the sum over roles updates
+(plus an entropy bonus, for every role or the roles `rl.entropy_roles` names, and a k3 KL to the base model); the gradient of the sum over roles updates
 every parameter set at once, with one optimiser state per set (`model.per_set`: vmapped over each
 model group's sets), and frozen sets get zero updates.
 """
@@ -41,7 +41,8 @@ def role_losses(exp, params_R, mb: Batch, count_R):
   mask_RxBxT = jnp.moveaxis(mb.role_mask_BxRxT, 1, 0)
   x = losses.LossInput(logp_BxT=logp_BxT, old_logp_BxT=mb.old_logp_BxT, ref_logp_BxT=mb.ref_logp_BxT,
                        adv_BxT=mb.adv_BxT, role_mask_RxBxT=mask_RxBxT, group_B=mb.group_B)
-  per_token_BxT = exp.loss(x, rl) - rl.entropy_coef * entropy_BxT
+  entropy_coef_BxT = jnp.einsum("r,rbt->bt", losses.entropy_coef_R(rl, exp.layout.roles), mask_RxBxT)
+  per_token_BxT = exp.loss(x, rl) - entropy_coef_BxT * entropy_BxT
   kl_BxT = jnp.zeros_like(logp_BxT)
   if rl.kl_coef > 0:
     kl_BxT = losses.kl_to_reference(logp_BxT, mb.ref_logp_BxT)

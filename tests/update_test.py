@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from jax.sharding import PartitionSpec as P
 
 from marl_jax import experiment, losses, parallel, rollout, sampling, state, update
@@ -80,6 +81,28 @@ def test_role_losses_add_kl_and_entropy_per_role():
   scale = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(expected))
   for g, g_expected in zip(jax.tree.leaves(grads), jax.tree.leaves(expected)):
     np.testing.assert_allclose(g, g_expected, rtol=1e-4, atol=1e-5 * scale)
+
+
+def test_entropy_roles_give_the_bonus_to_the_named_roles_only():
+  config = tiny_config(**{"protocol.name": "solver_verifier", "task.num_ops": 1, "sft.steps": 0,
+                          "rl.entropy_coef": 0.1, "rl.entropy_roles": "verifier"})
+  exp = experiment.build(config)
+  np.testing.assert_allclose(losses.entropy_coef_R(config.rl, exp.layout.roles), [0.0, 0.1])
+  params_R, batch = _solver_verifier_batch(exp, 8)
+  loss_R, aux = on_one_device(lambda b: update.role_losses(exp, params_R, b, update.token_counts(b, 1)))(batch)
+  config.rl.entropy_roles = ""
+  every_R, _ = on_one_device(lambda b: update.role_losses(experiment.build(config), params_R, b,
+                                                         update.token_counts(b, 1)))(batch)
+  # The solver's loss is its surrogate alone; the verifier's keeps its bonus (0.1 x its mean entropy).
+  np.testing.assert_allclose(loss_R[0], every_R[0] + 0.1 * aux["entropy"][0], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(loss_R[1], every_R[1], rtol=1e-6)
+  assert float(aux["entropy"][0]) > 0.1  # an untrained policy: the term is not vacuous
+
+
+def test_an_entropy_role_that_is_not_a_role_is_refused_with_the_roles():
+  config = tiny_config(**{"protocol.name": "solver_verifier", "rl.entropy_roles": "solver,judge"})
+  with pytest.raises(ValueError, match=r"entropy_roles='solver,judge' names \['judge'\].*'solver', 'verifier'"):
+    experiment.build(config)
 
 
 def test_microbatches_sum_to_the_minibatch_gradient():
