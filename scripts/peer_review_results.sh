@@ -34,8 +34,8 @@ fi
 # set), channel (the channel's turn in the canvas), single (one agent), clean (as judges, the judges'
 # demonstrations without flipped verdicts); its reward settings (team pay, no audits) do not act at
 # step 0.  cold_* cells sample every role at temperature 0.3, so that the judges' sampled statements
-# keep more of their evidence (docs/results/peer_review.md, why the judges stop judging); entropy_*
-# cells give the judges alone an entropy bonus, so that their policies cannot collapse to one level.
+# keep more of their evidence (docs/results/peer_review.md, why the judges stop judging); entropy*
+# cells give the judges alone an entropy bonus (0.05 or 0.01), so their policies cannot collapse to one level.
 cells="
 checker judges source=checker
 team_0 judges pay=team,audit_rate=0
@@ -48,8 +48,10 @@ clean_audited_0.1 clean pay=audited,audit_rate=0.1
 clean_audited_balanced_0.1 clean pay=audited_balanced,audit_rate=0.1
 cold_checker judges source=checker --config.rl.temperature=0.3
 cold_audited_balanced_0.1 judges pay=audited_balanced,audit_rate=0.1 --config.rl.temperature=0.3
-entropy_audited_balanced_1 judges pay=audited_balanced,audit_rate=1.0 --config.rl.entropy_coef=0.05 --config.rl.entropy_roles=judge0,judge1
-entropy_audited_balanced_0.1 judges pay=audited_balanced,audit_rate=0.1 --config.rl.entropy_coef=0.05 --config.rl.entropy_roles=judge0,judge1
+entropy0.05_audited_balanced_1 judges pay=audited_balanced,audit_rate=1.0 --config.rl.entropy_coef=0.05 --config.rl.entropy_roles=judge0,judge1
+entropy0.05_audited_balanced_0.1 judges pay=audited_balanced,audit_rate=0.1 --config.rl.entropy_coef=0.05 --config.rl.entropy_roles=judge0,judge1
+entropy0.01_audited_balanced_1 judges pay=audited_balanced,audit_rate=1.0 --config.rl.entropy_coef=0.01 --config.rl.entropy_roles=judge0,judge1
+entropy0.01_audited_balanced_0.1 judges pay=audited_balanced,audit_rate=0.1 --config.rl.entropy_coef=0.01 --config.rl.entropy_roles=judge0,judge1
 audited_0.02 judges pay=audited,audit_rate=0.02
 audited_0.25 judges pay=audited,audit_rate=0.25
 peer_prediction_0 judges pay=peer_prediction,audit_rate=0
