@@ -32,7 +32,8 @@ fi
 # Cells: NAME BASE EXPERIMENT-ARGUMENT [FLAGS], the most informative first.  A base is a layout's warm
 # start, the run of step 0 alone: judges (the solver one parameter set, the judges another), shared (one
 # set), channel (the channel's turn in the canvas), single (one agent), clean (as judges, the judges'
-# demonstrations without flipped verdicts); its reward settings (team pay, no audits) do not act at
+# demonstrations without flipped verdicts), long (as judges, a warm start of 600 steps, the published
+# size=cpu's, not 200); its reward settings (team pay, no audits) do not act at
 # step 0.  cold_* cells sample every role at temperature 0.3, so that the judges' sampled statements
 # keep more of their evidence (docs/results/peer_review.md, why the judges stop judging); entropy*
 # cells give the judges alone an entropy bonus (0.05 or 0.01), so their policies cannot collapse to one level.
@@ -52,6 +53,9 @@ entropy0.05_audited_balanced_1 judges pay=audited_balanced,audit_rate=1.0 --conf
 entropy0.05_audited_balanced_0.1 judges pay=audited_balanced,audit_rate=0.1 --config.rl.entropy_coef=0.05 --config.rl.entropy_roles=judge0,judge1
 entropy0.01_audited_balanced_1 judges pay=audited_balanced,audit_rate=1.0 --config.rl.entropy_coef=0.01 --config.rl.entropy_roles=judge0,judge1
 entropy0.01_audited_balanced_0.1 judges pay=audited_balanced,audit_rate=0.1 --config.rl.entropy_coef=0.01 --config.rl.entropy_roles=judge0,judge1
+long_checker long source=checker
+long_audited_balanced_0.1 long pay=audited_balanced,audit_rate=0.1
+long_audited_balanced_1 long pay=audited_balanced,audit_rate=1.0
 audited_0.02 judges pay=audited,audit_rate=0.02
 audited_0.25 judges pay=audited,audit_rate=0.25
 peer_prediction_0 judges pay=peer_prediction,audit_rate=0
@@ -81,13 +85,14 @@ config() {  # config BASE ARG: the --config flag of a cell (ARG '-': the single 
     single/*) echo "experiments/tasks.py:task=subset_sum,size=$size" ;;
     shared/) echo "experiments/peer_review.py:pay=team,audit_rate=0,sharing=shared,size=$size" ;;
     channel/) echo "experiments/peer_review.py:pay=team,audit_rate=0,channel=2,size=$size" ;;
-    judges/|clean/) echo "experiments/peer_review.py:pay=team,audit_rate=0,size=$size" ;;
+    judges/|clean/|long/) echo "experiments/peer_review.py:pay=team,audit_rate=0,size=$size" ;;
     *) echo "experiments/peer_review.py:$2,size=$size" ;;
   esac
 }
 base_flags() {  # base_flags BASE: the settings a layout's warm start and its cells share
   case $1 in
     clean) echo "--config.protocol.judge_demo_error_rate=0" ;;
+    long) echo "--config.sft.steps=600" ;;
   esac
 }
 train() {  # train WORKDIR CONFIG [FLAGS...]
