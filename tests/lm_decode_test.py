@@ -153,20 +153,23 @@ def _while_body_operands(jaxpr):
 
 def test_the_message_loop_reads_bfloat16_weights_cast_before_it(monkeypatch):
   # bfloat16 compute over float32 parameters (the trainer's): the message loop reads each weight as
-  # bfloat16, cast once before the loop, never a float32 weight per token.
+  # bfloat16, cast once before the loop, never a float32 weight per token, and each layer's kernels as
+  # their own buffers (`rollout_params`), never the stacked kernels, which it would slice per token.
   agent = lm_agent.from_config(ml_collections.ConfigDict(dict(
       max_len=24, dtype="bfloat16", checkpoint=str(FIXTURES / "qwen3"), random_weights=False,
       lora=dict(enabled=False))))
   # Values bfloat16 holds exactly, so that casting before the loop or inside it computes the same.
   params_R = jax.tree.map(lambda p: jnp.asarray(p).astype(jnp.bfloat16).astype(jnp.float32), agent.pretrained_stack(2))
-  weight_shapes = {p.shape for p in jax.tree.leaves(model_lib.take_sets(agent, params_R, 0))}
+  weight_shapes = {p.shape for p in jax.tree.leaves(
+      model_lib.rollout_params(agent, model_lib.take_sets(agent, params_R, 0)))}
   canvas_BxT = _canvas(LAYOUT)
   generate = lambda p: sampling.generate(agent, LAYOUT, p, canvas_BxT, jnp.zeros(canvas_BxT.shape, bool),
                                          jax.random.split(jax.random.PRNGKey(0), B), TEMP, True)
   read = [(a.dtype, a.shape) for a in _while_body_operands(jax.make_jaxpr(generate)(params_R).jaxpr)]
   assert {shape for dtype, shape in read if dtype == jnp.bfloat16} == weight_shapes
   assert not {shape for dtype, shape in read if dtype == jnp.float32} & weight_shapes
-  # The same tokens and log-probs as casting inside every layer call (the layers' own cast).
+  # The same tokens and log-probs as casting inside every layer call (the layers' own cast), reading the
+  # stacked kernels.
   cast_before = jax.jit(generate)(params_R)
   monkeypatch.setattr(model_lib, "rollout_params", lambda model, params: params)
   cast_inside = jax.jit(lambda p: generate(p))(params_R)  # a new function: traced again, not the cached one

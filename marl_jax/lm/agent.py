@@ -146,11 +146,11 @@ class LMAgent(model_lib.SetStack):
         variables, ids_V[tokens_BxL], start, key_ok_BxT, cache, features=True, last_logits=last_logits)
     if self.lora is None:
       base = params
-      x_BxLxD, cache = decoder({"params": base})
+      x_BxLxD, cache = decoder(lm_model.variables(base))
     else:
       base = jax.lax.stop_gradient(params["base"])
       with lora_lib.adapted(self.lora):
-        x_BxLxD, cache = decoder({"params": base, "lora": params["adapter"]})
+        x_BxLxD, cache = decoder(lm_model.variables(base, params["adapter"]))
     unembed_DxW = (base["embed_tokens"]["embedding"].T if self.lm.tie_word_embeddings
                    else base["lm_head"]["kernel"])
     dtype = self.lm.dtype
@@ -163,6 +163,19 @@ class LMAgent(model_lib.SetStack):
 
   def empty_cache(self, batch: int, length: int):
     return lm_model.empty_cache(self.lm, batch, length)
+
+  def rollout_params(self, params):
+    """One parameter set cast as every model's (`SetStack.rollout_params`) and, on CPU, its layers'
+    kernels one buffer per layer (`lm.model.split_kernels`: one copy per rollout, so that its tokens
+    read the weights in place rather than slice them every token); with LoRA the shared base's, the
+    role's adapters as they are.  Only on CPU, where it was measured: on a GPU the slices cost little
+    at its bandwidth, and each projection's `lax.switch` over the layers may wait on its index."""
+    params = super().rollout_params(params)
+    if jax.default_backend() != "cpu":
+      return params
+    if self.lora is None:
+      return lm_model.split_kernels(params)
+    return {**params, "base": lm_model.split_kernels(params["base"])}
 
   def init_stack(self, key, n_sets: int):
     if self.lora is None:

@@ -17,8 +17,9 @@ tokens, on a single agent's canvas: the prompt, the turn's one-token header, the
   `config.rl`'s defaults, its entropy computed) over `--batch` whole canvases, `--microbatch` rows
   at a time, as `config.rl.microbatch_size` splits a minibatch;
 - step (two rows, not in the default set): one decode token, the program the message loop runs per
-  token (`model.apply` of one token with the cache, the cache donated as the loop's carry is), at the
-  message's first position (`step_first`, after the prompt and header) and at the canvas's last
+  token (`model.apply` of one token with the cache, the cache donated as the loop's carry is, the
+  parameters as `model.rollout_params` makes them once per rollout), at the message's first position
+  (`step_first`, after the prompt and header) and at the canvas's last
   (`step_last`): what a token costs as the canvas fills.
 
 Bounds, measured before and after the rows (their mean): prefill and update against the matmul of
@@ -261,9 +262,10 @@ def marl_jax_rows(setup: Setup, rows: tuple[str, ...], repeats: int, seed: int =
 
 def step_rows(setup: Setup, params_R, prompt_BxP, repeats: int) -> dict:
   """One decode token at each of `step_positions`: one compiled program (the position traced, as in
-  the message loop), its cache donated and handed back from call to call."""
+  the message loop), reading the parameters as a rollout holds them (`model.rollout_params`, made
+  once, outside the timed calls), its cache donated and handed back from call to call."""
   model, B, T = setup.exp.model, setup.batch, setup.exp.layout.length
-  params = model_lib.take_sets(model, params_R, 0)
+  params = jax.jit(lambda p: model_lib.rollout_params(model, model_lib.take_sets(model, p, 0)))(params_R)
   token_Bx1, key_ok_BxT = jnp.asarray(prompt_BxP[:, :1]), jnp.ones((B, T), bool)
   step = jax.jit(lambda p, c, t: model_lib.apply(model, p, token_Bx1, t, key_ok_BxT, c, last_logits=True),
                  donate_argnums=1)

@@ -20,6 +20,10 @@ from marl_jax import model as model_lib
 
 # The decoder's layer scan: every layer parameter lives under this name, stacked on a leading layer axis.
 LAYERS = "layers"
+# Each layer's projections (the checkpoint's names); `split_kernels` hands a rollout their kernels one
+# buffer per layer, in this collection.
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LAYER_KERNELS = "layer_kernels"
 MODEL_TYPES = ("llama", "qwen3")  # the HF `model_type`s this architecture covers
 ROPE_TYPES = ("default", "llama3")
 
@@ -190,13 +194,35 @@ def attend(q_BxLxHxK, k_BxLxNxK, v_BxLxNxK, mask_BxLxT, start, layer_cache, dtyp
   return jnp.transpose(o_BxNxLxGxK, (0, 2, 1, 3, 4)).reshape(B, L, H, K)
 
 
+class Projection(nn.DenseGeneral):
+  """A layer's projection (a `DenseGeneral`, which `lm.lora` adapts): its layer's slice of the stacked
+  kernel, or, where the `LAYER_KERNELS` collection holds its kernel one buffer per layer
+  (`split_kernels`), the buffer of layer `layer` (traced), read through a `lax.switch` where it lies.
+  Slicing a stacked kernel at a traced layer copies the slice into a fresh buffer before the product
+  reads it: in a decode token at Qwen3-0.6B's shapes (batch 32, float32, 2-core CPU) those copies took
+  0.9x the time of the layers' products themselves (268 against 287 ms of traced thunks)."""
+
+  @nn.compact
+  def __call__(self, inputs, layer):
+    if not self.has_variable(LAYER_KERNELS, "kernel"):
+      # DenseGeneral's body as a function, not as a second method call: `lm.lora`'s interceptor would
+      # adapt the projection once per call.
+      return nn.DenseGeneral.__call__.__wrapped__(self, inputs)
+    axis = tuple(np.atleast_1d(self.axis) % inputs.ndim)
+    product = lambda kernel, x: jax.lax.dot_general(
+        *self.promote_dtype(x, kernel, dtype=self.dtype), ((axis, tuple(range(len(axis)))), ((), ())))
+    return jax.lax.switch(layer, [functools.partial(product, kernel)
+                                  for kernel in self.get_variable(LAYER_KERNELS, "kernel")], inputs)
+
+
 class Layer(nn.Module):
   """Pre-norm attention and SwiGLU MLP; submodule names are the checkpoint's (see checkpoint.py).
 
   The carry is (x_BxLxD, this layer's index); with a cache the layer returns its new keys and values
   (rotated) rather than a written cache, and reads its own cache through a `lax.switch` on the index:
   each layer's cache is its own buffer, which a branch reads where it lies, where slicing a stacked
-  cache at a traced layer copies the slice (on CPU, 3x the time of the read itself)."""
+  cache at a traced layer copies the slice (on CPU, 3x the time of the read itself).  Its projections
+  read their kernels the same way when they come one buffer per layer (`Projection`, `split_kernels`)."""
   cfg: LMConfig
 
   @nn.compact
@@ -204,18 +230,18 @@ class Layer(nn.Module):
     cfg = self.cfg
     x_BxLxD, layer = carry
     norm = lambda name: nn.RMSNorm(epsilon=cfg.rms_norm_eps, dtype=cfg.dtype, name=name)
-    dense = lambda feats, name: nn.DenseGeneral(feats, use_bias=False, dtype=cfg.dtype, name=name)
+    dense = lambda feats, name, y: Projection(feats, use_bias=False, dtype=cfg.dtype, name=name)(y, layer)
     heads_q, heads_kv = (cfg.num_attention_heads, cfg.head_dim), (cfg.num_key_value_heads, cfg.head_dim)
     y_BxLxD = norm("input_layernorm")(x_BxLxD)
-    q_BxLxHxK = dense(heads_q, "q_proj")(y_BxLxD)
-    k_BxLxNxK = dense(heads_kv, "k_proj")(y_BxLxD)
+    q_BxLxHxK = dense(heads_q, "q_proj", y_BxLxD)
+    k_BxLxNxK = dense(heads_kv, "k_proj", y_BxLxD)
     if cfg.qk_norm:
       q_BxLxHxK, k_BxLxNxK = norm("q_norm")(q_BxLxHxK), norm("k_norm")(k_BxLxNxK)
     inv_freq_K2 = rope_frequencies(cfg)
     # Keys enter the cache already rotated to their own canvas position.
     q_BxLxHxK = rope(q_BxLxHxK, positions_L, inv_freq_K2)
     k_BxLxNxK = rope(k_BxLxNxK, positions_L, inv_freq_K2)
-    v_BxLxNxK = dense(heads_kv, "v_proj")(y_BxLxD)
+    v_BxLxNxK = dense(heads_kv, "v_proj", y_BxLxD)
     attention = lambda layer_cache: attend(q_BxLxHxK, k_BxLxNxK, v_BxLxNxK, mask_BxLxT, start, layer_cache,
                                            cfg.dtype)
     if cache is None:
@@ -223,12 +249,12 @@ class Layer(nn.Module):
     else:
       o_BxLxHxK = jax.lax.switch(layer, [functools.partial(attention, c) for c in cache])
       new_kv = (k_BxLxNxK, v_BxLxNxK)
-    x_BxLxD = x_BxLxD + nn.DenseGeneral(cfg.hidden_size, axis=(-2, -1), use_bias=False, dtype=cfg.dtype,
-                                        name="o_proj")(o_BxLxHxK)
+    x_BxLxD = x_BxLxD + Projection(cfg.hidden_size, axis=(-2, -1), use_bias=False, dtype=cfg.dtype,
+                                   name="o_proj")(o_BxLxHxK, layer)
     y_BxLxD = norm("post_attention_layernorm")(x_BxLxD)
-    y_BxLxF = nn.silu(dense(cfg.intermediate_size, "gate_proj")(y_BxLxD)) * dense(
-        cfg.intermediate_size, "up_proj")(y_BxLxD)
-    return (x_BxLxD + dense(cfg.hidden_size, "down_proj")(y_BxLxF), layer + 1), new_kv
+    y_BxLxF = nn.silu(dense(cfg.intermediate_size, "gate_proj", y_BxLxD)) * dense(
+        cfg.intermediate_size, "up_proj", y_BxLxD)
+    return (x_BxLxD + dense(cfg.hidden_size, "down_proj", y_BxLxF), layer + 1), new_kv
 
 
 class Decoder(nn.Module):
@@ -255,8 +281,8 @@ class Decoder(nn.Module):
     mask_BxLxT = model_lib.visible_mask(positions_L, key_ok_BxT)
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype, name="embed_tokens")
     x_BxLxD = embed(tokens_BxL)
-    layers = nn.scan(Layer, variable_axes={"params": 0, "lora": 0}, split_rngs={"params": True},
-                     in_axes=(nn.broadcast,) * 4, length=cfg.num_hidden_layers)
+    layers = nn.scan(Layer, variable_axes={"params": 0, "lora": 0}, variable_broadcast=LAYER_KERNELS,
+                     split_rngs={"params": True}, in_axes=(nn.broadcast,) * 4, length=cfg.num_hidden_layers)
     (x_BxLxD, _), new_kv = layers(cfg, name=LAYERS)((x_BxLxD, jnp.int32(0)), start, positions_L,
                                                     mask_BxLxT, cache)
     if cache is not None:
@@ -295,13 +321,37 @@ def init_stack(cfg: LMConfig, key, n_sets: int):
   return model_lib.init_module_stack(Decoder(cfg), cfg.max_len, key, n_sets)
 
 
+def split_kernels(params):
+  """One parameter set (unstacked) as a rollout reads it token after token: each layer's projection
+  kernels their own buffers (a tuple over the layers in place of the stacked kernel), which `variables`
+  hands the projections in the `LAYER_KERNELS` collection, so that they read them where they lie
+  (`Projection`).  Made once per rollout (`lm.agent`'s `rollout_params`): one copy of the layers'
+  kernels, where the layer scan would slice the stacked kernels into fresh buffers at every token."""
+  layers = dict(params[LAYERS])
+  for name in PROJECTIONS:
+    layers[name] = {**layers[name], "kernel": tuple(layers[name]["kernel"])}
+  return {**params, LAYERS: layers}
+
+
+def variables(params, adapter=None):
+  """The decoder's variables for one parameter set, stacked or `split_kernels`' (its per-layer kernels
+  in the `LAYER_KERNELS` collection), and one role's `lm.lora` adapters (the `lora` collection)."""
+  layers = dict(params[LAYERS])
+  split = {name: {"kernel": layers.pop(name)["kernel"]} for name in PROJECTIONS
+           if isinstance(layers[name]["kernel"], tuple)}
+  out = {"params": {**params, LAYERS: layers}, LAYER_KERNELS: {LAYERS: split}} if split else {"params": params}
+  if adapter is not None:
+    out["lora"] = adapter
+  return out
+
+
 def apply(cfg: LMConfig, params, tokens_BxL, start, key_ok_BxT, cache=None, adapter=None,
           last_logits=False):
-  """One parameter set (unstacked); vmap this over a stacked leading axis.  `adapter`: one role's
-  `lm.lora` adapters, read by `lora.adapted`'s projections (the `lora` collection).  `last_logits`:
-  the last position's logits only (logits_Bx1xV)."""
-  variables = {"params": params} if adapter is None else {"params": params, "lora": adapter}
-  return Decoder(cfg).apply(variables, tokens_BxL, start, key_ok_BxT, cache, last_logits=last_logits)
+  """One parameter set (unstacked, or `split_kernels`'); vmap this over a stacked leading axis.
+  `adapter`: one role's `lm.lora` adapters, read by `lora.adapted`'s projections (the `lora`
+  collection).  `last_logits`: the last position's logits only (logits_Bx1xV)."""
+  return Decoder(cfg).apply(variables(params, adapter), tokens_BxL, start, key_ok_BxT, cache,
+                            last_logits=last_logits)
 
 
 def flops_per_token(cfg: LMConfig, context_len: int) -> int:
