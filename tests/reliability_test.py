@@ -667,6 +667,6 @@ def test_an_unknown_key_is_named_with_the_config_file_given_after_a_space(tmp_pa
                        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300, check=False)
   assert run.returncode == 1 and run.stderr.strip() == (
       "FATAL Flags parsing error: flag --config.rl.nope=3: config.rl.nope is not a key; allowed: "
-      "['algorithm', 'batch_size', 'clip_eps', 'entropy_coef', 'epochs', 'group_size', 'kl_coef', "
+      "['algorithm', 'batch_size', 'clip_eps', 'entropy_coef', 'entropy_roles', 'epochs', 'group_size', 'kl_coef', "
       "'microbatch_size', 'minibatches', 'on_nonfinite', 'rollout_batch_size', 'temperature']"), run.stderr[-3000:]
   assert not (tmp_path / "run").exists()
