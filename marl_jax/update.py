@@ -1,9 +1,9 @@
 """The update: per-role token-level losses (`losses` registry), epochs x minibatches, per-set optimiser.
 
 Each role's loss is its registered surrogate averaged over the tokens it sampled in the global batch
-(plus an entropy bonus, for every role or the roles `rl.entropy_roles` names, and a k3 KL to the base model); the gradient of the sum over roles updates
-every parameter set at once, with one optimiser state per set (`model.per_set`: vmapped over each
-model group's sets), and frozen sets get zero updates.
+(plus an entropy bonus, for every role or the roles `rl.entropy_roles` names, and a k3 KL to the base
+model); the gradient of the sum over roles updates every parameter set at once, with one optimiser
+state per set (`model.per_set`: vmapped over each model group's sets), and frozen sets get zero updates.
 """
 import flax
 import jax
