@@ -79,6 +79,12 @@ peer_prediction_0.1 judges pay=peer_prediction,audit_rate=0.1
 reputation_0.05 judges pay=reputation,audit_rate=0.05
 shared_audited_0.1 shared pay=audited,audit_rate=0.1,sharing=shared
 channel_audited_0.1 channel pay=audited,audit_rate=0.1,channel=2
+audited_balanced_0.02 judges pay=audited_balanced,audit_rate=0.02
+audited_balanced_0.05 judges pay=audited_balanced,audit_rate=0.05
+audited_balanced_0.25 judges pay=audited_balanced,audit_rate=0.25
+audited_team_0.02 judges pay=audited_team,audit_rate=0.02 --config.reward.share=0.1
+audited_team_0.05 judges pay=audited_team,audit_rate=0.05 --config.reward.share=0.1
+audited_team_0.25 judges pay=audited_team,audit_rate=0.25 --config.reward.share=0.1
 "
 config() {  # config BASE ARG: the --config flag of a cell (ARG '-': the single agent) or of a base (ARG '')
   case $1/$2 in
