@@ -60,6 +60,7 @@ def hand_made_archive(exp, data_dir: str, name: str):
           "object": object_NxK[:9]}, tokens_NxT[:9]
 
 
+@pytest.mark.slow  # a run, its archive and a distilled warm start: over 10 s
 def test_distilling_an_archive_reproduces_each_roles_right_messages(tmp_path):
   path = str(tmp_path / transcripts.MarlTranscripts.name / "hand")
   config = signalling_config(**{"sft.steps": 300, "sft.steps_per_call": 300, "sft.transcripts": path,

@@ -224,6 +224,7 @@ def test_lora_agent_is_the_adapted_decoder():
                                                          checkpoint="")))
 
 
+@pytest.mark.slow  # a LoRA team trained through the step: over 10 s
 def test_lora_team_holds_one_base():
   """An isolated LoRA solver-verifier: the training state holds the base once per seed (no set axis),
   two sets of adapters and their Adam moments only; a training call leaves the base bit-identical."""
