@@ -1,6 +1,6 @@
-"""Range checks of numeric settings.  Each refusal reads `config.KEY=VALUE; allowed: WHAT` and each test
-is written as what is allowed, so NaN (every comparison with it False), infinity and a bool are refused
-too."""
+"""Range checks of numeric settings, and of settings that name roles.  Each refusal reads
+`config.KEY=VALUE; allowed: WHAT` and each test is written as what is allowed, so NaN (every comparison
+with it False), infinity and a bool are refused too."""
 import math
 from collections.abc import Callable
 
@@ -30,3 +30,13 @@ def number(key: str, value, low: float, above: bool = False, below: float | None
 
 def probability(key: str, value) -> None:
   check(key, value, lambda v: 0 <= v <= 1, "a probability in [0, 1]")
+
+
+def role_names(key: str, value, roles: tuple[str, ...]) -> list[str]:
+  """The roles a comma-separated `config.KEY` names ([] for ''), each a role of the workflow."""
+  named = [r.strip() for r in str(value).split(",") if r.strip()]
+  unknown = [r for r in named if r not in roles]
+  if unknown:
+    raise ValueError(f"config.{key}={value!r} names {unknown}; allowed: roles of this workflow "
+                     f"{list(roles)}, comma-separated")
+  return named

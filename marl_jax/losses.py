@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from marl_jax import registry
+from marl_jax import checks, registry
 
 
 @flax.struct.dataclass
@@ -55,11 +55,7 @@ def entropy_coef_R(rl, roles: tuple[str, ...]) -> np.ndarray:
   """Each role's entropy-bonus coefficient: `rl.entropy_coef` for the roles `rl.entropy_roles` names
   (comma-separated; '' is every role), 0 for the others, so that one role's exploration (a judge's,
   say) can be kept up without flattening the others' policies."""
-  named = [r.strip() for r in str(rl.entropy_roles).split(",")] if rl.entropy_roles else list(roles)
-  unknown = sorted(set(named) - set(roles))
-  if unknown:
-    raise ValueError(f"config.rl.entropy_roles={rl.entropy_roles!r} names {unknown}, not roles of this "
-                     f"workflow; allowed: '' (every role) or some of {list(roles)}, comma-separated")
+  named = checks.role_names("rl.entropy_roles", rl.entropy_roles, roles) or roles
   return np.array([rl.entropy_coef if r in named else 0.0 for r in roles], np.float32)
 
 

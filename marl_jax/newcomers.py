@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from marl_jax import checks
 from marl_jax import model as model_lib
 from marl_jax.experiment import Experiment
 
@@ -26,16 +27,12 @@ def replaced_sets(exp: Experiment) -> tuple[int, ...]:
   """The parameter sets `config.newcomers.roles` replace; () without newcomers.  Refuses (ValueError)
   newcomers without a team to join, unknown roles, and a role that shares its set with one that stays."""
   config = exp.config
-  roles = [r.strip() for r in str(config.newcomers.roles).split(",") if r.strip()]
+  roles = checks.role_names("newcomers.roles", config.newcomers.roles, exp.layout.roles)
   if not roles:
     return ()
   if not config.init_from:
     raise ValueError(f"config.newcomers.roles={config.newcomers.roles!r} needs config.init_from, the trained team "
                      "the newcomers join")
-  unknown = [r for r in roles if r not in exp.layout.roles]
-  if unknown:
-    raise ValueError(f"config.newcomers.roles names {unknown}; allowed: roles of this workflow "
-                     f"{list(exp.layout.roles)}, comma-separated")
   sets = sorted({exp.role_set_R[exp.layout.roles.index(r)] for r in roles})
   staying = [r for r, s in zip(exp.layout.roles, exp.role_set_R) if s in sets and r not in roles]
   if staying:

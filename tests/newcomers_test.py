@@ -81,7 +81,7 @@ def test_the_rest_of_the_team_stays_frozen_when_asked(teams, tmp_path):
 
 
 @pytest.mark.parametrize("settings, message", [
-    ({"newcomers.roles": "judge"}, "config.newcomers.roles names ['judge']; allowed: roles of this workflow"),
+    ({"newcomers.roles": "judge"}, "config.newcomers.roles='judge' names ['judge']; allowed: roles of this workflow"),
     ({"newcomers.roles": "receiver", "roles.sharing": "shared"}, "would replace roles ['sender'] too"),
     ({"newcomers.roles": "receiver", "init_from": ""}, "needs config.init_from"),
 ], ids=["unknown", "shared", "no_team"])
