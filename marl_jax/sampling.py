@@ -119,8 +119,9 @@ def generate(cfg: model_lib.ModelConfig, layout: Layout, params_R, canvas_BxT, f
   `ends_episode_on` closes the episode (every later position is PAD, headers included).  Each turn is
   its view's prefill chunks (of which only the last position's logits are computed) and one
   `lax.while_loop` over its message (`read_schedule`), which stops once every row has ended; the KV
-  cache is its carry, written in place.  Each view's weights are cast to the compute dtype once,
-  before its first turn (`model.rollout_params`), not per turn or per token.
+  cache is its carry, written in place.  Each parameter set's weights are made ready for the rollout
+  once (`model.rollout_params`: cast to the compute dtype, and an LM's kernels split per layer on CPU),
+  before the first turn that reads them, not per view, turn or token.
   """
   B, T = canvas_BxT.shape
   ends_TxV = jnp.asarray(layout.ends_episode_TxV)
@@ -171,12 +172,12 @@ def generate(cfg: model_lib.ModelConfig, layout: Layout, params_R, canvas_BxT, f
   # A view's set may belong to any model group of a mixed team: its cache and calls are that model's.
   model_V = view_models(cfg, layout)
   cache_V = [model_lib.empty_cache(model, B, T) for model in model_V]
-  # Each view's parameter set, cast once for every turn it takes.
-  params_V = [model_lib.rollout_params(model, model_lib.take_sets(cfg, params_R, s))
-              for model, s in zip(model_V, layout.view_set_V)]
+  # Each parameter set as a rollout reads it, made once for every turn of every view that reads it.
+  params_S = {s: model_lib.rollout_params(model, model_lib.take_sets(cfg, params_R, s))
+              for s, model in dict(zip(layout.view_set_V, model_V)).items()}
   logp_BxT, sampled_BxT = jnp.zeros((B, T)), jnp.zeros((B, T), bool)
   for (v, chunks, start, stop), header_start in zip(read_schedule(layout), layout.header_starts):
-    apply = functools.partial(model_lib.apply, model_V[v], params_V[v])
+    apply = functools.partial(model_lib.apply, model_V[v], params_S[layout.view_set_V[v]])
     visible_T = jnp.asarray(layout.visible_VxT[v])
     # The turn's header (its role marker), none once the episode is over.
     header_BxH = jnp.where(done_B[:, None], text.PAD, canvas_BxT[:, header_start:start])
