@@ -33,10 +33,10 @@ fi
 # start, the run of step 0 alone: judges (the solver one parameter set, the judges another), shared (one
 # set), channel (the channel's turn in the canvas), single (one agent), clean (as judges, the judges'
 # demonstrations without flipped verdicts), long (as judges, a warm start of 600 steps, the published
-# size=cpu's, not 200); its reward settings (team pay, no audits) do not act at
-# step 0.  cold_* cells sample every role at temperature 0.3, so that the judges' sampled statements
-# keep more of their evidence (docs/results/peer_review.md, why the judges stop judging); entropy*
-# cells give the judges alone an entropy bonus (0.05 or 0.01), so their policies cannot collapse to one level.
+# size=cpu's, not 200); its reward settings (team pay, no audits) do not act at step 0.  cold_* cells
+# sample every role at temperature 0.3, so that the judges' sampled statements keep more of their
+# evidence (docs/results/peer_review.md, why the judges stop judging); entropy* cells give the judges
+# alone an entropy bonus (0.05 or 0.01), so their policies cannot collapse to one level.
 cells="
 checker judges source=checker
 team_0 judges pay=team,audit_rate=0
