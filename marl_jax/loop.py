@@ -273,7 +273,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
         _check_start(config, state_S.params)
         sampled = state.to_host(evaluate_set(state_S.params, greedy=False))  # only its accuracy is kept
         evals, accuracy = evaluation(0, state_S)
-        log(0, {"accuracy": sampled["accuracy"], **evals, "skipped_updates": skipped_S})
+        log(0, {"accuracy": sampled["accuracy"], **evals, "skipped_updates": skipped_S, **memory.peak_scalars()})
         save(0, state_S, accuracy)  # the base model, reusable through config.init_from
         mngr.wait_until_finished()  # checkpoint 0 holds the warm start: a stopped one's progress can go
         if lead:
@@ -299,7 +299,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
         # The last step is evaluated too, so that the report's final accuracy is the saved model's.
         evaluating = step % config.eval_every == 0 or step == config.total_steps
         if step % config.log_every == 0 or evaluating:
-          row = {**summary, "skipped_updates": skipped_S}
+          row = {**summary, "skipped_updates": skipped_S, **memory.peak_scalars()}
           if train_seconds > 0:
             row["tokens_per_s"] = np.asarray(tokens / train_seconds)
           if evaluating:

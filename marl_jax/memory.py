@@ -61,6 +61,13 @@ def device_limit() -> int | None:
   return None
 
 
+def peak_scalars() -> dict:
+  """{"device_peak_gib": the most memory this process's first device has held so far} where its
+  allocator says (GPU, TPU), for the metrics; {} where it does not (CPU)."""
+  stats = jax.local_devices()[0].memory_stats() or {}
+  return {"device_peak_gib": stats["peak_bytes_in_use"] / 2 ** 30} if "peak_bytes_in_use" in stats else {}
+
+
 def readable(n: int) -> str:
   """Bytes in MiB below a GiB, else in GiB, to three digits."""
   return f"{n / 2 ** 30:.3g} GiB" if n >= 2 ** 30 else f"{n / 2 ** 20:.3g} MiB"

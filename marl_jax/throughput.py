@@ -197,6 +197,13 @@ def step_flops(exp: experiment.Experiment) -> float:
 HUGE_PAGES = "glibc.malloc.hugetlb=1"  # the setting docs/throughput.md recommends on a Linux CPU
 
 
+def device_name() -> str:
+  """What a row ran on: the accelerator's kind (`device_kind`), or on CPU the cores this process may use."""
+  if jax.default_backend() == "cpu":
+    return f"{len(os.sched_getaffinity(0))} cores"
+  return jax.devices()[0].device_kind
+
+
 def huge_pages(environ=os.environ, kernel_setting="/sys/kernel/mm/transparent_hugepage/enabled") -> bool:
   """Whether glibc's malloc puts this process's large blocks on transparent huge pages: GLIBC_TUNABLES
   (read by glibc when the process starts) holds `HUGE_PAGES` and the kernel's setting is not `never`.

@@ -56,3 +56,20 @@ def test_the_device_limit_is_the_machines_memory_on_a_cpu():
   meminfo = pathlib.Path("/proc/meminfo").read_text().splitlines()
   mem_total_kib = next(int(line.split()[1]) for line in meminfo if line.startswith("MemTotal:"))
   assert memory.device_limit() == mem_total_kib * 1024
+
+
+class _Device:
+  def __init__(self, stats):
+    self.stats = stats
+
+  def memory_stats(self):
+    return self.stats
+
+
+def test_the_peak_memory_is_logged_where_the_allocator_reports_it(monkeypatch):
+  assert memory.peak_scalars() == {}  # the CPU's allocator reports none
+  monkeypatch.setattr(jax, "local_devices", lambda: [_Device({"peak_bytes_in_use": 3 * 2 ** 29,
+                                                                "bytes_in_use": 2 ** 20})])
+  assert memory.peak_scalars() == {"device_peak_gib": 1.5}
+  monkeypatch.setattr(jax, "local_devices", lambda: [_Device(None)])
+  assert memory.peak_scalars() == {}

@@ -322,6 +322,9 @@ def transformers_rows(setup: Setup, rows: tuple[str, ...], random_weights: bool,
 
   torch.set_num_threads(len(os.sched_getaffinity(0)))
   torch.manual_seed(seed)
+  # On the accelerator marl_jax ran on, where torch sees one; each timed call waits for its kernels.
+  device = "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
+  synced = lambda call: lambda: (call(), torch.cuda.synchronize() if device == "cuda" else None)[0]
   exp, B = setup.exp, setup.batch
   directory = exp.model.checkpoint
   dtype = {jnp.dtype(jnp.float32): torch.float32, jnp.dtype(jnp.bfloat16): torch.bfloat16}[jnp.dtype(setup.lm.dtype)]
@@ -330,11 +333,12 @@ def transformers_rows(setup: Setup, rows: tuple[str, ...], random_weights: bool,
                                                           dtype=dtype)
   else:
     model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
+  model = model.to(device)
   ids_W = np.asarray(exp.model.canvas_ids_V)
   key_prompt, _, _, key_update = jax.random.split(jax.random.PRNGKey(seed), 4)
   prompt_BxP = prompt_tokens(setup, key_prompt)
   header = exp.layout.marker_T[setup.prompt]
-  input_ids = torch.as_tensor(ids_W[np.concatenate([prompt_BxP, np.full((B, 1), header)], 1)])
+  input_ids = torch.as_tensor(ids_W[np.concatenate([prompt_BxP, np.full((B, 1), header)], 1)], device=device)
   eos = ids_W[text.EOS]
 
   def generate(new_tokens: int):
@@ -345,16 +349,16 @@ def transformers_rows(setup: Setup, rows: tuple[str, ...], random_weights: bool,
                             pad_token_id=int(eos))
 
   generate(2)  # warm-up: torch allocates and picks its kernels on the first call
-  timed = prefill_and_decode(setup, [median_seconds(lambda n=n: generate(n), repeats)
+  timed = prefill_and_decode(setup, [median_seconds(synced(lambda n=n: generate(n)), repeats)
                                      for n in generations(setup, rows, (1, setup.answer))], B * (setup.answer - 1))
   if "update" not in rows:
     return timed
 
   mb = jax.tree.map(np.array, update_batch(setup, prompt_BxP, key_update))  # writable copies for torch
   rl = exp.config.rl
-  tokens = torch.as_tensor(ids_W[mb.tokens_BxT])
-  old_logp, adv = torch.as_tensor(mb.old_logp_BxT), torch.as_tensor(mb.adv_BxT)
-  mask = torch.as_tensor(mb.role_mask_BxRxT[:, 0], dtype=torch.float32)
+  tokens = torch.as_tensor(ids_W[mb.tokens_BxT], device=device)
+  old_logp, adv = torch.as_tensor(mb.old_logp_BxT, device=device), torch.as_tensor(mb.adv_BxT, device=device)
+  mask = torch.as_tensor(mb.role_mask_BxRxT[:, 0], dtype=torch.float32, device=device)
   count = mask.sum()
 
   def loss_and_grad():
@@ -373,7 +377,7 @@ def transformers_rows(setup: Setup, rows: tuple[str, ...], random_weights: bool,
       ((per_token * mask[rows_slice, 1:]).sum() / count).backward()
 
   loss_and_grad()  # warm-up
-  timed["update"] = {"seconds": median_seconds(loss_and_grad, repeats), "tokens": B * exp.layout.length}
+  timed["update"] = {"seconds": median_seconds(synced(loss_and_grad), repeats), "tokens": B * exp.layout.length}
   return timed
 
 
@@ -381,7 +385,7 @@ def table(rows: list[dict], header: dict) -> str:
   """The rows as one markdown table, with the bounds above it."""
   peer = any("peer_tokens_per_s" in row for row in rows)
   lines = [f"{header['model']}, batch {header['batch']}, prompt {header['prompt']}, answer {header['answer']}, "
-           f"{header['dtype']}, {header['cores']} cores, huge pages {'on' if header['huge_pages'] else 'off'}; "
+           f"{header['dtype']}, {header['device']}, huge pages {'on' if header['huge_pages'] else 'off'}; "
            f"matmul bound {header['matmul_flops_per_s'] / 1e9:.0f} GFLOP/s "
            f"({', '.join(f'{x / 1e9:.0f}' for x in header['matmul_readings'])}), copy "
            f"{header['copy_bytes_per_s'] / 1e9:.1f} GB/s "
@@ -432,7 +436,7 @@ def measure(setup: Setup, rows: tuple[str, ...], random_weights: bool, microbatc
       row["ratio"] = row["tokens_per_s"] / row["peer_tokens_per_s"]
     table_rows.append(row)
   header = {"batch": setup.batch, "prompt": setup.prompt, "answer": setup.answer,
-            "dtype": jnp.dtype(setup.lm.dtype).name, "cores": len(os.sched_getaffinity(0)),
+            "dtype": jnp.dtype(setup.lm.dtype).name, "device": throughput.device_name(),
             "huge_pages": throughput.huge_pages(), "matmul_flops_per_s": matmul,
             "matmul_readings": matmul_readings, "copy_bytes_per_s": copy, "copy_readings": copy_readings,
             "params": weight_count, "microbatch": microbatch, "repeats": repeats, "peer": peer,
