@@ -59,12 +59,13 @@ def get_config(arg=None):
     c.sft.update(steps=50, batch_size=16)
     c.num_devices = 1  # seven questions do not split over more
   else:  # a 0.6B-class model on an accelerator
-    # Passes small enough for one 141 GB GPU (docs/language_models.md): canvases of ~500 tokens
-    # over a 151 936-word vocabulary, whose key-value caches, attention maps and log-probs all grow
-    # with the rows in a pass.  The programs' planned memory (compiled for this 2-core CPU, float32,
-    # Qwen3-0.6B's shapes), solver-verifier: train call 511 -> 73 GiB, evaluation 309 -> 43 GiB.
+    # Passes small enough for an 80 GB GPU, whose JAX allocator gives a program 0.75 of it by default
+    # (docs/lm_speed.md): canvases of ~500 tokens over a 151 936-word vocabulary, whose key-value
+    # caches, attention maps and log-probs all grow with the rows in a pass.  The train call's planned
+    # memory (compiled for the 2-core CPU, float32, Qwen3-0.6B's shapes) with 2 rows per update pass:
+    # single 24.9 GiB, solver-verifier 54.3 GiB (30.5 and 70.8 GiB with 4 rows).
     c.eval.update(size=512, batch_size=32)
-    c.rl.update(batch_size=256, group_size=8, minibatches=4, microbatch_size=4, rollout_batch_size=64)
+    c.rl.update(batch_size=256, group_size=8, minibatches=4, microbatch_size=2, rollout_batch_size=64)
     c.sft.update(steps=200, batch_size=64, learning_rate=1e-5)
     c.optim.learning_rate = 1e-6
   configs.fit_canvas(c)

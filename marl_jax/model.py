@@ -37,11 +37,15 @@ class SetStack:
     take = lambda axis, part: part if axis is None else jax.tree.map(lambda p: p[index], part)
     return jax.tree.map(take, self.set_axes(params_R), params_R, is_leaf=lambda x: x is None)
 
-  def apply_sets(self, params_R, set_N, tokens_BxL, start, key_ok_NxBxT):
-    """logits_NxBxLxV: set `set_N[n]` (static) reading `tokens_BxL` with keys `key_ok_NxBxT[n]`."""
+  def apply_sets(self, params_R, set_N, tokens_BxL, start, key_ok_NxBxT, readout_NxM=None):
+    """logits_NxBxLxV: set `set_N[n]` (static) reading `tokens_BxL` with keys `key_ok_NxBxT[n]`; with
+    `readout_NxM`, logits_NxBxMxV at the positions `readout_NxM[n]` alone."""
     params_N = self.take_sets(params_R, np.asarray(set_N))
-    apply_N = jax.vmap(self.apply, in_axes=(self.set_axes(params_N), None, None, 0))
-    return apply_N(params_N, tokens_BxL, start, key_ok_NxBxT)[0]
+    apply = lambda params, key_ok_BxT, readout_M: self.apply(params, tokens_BxL, start, key_ok_BxT,
+                                                             readout_M=readout_M)
+    readout_axis = None if readout_NxM is None else 0
+    return jax.vmap(apply, in_axes=(self.set_axes(params_N), 0, readout_axis))(params_N, key_ok_NxBxT,
+                                                                               readout_NxM)[0]
 
   def per_set(self, tx: optax.GradientTransformation, trainable_S) -> optax.GradientTransformation:
     """`tx` on the parameters the model trains (`trainable`), with one state per parameter set (vmapped
@@ -98,11 +102,11 @@ class ModelConfig(SetStack):
   def compute_dtype(self):
     return self.dtype
 
-  def apply(self, params, tokens_BxL, start, key_ok_BxT, cache=None, last_logits=False):
+  def apply(self, params, tokens_BxL, start, key_ok_BxT, cache=None, readout_M=None):
     logits_BxLxV, cache = Transformer(self).apply({"params": params}, tokens_BxL, start, key_ok_BxT, cache)
-    # All positions' logits, then the last: the program a sampler slicing them has always compiled, so
-    # its float rounding is unchanged (a 96-symbol unembedding costs little).
-    return (logits_BxLxV[:, -1:] if last_logits else logits_BxLxV), cache
+    # All positions' logits, then those read out: the program a sampler slicing them has always
+    # compiled, so its float rounding is unchanged (a 96-symbol unembedding costs little).
+    return read_out(logits_BxLxV, readout_M), cache
 
   def empty_cache(self, batch: int, length: int):
     shape = (batch, length, self.n_heads, self.d_model // self.n_heads)
@@ -129,6 +133,12 @@ class ModelConfig(SetStack):
     dense = self.n_layers * (4 * D ** 2 + 2 * D * self.d_ff) + D * self.vocab_size
     attention = self.n_layers * 2 * context_len * D  # q.k and att.v
     return 2 * (dense + attention)
+
+
+def read_out(x_BxLxF, readout_M):
+  """x_BxMxF at the positions `readout_M` (static or traced; within the L read), or x_BxLxF as it is
+  for None."""
+  return x_BxLxF if readout_M is None else jnp.take(x_BxLxF, readout_M, axis=1)
 
 
 def compute_dtype(name: str):
@@ -297,11 +307,11 @@ def init_module_stack(module: nn.Module, max_len: int, key, n_sets: int):
 # `Experiment.model`; a mixed team (`team.Team`) provides the per-set part (`set_model` gives each
 # set's own model for `apply`, `empty_cache` and `flops_per_token`).
 
-def apply(model, params, tokens_BxL, start, key_ok_BxT, cache=None, last_logits=False):
+def apply(model, params, tokens_BxL, start, key_ok_BxT, cache=None, readout_M=None):
   """One parameter set (unstacked): logits over the engine's symbols and the updated cache; vmap this
-  over a stacked leading axis.  `last_logits`: the last position's logits only (logits_Bx1xV), all a
-  prefill chunk's reader needs."""
-  return model.apply(params, tokens_BxL, start, key_ok_BxT, cache, last_logits=last_logits)
+  over a stacked leading axis.  `readout_M`: the logits of these positions alone (logits_BxMxV), such as
+  the last, all a prefill chunk's reader needs."""
+  return model.apply(params, tokens_BxL, start, key_ok_BxT, cache, readout_M=readout_M)
 
 
 def empty_cache(model, batch: int, length: int):
@@ -335,10 +345,11 @@ def rollout_params(model, params):
   return model.rollout_params(params)
 
 
-def apply_sets(model, params_R, set_N, tokens_BxL, start, key_ok_NxBxT):
+def apply_sets(model, params_R, set_N, tokens_BxL, start, key_ok_NxBxT, readout_NxM=None):
   """logits_NxBxLxV: parameter set `set_N[n]` (a static index) reading the same `tokens_BxL` through
-  its own keys `key_ok_NxBxT[n]`, all sets of one model group in one vmap."""
-  return model.apply_sets(params_R, set_N, tokens_BxL, start, key_ok_NxBxT)
+  its own keys `key_ok_NxBxT[n]`, all sets of one model group in one vmap; with `readout_NxM` (static),
+  logits_NxBxMxV, only those positions' logits (`apply`'s `readout_M`)."""
+  return model.apply_sets(params_R, set_N, tokens_BxL, start, key_ok_NxBxT, readout_NxM)
 
 
 def per_set(model, tx, trainable_S) -> optax.GradientTransformation:

@@ -55,7 +55,7 @@ class Team:
     g = self.group_S[index]
     return self.models[g].take_sets(params_R[self.names[g]], self._local(index))
 
-  def apply_sets(self, params_R, set_N, tokens_BxL, start, key_ok_NxBxT):
+  def apply_sets(self, params_R, set_N, tokens_BxL, start, key_ok_NxBxT, readout_NxM=None):
     """Each group's sets in one vmap of its model, the logits put back in the order of `set_N`."""
     set_N = np.asarray(set_N)
     group_N = np.asarray(self.group_S)[set_N]
@@ -64,8 +64,8 @@ class Team:
       rows = np.flatnonzero(group_N == g)
       if len(rows):
         local = [self._local(int(s)) for s in set_N[rows]]
-        logits.append(self.models[g].apply_sets(params_R[name], local, tokens_BxL, start,
-                                                key_ok_NxBxT[rows]))
+        logits.append(self.models[g].apply_sets(params_R[name], local, tokens_BxL, start, key_ok_NxBxT[rows],
+                                                None if readout_NxM is None else readout_NxM[rows]))
         order.extend(rows)
     return jnp.concatenate(logits)[np.argsort(order)]
 

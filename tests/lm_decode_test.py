@@ -22,6 +22,8 @@ from marl_jax.lm import model as lm_model
 from marl_jax.protocols import engine
 from marl_jax.tasks import Arithmetic
 
+from sampling_test import whole_canvas_policy
+
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures" / "lm"
 TASK = Arithmetic(num_ops=1)
 LAYOUT = protocols.make("solver_verifier", TASK, rounds=2).layout(TASK, (0, 1))
@@ -40,25 +42,12 @@ def _canvas(layout, seed=0):
   return engine.assemble(layout, prompts, [None] * len(layout.turn_slices))
 
 
-def _whole_canvas_policy(model, layout, params_R, tokens_BxT):
-  """logp_BxTxV: at t >= 1 the policy position t is written from (its author's view reading the
-  tokens before t), from one forward pass per view over the whole canvas, without a cache."""
-  pass_V, visible_PxTxT, first_view_P = sampling.scoring_passes(layout, layout.view_set_V)
-  key_ok_PxBxTxT = (tokens_BxT != text.PAD)[None, :, None, :] & jnp.asarray(visible_PxTxT)[:, None]
-  logits_PxBxTxV = model_lib.apply_sets(model, params_R, [layout.view_set_V[v] for v in first_view_P],
-                                        tokens_BxT, 0, key_ok_PxBxTxT)
-  T = tokens_BxT.shape[1]
-  logits_TxBxV = logits_PxBxTxV[pass_V[layout.author_view_T[1:]], :, np.arange(T - 1)]
-  logp_TxBxV = sampling.policy_log_probs(logits_TxBxV, TEMP)
-  return np.asarray(jnp.concatenate([jnp.zeros_like(logp_TxBxV[:1]), logp_TxBxV]).transpose(1, 0, 2))
-
-
 def _assert_greedy_is_the_whole_canvas_mode(model, params_R):
   canvas_BxT = _canvas(LAYOUT)
   generate = jax.jit(lambda p: sampling.generate(model, LAYOUT, p, canvas_BxT, jnp.zeros(canvas_BxT.shape, bool),
                                                  jax.random.split(jax.random.PRNGKey(0), B), TEMP, True))
   tokens_BxT, logp_BxT, sampled_BxT = map(np.asarray, generate(params_R))
-  logp_BxTxV = _whole_canvas_policy(model, LAYOUT, params_R, jnp.asarray(tokens_BxT))
+  logp_BxTxV = whole_canvas_policy(model, LAYOUT, params_R, jnp.asarray(tokens_BxT), TEMP)
   rows, positions = np.nonzero(sampled_BxT)
   assert len(set(positions)) >= 4, tokens_BxT  # several positions of several messages decoded
   np.testing.assert_array_equal(tokens_BxT[rows, positions], logp_BxTxV[rows, positions].argmax(-1))
@@ -190,10 +179,10 @@ _READ_AT: list = []  # the positions the decode reads of `_Recording` were calle
 class _Recording(model_lib.ModelConfig):
   """The built-in model, recording where its one-token reads (the message loop's) happen."""
 
-  def apply(self, params, tokens_BxL, start, key_ok_BxT, cache=None, last_logits=False):
+  def apply(self, params, tokens_BxL, start, key_ok_BxT, cache=None, readout_M=None):
     if tokens_BxL.shape[1] == 1:
       jax.debug.callback(lambda t: _READ_AT.append(int(t)), start)
-    return super().apply(params, tokens_BxL, start, key_ok_BxT, cache, last_logits)
+    return super().apply(params, tokens_BxL, start, key_ok_BxT, cache, readout_M)
 
 
 def test_message_loop_stops_once_every_row_has_ended():

@@ -95,6 +95,53 @@ def test_scoring_passes_merge_the_views_that_read_alike():
   assert passes(_layout("solver_verifier", (0, 0), hidden=(("problem", "verifier"),))) == [0, 1]
 
 
+def test_author_readouts_by_hand():
+  readouts = lambda layout: [x.tolist() for x in sampling.author_readouts(layout)]
+  # One agent: the prompt at 0-4, its marker at 5, its answer at 6-7, predicted at 5 and 6.
+  assert readouts(_layout("single", (0,))) == [[6, 7], [[5, 6]], [0, 0], [0, 1]]
+  # Isolated solver and verifier (marker at 8, verdict at 9-11): a pass each, the solver's padded with
+  # its first position to the verifier's three.
+  assert readouts(_layout("solver_verifier", (0, 1))) == [
+      [6, 7, 9, 10, 11], [[5, 6, 6], [8, 9, 10]], [0, 0, 1, 1, 1], [0, 1, 0, 1, 2]]
+  # Voters of one set read alike: one pass reads out all three answers.
+  assert readouts(_layout("vote", (0, 0, 0))) == [[6, 7, 9, 10, 12, 13], [[5, 6, 8, 9, 11, 12]],
+                                                   [0] * 6, list(range(6))]
+
+
+def whole_canvas_policy(model, layout, params_R, tokens_BxT, temperature):
+  """logp_BxTxV: at t >= 1 the policy position t is written from (its author's view reading the tokens
+  before t), from every scoring pass's logits at every position: what `token_log_probs` computes at the
+  positions a role wrote, without its read-out."""
+  pass_V, visible_PxTxT, first_view_P = sampling.scoring_passes(layout, layout.view_set_V)
+  key_ok_PxBxTxT = (tokens_BxT != text.PAD)[None, :, None, :] & jnp.asarray(visible_PxTxT)[:, None]
+  logits_PxBxTxV = model_lib.apply_sets(model, params_R, [layout.view_set_V[v] for v in first_view_P],
+                                        tokens_BxT, 0, key_ok_PxBxTxT)
+  T = tokens_BxT.shape[1]
+  logits_TxBxV = logits_PxBxTxV[pass_V[layout.author_view_T[1:]], :, np.arange(T - 1)]
+  logp_TxBxV = sampling.policy_log_probs(logits_TxBxV, temperature,
+                                         sampling._allowed_at(layout, np.arange(1, T)[:, None]))
+  return np.asarray(jnp.concatenate([jnp.zeros_like(logp_TxBxV[:1]), logp_TxBxV]).transpose(1, 0, 2))
+
+
+def test_token_log_probs_read_out_the_whole_canvas_policy_where_roles_wrote():
+  for name, role_set, kwargs in (("solver_verifier", (0, 1), {}), ("vote", (0, 1, 1), {}),
+                                 ("best_of_n", (0, 0, 0, 1), {"candidates": 3})):
+    layout = _layout(name, role_set, **kwargs)
+    params_R = _params(2)
+    canvas_BxT = engine.assemble(layout, _prompts(), [None] * len(layout.turn_slices))
+    written_T = layout.author_T >= 0
+    random_BxT = jax.random.randint(jax.random.PRNGKey(1), canvas_BxT.shape, 0, text.VOCAB_SIZE)
+    tokens_BxT = jnp.where(written_T, random_BxT, canvas_BxT)
+    logp_BxT, entropy_BxT = map(np.asarray, _token_log_probs(layout, params_R, tokens_BxT))
+    policy_BxTxV = whole_canvas_policy(CFG, layout, params_R, tokens_BxT, TEMP)
+    expected_BxT = np.take_along_axis(policy_BxTxV, np.asarray(tokens_BxT)[..., None], -1)[..., 0]
+    np.testing.assert_allclose(logp_BxT[:, written_T], expected_BxT[:, written_T], rtol=1e-6, atol=1e-5)
+    p_BxTxV = np.exp(policy_BxTxV)
+    np.testing.assert_allclose(entropy_BxT[:, written_T], -np.sum(p_BxTxV * policy_BxTxV, -1)[:, written_T],
+                               rtol=1e-5, atol=1e-5)
+    assert np.all(logp_BxT[:, ~written_T] == 0.0) and np.all(entropy_BxT[:, ~written_T] == 0.0)
+
+
 def test_policy_log_probs_excludes_env_tokens_and_scales_by_temperature():
   logits_2xV = jax.random.normal(jax.random.PRNGKey(0), (2, text.VOCAB_SIZE))
   logp_2xV = sampling.policy_log_probs(logits_2xV, 2.0)

@@ -267,7 +267,7 @@ def step_rows(setup: Setup, params_R, prompt_BxP, repeats: int) -> dict:
   model, B, T = setup.exp.model, setup.batch, setup.exp.layout.length
   params = jax.jit(lambda p: model_lib.rollout_params(model, model_lib.take_sets(model, p, 0)))(params_R)
   token_Bx1, key_ok_BxT = jnp.asarray(prompt_BxP[:, :1]), jnp.ones((B, T), bool)
-  step = jax.jit(lambda p, c, t: model_lib.apply(model, p, token_Bx1, t, key_ok_BxT, c, last_logits=True),
+  step = jax.jit(lambda p, c, t: model_lib.apply(model, p, token_Bx1, t, key_ok_BxT, c, readout_M=np.array([0])),
                  donate_argnums=1)
   cache = [model_lib.empty_cache(model, B, T)]
   compiled = step.lower(params, cache[0], jnp.int32(0)).compile()

@@ -260,8 +260,9 @@ class Layer(nn.Module):
 class Decoder(nn.Module):
   """`tokens_BxL` at canvas positions start..start+L; returns float32 logits and the updated cache,
   or with `features` the final normed features x_BxLxD instead of logits (no unembedding is applied:
-  `lm.agent` applies only the rows of the tokens it reads out).  With `last_logits` only the last
-  position's (logits_Bx1xV or x_Bx1xD): a prefill chunk's other logits are never read.
+  `lm.agent` applies only the rows of the tokens it reads out).  With `readout_M` only those positions'
+  (logits_BxMxV or x_BxMxD): a prefill chunk reads only its last, the update only the positions whose
+  tokens a policy wrote.
 
   The layers are one `nn.scan`: every layer's parameters (and `lm.lora`'s adapters in the `lora`
   collection) are stacked on a leading layer axis ("layers/q_proj/kernel" is
@@ -275,7 +276,7 @@ class Decoder(nn.Module):
   cfg: LMConfig
 
   @nn.compact
-  def __call__(self, tokens_BxL, start, key_ok_BxT, cache=None, features=False, last_logits=False):
+  def __call__(self, tokens_BxL, start, key_ok_BxT, cache=None, features=False, readout_M=None):
     cfg = self.cfg
     positions_L = start + jnp.arange(tokens_BxL.shape[1])
     mask_BxLxT = model_lib.visible_mask(positions_L, key_ok_BxT)
@@ -287,8 +288,7 @@ class Decoder(nn.Module):
                                                     mask_BxLxT, cache)
     if cache is not None:
       cache = [write_cache(c, start, k_BxLxNxK, v_BxLxNxK) for c, k_BxLxNxK, v_BxLxNxK in zip(cache, *new_kv)]
-    if last_logits:
-      x_BxLxD = x_BxLxD[:, -1:]
+    x_BxLxD = model_lib.read_out(x_BxLxD, readout_M)
     x_BxLxD = nn.RMSNorm(epsilon=cfg.rms_norm_eps, dtype=cfg.dtype, name="norm")(x_BxLxD)
     if features:
       return x_BxLxD, cache
@@ -346,12 +346,12 @@ def variables(params, adapter=None):
 
 
 def apply(cfg: LMConfig, params, tokens_BxL, start, key_ok_BxT, cache=None, adapter=None,
-          last_logits=False):
+          readout_M=None):
   """One parameter set (unstacked, or `split_kernels`'); vmap this over a stacked leading axis.
   `adapter`: one role's `lm.lora` adapters, read by `lora.adapted`'s projections (the `lora`
-  collection).  `last_logits`: the last position's logits only (logits_Bx1xV)."""
+  collection).  `readout_M`: those positions' logits only (logits_BxMxV)."""
   return Decoder(cfg).apply(variables(params, adapter), tokens_BxL, start, key_ok_BxT, cache,
-                            last_logits=last_logits)
+                            readout_M=readout_M)
 
 
 def flops_per_token(cfg: LMConfig, context_len: int) -> int:
