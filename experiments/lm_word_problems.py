@@ -63,10 +63,11 @@ def get_config(arg=None):
     # (docs/lm_speed.md): canvases of ~500 tokens over a 151 936-word vocabulary, whose key-value
     # caches, attention maps and log-probs all grow with the rows in a pass.  The train call's planned
     # memory (compiled for the 2-core CPU, float32, Qwen3-0.6B's shapes) with 2 rows per update pass:
-    # single 24.9 GiB, solver-verifier 54.3 GiB (30.5 and 70.8 GiB with 4 rows).
+    # single 24.9 GiB, solver-verifier 54.3 GiB (30.5 and 70.8 GiB with 4 rows); the warm start with 4
+    # rows per pass 21.5 and 52.6 GiB (155 and 464 GiB in one pass of 64).
     c.eval.update(size=512, batch_size=32)
     c.rl.update(batch_size=256, group_size=8, minibatches=4, microbatch_size=2, rollout_batch_size=64)
-    c.sft.update(steps=200, batch_size=64, learning_rate=1e-5)
+    c.sft.update(steps=200, batch_size=64, microbatch_size=4, learning_rate=1e-5)
     c.optim.learning_rate = 1e-6
   configs.fit_canvas(c)
   return c

@@ -32,7 +32,7 @@ ON_NONFINITE = ("skip", "stop")
 _AT_LEAST = {"num_seeds": 1, "seeds_at_once": 0, "total_steps": 0, "steps_per_call": 1, "log_every": 1,
              "eval_every": 1, "checkpoint_every": 1, "num_devices": 0, "model_shards": 1, "model.max_len": 1,
              "rl.batch_size": 1, "rl.group_size": 1, "rl.epochs": 1, "rl.minibatches": 1, "rl.microbatch_size": 0,
-             "rl.rollout_batch_size": 0, "optim.warmup_steps": 0, "sft.steps": 0, "sft.batch_size": 1,
+             "rl.rollout_batch_size": 0, "optim.warmup_steps": 0, "sft.steps": 0, "sft.batch_size": 1, "sft.microbatch_size": 0,
              "sft.warmup_steps": 0, "sft.steps_per_call": 1, "eval.size": 1, "eval.batch_size": 0,
              "eval.divergence_every": 0}
 # The built-in model's shapes are checked where it is made (`make_model`), for each model of a team.
@@ -221,6 +221,7 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
                      f"{config.num_seeds}; allowed: 0 (every seed at once) to {config.num_seeds}")
   _check_rows_per_pass("rl.rollout_batch_size", rl.rollout_batch_size, local_batch, "batch")
   _check_rows_per_pass("rl.microbatch_size", rl.microbatch_size, local_batch // rl.minibatches, "minibatch")
+  _check_rows_per_pass("sft.microbatch_size", config.sft.microbatch_size, config.sft.batch_size, "warm-start batch")
   if config.eval.size % devices:
     raise ValueError(f"config.eval.size={config.eval.size} does not split over the {devices} devices "
                      f"(evaluation is sharded like training); allowed: multiples of {devices}")
@@ -292,6 +293,10 @@ def make_model(model_config, free_text: bool = False, key: str = "config.model")
   transformer, or with `checkpoint` a local Qwen3/Llama checkpoint (`lm.agent`, over its whole
   vocabulary for a `free_text` task; `d_model`, `n_layers`, `n_heads`, `d_ff` are then the
   checkpoint's, from its config.json)."""
+  # A config saved before the setting existed (an archive's, say) recomputes nothing, as it ran.
+  remat = model_config.get("remat", False)
+  if not isinstance(remat, bool):
+    raise ValueError(f"{key}.remat={remat!r}; allowed: True or False")
   if model_config.checkpoint:
     return lm_agent.from_config(model_config, free_text, key)
   if model_config.lora.enabled:
@@ -304,4 +309,5 @@ def make_model(model_config, free_text: bool = False, key: str = "config.model")
                      f"{key}.n_heads={model_config.n_heads}; allowed: multiples of it")
   return model_lib.ModelConfig(
       d_model=model_config.d_model, n_layers=model_config.n_layers, n_heads=model_config.n_heads,
-      d_ff=model_config.d_ff, max_len=model_config.max_len, dtype=model_lib.compute_dtype(model_config.dtype))
+      d_ff=model_config.d_ff, max_len=model_config.max_len, dtype=model_lib.compute_dtype(model_config.dtype),
+      remat=remat)

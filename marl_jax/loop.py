@@ -207,7 +207,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   train_call = train.make_train_call(exp)
   evaluate_set = evaluate.make_evaluate(exp, eval_problems)
   try:  # before the warm start: a run that cannot fit is refused now, not after it
-    memory.check_run(exp, train_call, evaluate_set)
+    memory.check_run(exp, state.abstract_state(exp), train_call, evaluate_set)
   except memory.DoesNotFit as e:
     raise experiment.ConfigError(str(e)) from e
   _agree_on_start(workdir, start)
@@ -258,8 +258,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
       if start is None:
         start = 0
         if _warm_starts(config, init_params_S):
-          progress = sft.run(exp, state.seed_keys(config), progress, stop=lambda: _stop_agreed(requested),
-                             archived=archived, joined=init_params_S)
+          try:
+            progress = sft.run(exp, state.seed_keys(config), progress, stop=lambda: _stop_agreed(requested),
+                               archived=archived, joined=init_params_S)
+          except memory.DoesNotFit as e:
+            raise experiment.ConfigError(str(e)) from e
           if _stop_agreed(requested):  # what it did is kept, for a rerun to resume
             _check_start(config, progress.params)
             checkpoint.save_warm_start(workdir, progress)

@@ -9,7 +9,7 @@ import os
 
 import jax
 
-from marl_jax import parallel, state
+from marl_jax import parallel
 
 
 class DoesNotFit(ValueError):
@@ -85,23 +85,24 @@ def check(programs: dict[str, tuple[Need | None, str]], limit: int | None) -> No
         f"{readable(limit)} a program may use on this {jax.default_backend()} device; lower {shrink}")
 
 
-def check_run(exp, train_call, evaluator=None) -> jax.stages.Compiled:
-  """Compiles a run's train call (and its `evaluate.Evaluator`, if given) from the state's shapes and
-  checks them (`check`) against this device's limit, naming the config keys that shrink each; returns the
-  compiled train call (jit reuses both programs at their first calls)."""
+def check_run(exp, abstract, train_call, evaluator=None) -> jax.stages.Compiled:
+  """Compiles a run's train call (and its `evaluate.Evaluator`, if given) from the state's shapes
+  (`abstract`: `state.abstract_state(exp)`) and checks them (`check`) against this device's limit,
+  naming the config keys that shrink each; returns the compiled train call (jit reuses both programs at
+  their first calls)."""
   config, rl = exp.config, exp.config.rl
-  abstract = state.abstract_state(exp)
   held = per_device_bytes(abstract)  # the state stays on the devices while either runs
   devices = exp.mesh.shape[parallel.DATA]
   local_batch, eval_rows = rl.batch_size // devices, config.eval.size // devices
   seeds = f" or config.seeds_at_once={config.seeds_at_once}" if config.num_seeds > 1 else ""
+  remat = "" if config.model.remat else ", or set config.model.remat=True (the update recomputes activations)"
   compiled = train_call.lower(abstract).compile()
   minibatch_rows = local_batch // rl.minibatches
   shrink_train = (f"config.rl.microbatch_size={rl.microbatch_size} (the update passes "
                   f"{parallel.rows_per_pass(rl.microbatch_size, minibatch_rows)} rows at a time through the "
                   f"model), config.rl.rollout_batch_size={rl.rollout_batch_size} (the rollout samples "
                   f"{parallel.rows_per_pass(rl.rollout_batch_size, local_batch)} rows at a time), "
-                  f"config.rl.batch_size={rl.batch_size}{seeds}")
+                  f"config.rl.batch_size={rl.batch_size}{seeds}{remat}")
   programs = {"train call": (need(compiled, held), shrink_train)}
   if evaluator is not None:
     shrink_eval = (f"config.eval.batch_size={config.eval.batch_size} (the evaluation runs "

@@ -97,6 +97,7 @@ class ModelConfig(SetStack):
   d_ff: int = 256
   max_len: int = 64
   dtype: Any = jnp.float32  # compute dtype; parameters stay float32
+  remat: bool = False  # whole-canvas passes recompute each block's activations in the backward pass
 
   @property
   def compute_dtype(self):
@@ -139,6 +140,14 @@ def read_out(x_BxLxF, readout_M):
   """x_BxMxF at the positions `readout_M` (static or traced; within the L read), or x_BxLxF as it is
   for None."""
   return x_BxLxF if readout_M is None else jnp.take(x_BxLxF, readout_M, axis=1)
+
+
+def remat_layer(layer: type[nn.Module], remat: bool, scanned: bool = False) -> type[nn.Module]:
+  """`layer`, or with `remat` a version whose activations the backward pass recomputes from its inputs
+  (`nn.remat`; its call's second argument, the canvas start, static), as a layer of a whole-canvas pass
+  without a cache is called.  Outside a scan XLA would merge the recomputation with the forward pass
+  (common subexpressions) unless prevented; inside one it cannot, and preventing it costs speed."""
+  return nn.remat(layer, prevent_cse=not scanned, static_argnums=(2,)) if remat else layer
 
 
 def compute_dtype(name: str):
@@ -263,8 +272,9 @@ class Transformer(nn.Module):
     x = x + nn.Embed(cfg.max_len, cfg.d_model, name="pos_embed")(positions_L)[None]
     x = x.astype(cfg.dtype)
     new_cache = []
+    block = remat_layer(Block, cfg.remat and cache is None)
     for i in range(cfg.n_layers):
-      x, c = Block(cfg, name=f"block{i}")(x, start, mask_BxLxT, None if cache is None else cache[i])
+      x, c = block(cfg, name=f"block{i}")(x, start, mask_BxLxT, None if cache is None else cache[i])
       new_cache.append(c)
     x = LayerNorm(dtype=cfg.dtype)(x)
     if not features:

@@ -3,6 +3,7 @@ over, and multi-host start-up; and seeds, vmapped in groups (`over_seeds`)."""
 import os
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import AxisType
 
 DATA = "data"
@@ -36,6 +37,20 @@ def in_row_chunks(fn, size: int, *args_B):
     return jax.tree.map(lambda x: x[None], fn(*args_B))
   return jax.lax.map(lambda chunk: fn(*chunk),
                      jax.tree.map(lambda x: x.reshape(B // rows, rows, *x.shape[1:]), args_B))
+
+
+def summed_over_row_chunks(fn, size: int, *args_B):
+  """The sum of `fn` (a pytree of arrays) over at most `size` rows of the arguments (leading axis B) at a
+  time, the chunks in sequence (`jax.lax.scan`), so that one chunk's work (its backward pass, for a
+  gradient) is in memory at once; `fn(*args_B)` itself where `rows_per_pass` is B."""
+  B = jax.tree.leaves(args_B)[0].shape[0]
+  rows = rows_per_pass(size, B)
+  if rows == B:
+    return fn(*args_B)
+  chunks = jax.tree.map(lambda x: x.reshape(B // rows, rows, *x.shape[1:]), args_B)
+  add = lambda total, chunk: (jax.tree.map(jnp.add, total, fn(*chunk)), None)
+  zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(fn, *jax.tree.map(lambda x: x[0], chunks)))
+  return jax.lax.scan(add, zeros, chunks)[0]
 
 
 def make_mesh(num_devices: int = 0, model_shards: int = 1) -> jax.sharding.Mesh:

@@ -16,7 +16,6 @@ anything compiles.
 The steps run `config.sft.steps_per_call` at a time, one compiled call after another with the
 `Progress` carried between them, so that a run can stop between two calls (a signal) and save its
 progress, which a rerun resumes (`marl_jax.loop`)."""
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -29,7 +28,7 @@ import tqdm
 
 from marl_jax import experiment
 from marl_jax import model as model_lib
-from marl_jax import checks, newcomers, parallel, sampling, text
+from marl_jax import checks, memory, newcomers, parallel, sampling, text
 
 FILTERS = ("right", "all", "credit")  # config.sft.filter: which archived transcripts a warm start distils
 
@@ -57,15 +56,35 @@ def check_filter(config) -> None:
   checks.check("sft.archive_share", config.sft.archive_share, lambda v: 0 < v <= 1, "a number in (0, 1]")
 
 
+def token_weights(exp, tokens_BxT, weight_BxR=None):
+  """weight_BxT: 1 on every role-authored, non-padding token (with `weight_BxR`, its row's weight for
+  its author), 0 elsewhere."""
+  author_T = exp.layout.author_T
+  weight_BxT = (author_T[None] >= 0) & (tokens_BxT != text.PAD)
+  return weight_BxT if weight_BxR is None else weight_BxT * weight_BxR[:, np.maximum(author_T, 0)]
+
+
+def _weighted_nll(exp, params_R, tokens_BxT, weight_BxT, total_weight):
+  logp_BxT, _ = sampling.token_log_probs(exp.model, exp.layout, params_R, tokens_BxT, 1.0)
+  return -jnp.sum(logp_BxT * weight_BxT) / total_weight
+
+
 def demonstration_loss(exp, params_R, tokens_BxT, weight_BxR=None):
   """Mean cross-entropy over every role-authored, non-padding token; with `weight_BxR`, each token
   weighs its row's weight for its author."""
-  logp_BxT, _ = sampling.token_log_probs(exp.model, exp.layout, params_R, tokens_BxT, 1.0)
-  author_T = exp.layout.author_T
-  mask_BxT = (author_T[None] >= 0) & (tokens_BxT != text.PAD)
-  if weight_BxR is not None:
-    mask_BxT = mask_BxT * weight_BxR[:, np.maximum(author_T, 0)]
-  return -jnp.sum(logp_BxT * mask_BxT) / jnp.maximum(mask_BxT.sum(), 1e-6)
+  weight_BxT = token_weights(exp, tokens_BxT, weight_BxR)
+  return _weighted_nll(exp, params_R, tokens_BxT, weight_BxT, jnp.maximum(weight_BxT.sum(), 1e-6))
+
+
+def demonstration_gradient(exp, params_R, tokens_BxT, weight_BxR=None):
+  """(loss, grads) of `demonstration_loss`, `config.sft.microbatch_size` rows per forward and backward
+  pass: each part's weighted sum over the whole batch's weight, added (the same gradient up to float
+  rounding, with one part's activations in memory at once)."""
+  weight_BxT = token_weights(exp, tokens_BxT, weight_BxR)
+  total_weight = jnp.maximum(weight_BxT.sum(), 1e-6)
+  part = lambda tokens, weight: jax.value_and_grad(_weighted_nll, argnums=1)(exp, params_R, tokens, weight,
+                                                                              total_weight)
+  return parallel.summed_over_row_chunks(part, exp.config.sft.microbatch_size, tokens_BxT, weight_BxT)
 
 
 def _programs(exp, keys_S, archived: Archived | None = None) -> tuple[Callable, Callable]:
@@ -121,8 +140,8 @@ def _programs(exp, keys_S, archived: Archived | None = None) -> tuple[Callable, 
     def sgd_step(carry, step):
       def update(carry):
         params, opt_state = carry
-        loss, grads = jax.value_and_grad(functools.partial(demonstration_loss, exp))(
-            params, *demonstrations(keys_N[jnp.minimum(step, cfg.steps - 1)], archived))
+        loss, grads = demonstration_gradient(exp, params, *demonstrations(keys_N[jnp.minimum(step, cfg.steps - 1)],
+                                                                           archived))
         updates, opt_state = tx.update(grads, opt_state, params)
         return (optax.apply_updates(params, updates), opt_state), loss.astype(jnp.float32)
       # The step is the same for every seed, so this stays a branch under vmap: a skipped step costs nothing.
@@ -158,6 +177,19 @@ def abstract_progress(exp, keys_S) -> Progress:
   return exp.abstract(jax.eval_shape(begin, keys_S, None, None))
 
 
+def _fitting(chunk, progress: Progress, keys_S, archived, cfg):
+  """`chunk` compiled for these arguments, or memory.DoesNotFit naming the keys that shrink it where a
+  call needs more than the device allows (a language model's warm start can need several times its
+  train call: every row of the batch in one pass, by default)."""
+  compiled = chunk.lower(progress, keys_S, archived).compile()
+  rows = parallel.rows_per_pass(cfg.microbatch_size, cfg.batch_size)
+  memory.check({"warm start": (memory.need(compiled, memory.per_device_bytes(progress)),
+                               f"config.sft.microbatch_size={cfg.microbatch_size} (a step passes {rows} rows "
+                               f"at a time through the model) or config.sft.batch_size={cfg.batch_size}")},
+               memory.device_limit())
+  return compiled
+
+
 def run(exp, keys_S, progress: Progress | None = None, stop: Callable[[], bool] = lambda: False,
         archived: Archived | None = None, joined=None) -> Progress:
   """The warm start of the seeds of `keys_S` from `progress` (None: from step 0), one call after
@@ -179,6 +211,8 @@ def run(exp, keys_S, progress: Progress | None = None, stop: Callable[[], bool] 
       pretrained_R = jax.device_put(pretrained_R, exp.shardings(pretrained_R))
     progress = begin(keys_S, pretrained_R, joined if newcomers.distilled(exp.config) else None)
   first = step = int(progress.step.addressable_data(0))
+  if step < cfg.steps:
+    chunk = _fitting(chunk, progress, keys_S, archived, cfg)
   if first:
     print(f"warm start: resuming at step {first} of {cfg.steps}")
   loss_SxN = [np.zeros((len(keys_S), 0), np.float32)]

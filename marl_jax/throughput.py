@@ -295,7 +295,7 @@ def measure(config, calls: int, profile: bool = False) -> dict:
   start = time.perf_counter()
   # Compiled from the state's shapes and refused (memory.DoesNotFit) before the state is made if it
   # cannot fit on the device; the calls below reuse the program.
-  compiled = memory.check_run(exp, train_call)
+  compiled = memory.check_run(exp, state_lib.abstract_state(exp), train_call)
   compile_s = time.perf_counter() - start
   state = state_lib.initial_state(exp)
   state, metrics = train_call(state)  # warm-up call

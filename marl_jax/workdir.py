@@ -16,7 +16,8 @@ from marl_jax import checkpoint, configs, credit, protocols, tasks
 MAY_CHANGE = ("total_steps", "eval_every", "log_every", "checkpoint_every", "steps_per_call",
               "eval.data_dir", "distributed", "num_devices", "model_shards", "seeds_at_once",
               "rl.microbatch_size", "rl.rollout_batch_size", "eval.batch_size", "rl.on_nonfinite", "init_from",
-              "sft.steps_per_call", "eval.divergence_every")
+              "sft.steps_per_call", "eval.divergence_every", "model.remat",
+              "sft.microbatch_size")
 # (`init_from` is read only at a run's start, never by a resume: the same base may be spelled another
 # way, relative or absolute, or moved with the workdirs.)
 # What every run's config.json holds.

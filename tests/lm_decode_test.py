@@ -34,7 +34,8 @@ TEMP = 1.3
 def _agent(family, lora=None):
   lora = dict(enabled=lora is not None, **(lora or {}))
   return lm_agent.from_config(ml_collections.ConfigDict(dict(
-      max_len=24, dtype="float32", checkpoint=str(FIXTURES / family), random_weights=False, lora=lora)))
+      max_len=24, dtype="float32", checkpoint=str(FIXTURES / family), random_weights=False, remat=False,
+      lora=lora)))
 
 
 def _canvas(layout, seed=0):

@@ -6,6 +6,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from sampling_test import CFG, _layout, _params, _prompts, _token_log_probs
 from train_test import tiny_config
 
@@ -63,3 +64,29 @@ def test_a_warm_start_in_calls_is_one_scan_and_resumes_where_it_stopped():
   assert counts and all((c == 8).all() for c in counts)
   initial = state.initial_state(experiment.build(tiny_config(**{"num_seeds": 2, "sft.steps": 0})))
   assert not np.allclose(whole.params["embed"]["embedding"][0], initial.params["embed"]["embedding"][0])
+
+
+def test_a_warm_start_in_microbatches_takes_the_same_steps():
+  # sft.microbatch_size passes 4 rows of the batch at a time and adds their gradients: the same steps to
+  # float rounding (the key's bias aside, as above).
+  whole, parts = (sft.run(exp, state.seed_keys(exp.config)) for exp in (
+      experiment.build(tiny_config(**{"sft.steps": 3, "sft.steps_per_call": 3, "sft.microbatch_size": size}))
+      for size in (0, 4)))
+  def same(path, a, b):
+    if "['key']['bias']" not in jax.tree_util.keystr(path):
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=jax.tree_util.keystr(path))
+  jax.tree_util.tree_map_with_path(same, whole.params, parts.params)
+
+
+def test_a_warm_start_that_does_not_fit_the_device_is_refused_naming_what_shrinks_it(monkeypatch):
+  exp = experiment.build(tiny_config(**{"sft.steps": 2, "sft.steps_per_call": 2, "sft.microbatch_size": 4}))
+  monkeypatch.setattr(sft.memory, "device_limit", lambda: 1 << 10)
+  with pytest.raises(sft.memory.DoesNotFit, match=r"the warm start needs .* lower config.sft.microbatch_size=4 "
+                     r"\(a step passes 4 rows at a time through the model\) or config.sft.batch_size=\d+"):
+    sft.run(exp, state.seed_keys(exp.config))
+
+
+def test_a_warm_start_microbatch_that_leaves_a_part_is_refused():
+  with pytest.raises(ValueError, match=r"config.sft.microbatch_size=3 does not divide the per-device warm-start "
+                     r"batch of \d+ rows"):
+    experiment.build(tiny_config(**{"sft.microbatch_size": 3}))

@@ -234,14 +234,15 @@ def _load_params(directory: str, max_len: int):
 
 
 def from_config(model_config, free_text: bool = False, key: str = "config.model") -> LMAgent:
-  """An `LMAgent` from `config.model` (`checkpoint`, `random_weights`, `max_len`, `dtype`, `lora`),
+  """An `LMAgent` from `config.model` (`checkpoint`, `random_weights`, `max_len`, `dtype`, `remat`, `lora`),
   over the whole vocabulary with `free_text`; every file and shape problem is an error naming
   `config.model.checkpoint` (`key`.checkpoint), before anything is compiled."""
   directory = model_config.checkpoint
   try:
     lm = lm_model.LMConfig.from_hf_config(lm_checkpoint.read_hf_config(directory),
                                           max_len=model_config.max_len,
-                                          dtype=model_lib.compute_dtype(model_config.dtype))
+                                          dtype=model_lib.compute_dtype(model_config.dtype),
+                                          remat=model_config.get("remat", False))
     tok = lm_tokenizer.load(directory)
     ids_V, num_writable = canvas_ids(tok, lm.vocab_size) if free_text else (symbol_ids(tok), 0)
     if not model_config.random_weights:

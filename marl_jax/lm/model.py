@@ -53,13 +53,15 @@ class LMConfig:
   qk_norm: bool  # Qwen3's RMSNorm of each query and key head before RoPE
   max_len: int  # canvas length used by `init_stack`; not a limit of the checkpoint
   dtype: Any = jnp.float32  # compute dtype
+  remat: bool = False  # whole-canvas passes recompute each layer's activations in the backward pass
 
   @property
   def model_type(self) -> str:
     return "qwen3" if self.qk_norm else "llama"
 
   @classmethod
-  def from_hf_config(cls, hf: dict, *, max_len: int = 256, dtype: Any = jnp.float32) -> "LMConfig":
+  def from_hf_config(cls, hf: dict, *, max_len: int = 256, dtype: Any = jnp.float32,
+                     remat: bool = False) -> "LMConfig":
     """From a Hugging Face `config.json` dict, in either the transformers-4 layout (`rope_theta`,
     `rope_scaling`) or the transformers-5 one (`rope_parameters` holding both)."""
     model_type = hf.get("model_type")
@@ -94,12 +96,12 @@ class LMConfig:
         rope_theta=float(hf.get("rope_theta") or rope.get("rope_theta") or 10000.0),
         rope_scaling=_rope_scaling(rope, hf.get("max_position_embeddings")),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        qk_norm=model_type == "qwen3", max_len=max_len, dtype=dtype)
+        qk_norm=model_type == "qwen3", max_len=max_len, dtype=dtype, remat=remat)
 
   def to_hf_config(self) -> dict:
     """The `config.json` dict that `from_hf_config` (and transformers) reads back as this config."""
     hf = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-          if f.name not in ("qk_norm", "max_len", "dtype", "rope_scaling")}
+          if f.name not in ("qk_norm", "max_len", "dtype", "remat", "rope_scaling")}
     if self.rope_scaling is not None:
       hf["rope_scaling"] = {"rope_type": "llama3", **dataclasses.asdict(self.rope_scaling)}
     architecture = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}[self.model_type]
@@ -282,7 +284,10 @@ class Decoder(nn.Module):
     mask_BxLxT = model_lib.visible_mask(positions_L, key_ok_BxT)
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype, name="embed_tokens")
     x_BxLxD = embed(tokens_BxL)
-    layers = nn.scan(Layer, variable_axes={"params": 0, "lora": 0}, variable_broadcast=LAYER_KERNELS,
+    # `remat` in whole-canvas passes (no cache; `start` static, as `attend` needs it): the backward pass
+    # recomputes each layer from its input, so only the layers' inputs are kept.
+    layer = model_lib.remat_layer(Layer, cfg.remat and cache is None, scanned=True)
+    layers = nn.scan(layer, variable_axes={"params": 0, "lora": 0}, variable_broadcast=LAYER_KERNELS,
                      split_rngs={"params": True}, in_axes=(nn.broadcast,) * 4, length=cfg.num_hidden_layers)
     (x_BxLxD, _), new_kv = layers(cfg, name=LAYERS)((x_BxLxD, jnp.int32(0)), start, positions_L,
                                                     mask_BxLxT, cache)
