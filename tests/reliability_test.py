@@ -55,16 +55,16 @@ train.make_train_call = signalled
 SIGTERM_IN_SECOND_WARM_START_CALL = """
 import os, signal, threading
 from marl_jax import sft
-programs, calls = sft._programs, []
-def signalled(exp, keys_S, *archived):
-  begin, chunk = programs(exp, keys_S, *archived)
+fitting, calls = sft._fitting, []
+def signalled(*args):
+  chunk = fitting(*args)  # the warm start's compiled call, checked against the device
   def second_call_signalled(progress, keys_S, *archived):
     calls.append(1)
     if len(calls) == 2:  # from another thread, so the signal lands while the main thread is in the call
       threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGTERM)).start()
     return chunk(progress, keys_S, *archived)
-  return begin, second_call_signalled
-sft._programs = signalled
+  return second_call_signalled
+sft._fitting = signalled
 """
 # Saving step 4 hangs just before orbax renames its finished temporary directory: the test kills
 # the process there with SIGKILL.

@@ -33,7 +33,7 @@ def _gradient_and_temporaries(model, params_R, tokens_BxT):
   return compiled(params_R), compiled.memory_analysis().temp_size_in_bytes
 
 
-@pytest.mark.parametrize("family", ["built_in", "qwen3"])
+@pytest.mark.parametrize("family", [pytest.param("built_in", marks=pytest.mark.slow), "qwen3"])
 def test_remat_keeps_the_gradient(family):
   """And for the language model, whose layers' activations are most of a pass's memory, keeps less (the
   built-in model's tiny layers are not: XLA:CPU plans the same bytes either way)."""

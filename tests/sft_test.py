@@ -66,6 +66,7 @@ def test_a_warm_start_in_calls_is_one_scan_and_resumes_where_it_stopped():
   assert not np.allclose(whole.params["embed"]["embedding"][0], initial.params["embed"]["embedding"][0])
 
 
+@pytest.mark.slow
 def test_a_warm_start_in_microbatches_takes_the_same_steps():
   # sft.microbatch_size passes 4 rows of the batch at a time and adds their gradients: the same steps to
   # float rounding (the key's bias aside, as above).

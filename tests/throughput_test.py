@@ -127,7 +127,8 @@ def test_a_row_that_does_not_fit_the_device_is_refused_before_its_state_is_made(
   assert line.endswith("more than the 1 MiB a program may use on this cpu device; lower "
                        "config.rl.microbatch_size=0 (the update passes 8 rows at a time through the model), "
                        "config.rl.rollout_batch_size=0 (the rollout samples 8 rows at a time), "
-                       "config.rl.batch_size=8 (from --batch_size=8, --microbatch_size=0)"), line
+                       "config.rl.batch_size=8, or set config.model.remat=True (the update recomputes "
+                       "activations) (from --batch_size=8, --microbatch_size=0)"), line
   assert "completions/s" in done.stdout and done.stdout.strip().splitlines()[-1].startswith("roles")  # no row
 
 
