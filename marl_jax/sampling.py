@@ -254,13 +254,12 @@ def scoring_passes(layout: Layout, group_V) -> tuple[np.ndarray, np.ndarray, np.
   return pass_V, visible_VxT[query_view_PxT], np.array([views[0] for views in passes])
 
 
-def author_readouts(layout: Layout) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def author_readouts(layout: Layout, pass_V) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
   """Where `token_log_probs` reads each written token's logits: the positions t a role wrote (t >= 1),
-  each predicted at t-1 through its author's view, whose scoring pass (`scoring_passes`) reads out
-  only the positions of its own authors' tokens.  Returns (targets_N, readout_PxM: each pass's
+  each predicted at t-1 through its author's view, whose scoring pass (`pass_V`, from `scoring_passes`)
+  reads out only the positions of its own authors' tokens.  Returns (targets_N, readout_PxM: each pass's
   positions, padded to the longest with its first, pass_N and slot_N: where target n's logits are),
   all static."""
-  pass_V = scoring_passes(layout, layout.view_set_V)[0]
   targets_N = np.flatnonzero(layout.author_T[1:] >= 0) + 1
   pass_N = pass_V[layout.author_view_T[targets_N]]
   reads_P = [targets_N[pass_N == p] - 1 for p in range(pass_V.max() + 1)]
@@ -283,7 +282,7 @@ def token_log_probs(cfg: model_lib.ModelConfig, layout: Layout, params_R, tokens
   of every position of every pass were most of the update's memory.
   """
   pass_V, visible_PxTxT, first_view_P = scoring_passes(layout, layout.view_set_V)
-  targets_N, readout_PxM, pass_N, slot_N = author_readouts(layout)
+  targets_N, readout_PxM, pass_N, slot_N = author_readouts(layout, pass_V)
   set_P = [layout.view_set_V[v] for v in first_view_P]
   valid_BxT = tokens_BxT != text.PAD
   key_ok_PxBxTxT = valid_BxT[None, :, None, :] & jnp.asarray(visible_PxTxT)[:, None]

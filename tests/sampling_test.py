@@ -96,7 +96,8 @@ def test_scoring_passes_merge_the_views_that_read_alike():
 
 
 def test_author_readouts_by_hand():
-  readouts = lambda layout: [x.tolist() for x in sampling.author_readouts(layout)]
+  readouts = lambda layout: [x.tolist() for x in sampling.author_readouts(
+      layout, sampling.scoring_passes(layout, layout.view_set_V)[0])]
   # One agent: the prompt at 0-4, its marker at 5, its answer at 6-7, predicted at 5 and 6.
   assert readouts(_layout("single", (0,))) == [[6, 7], [[5, 6]], [0, 0], [0, 1]]
   # Isolated solver and verifier (marker at 8, verdict at 9-11): a pass each, the solver's padded with
