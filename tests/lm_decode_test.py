@@ -31,6 +31,13 @@ B = 4
 TEMP = 1.3
 
 
+@pytest.fixture(autouse=True)
+def _cache_blocks_of_five(monkeypatch):
+  """Rollout caches in blocks of 5 positions, so that these canvases of 20-odd hold several (the
+  decode reads only the blocks written so far, `lm.model.attend`)."""
+  monkeypatch.setattr(lm_agent, "CPU_CACHE_BLOCK", 5)
+
+
 def _agent(family, lora=None):
   lora = dict(enabled=lora is not None, **(lora or {}))
   return lm_agent.from_config(ml_collections.ConfigDict(dict(
@@ -79,28 +86,50 @@ def test_greedy_decoding_in_a_mixed_team():
   _assert_greedy_is_the_whole_canvas_mode(team, jax.tree.map(jnp.asarray, team.pretrained_stack(2)))
 
 
-@pytest.mark.parametrize("family", ["qwen3", "llama"])
-def test_cache_after_a_message_equals_a_fresh_prefill(family):
+@pytest.mark.parametrize("family,block", [("qwen3", None), ("llama", None), ("qwen3", 5)])
+def test_cache_after_a_message_equals_a_fresh_prefill(family, block):
   cfg, params = lm_checkpoint.load(str(FIXTURES / family), max_len=16)
-  T, P = 12, 5
+  T, P = 12, 7  # with blocks of 5: the prompt ends inside the second block, the message fills the third
   tokens_BxT = jax.random.randint(jax.random.PRNGKey(1), (B, T), 0, cfg.vocab_size)
   key_ok_BxT = jnp.ones((B, T), bool).at[0, :2].set(False)  # a left-padded row
   apply = jax.jit(lm_model.apply, static_argnums=0)
-  _, cache = apply(cfg, params, tokens_BxT[:, :P], 0, key_ok_BxT, lm_model.empty_cache(cfg, B, T))
+  prefill = jax.jit(lm_model.apply, static_argnums=(0, 3))  # the prompt at a known position, as the sampler's
+  _, cache = prefill(cfg, params, tokens_BxT[:, :P], 0, key_ok_BxT, lm_model.empty_cache(cfg, B, T, block))
   for t in range(P, T):  # a message read one token at a time, as the sampler does
     _, cache = apply(cfg, params, tokens_BxT[:, t:t + 1], t, key_ok_BxT, cache)
-  _, fresh = apply(cfg, params, tokens_BxT, 0, key_ok_BxT, lm_model.empty_cache(cfg, B, T))
+  _, fresh = prefill(cfg, params, tokens_BxT, 0, key_ok_BxT, lm_model.empty_cache(cfg, B, T))
+  assert len(cache[0]) == (1 if block is None else 3)
   # Where a key may be read: a padding position's own query sees no key, so its later layers' keys
   # and values come from a softmax over nothing, and no query reads them.
   ok_BxT = np.asarray(key_ok_BxT)
-  readable = lambda layer: {"k": np.where(ok_BxT[:, None, None], layer["k"], 0),  # k_BxNxKxT
-                            "v": np.where(ok_BxT[:, None, :, None], layer["v"], 0)}  # v_BxNxTxK
-  chex.assert_trees_all_close([readable(layer) for layer in jax.device_get(cache)],
-                              [readable(layer) for layer in jax.device_get(fresh)], atol=1e-5, rtol=1e-5)
-  assert all(np.abs(layer["k"]).min(-2).all() for layer in jax.device_get(cache))  # every position written
+  readable = lambda blocks: {"k": np.where(ok_BxT[:, None, None], np.concatenate([b["k"] for b in blocks], -1), 0),
+                             "v": np.where(ok_BxT[:, None, :, None], np.concatenate([b["v"] for b in blocks], 2), 0)}
+  cache, fresh = [readable(layer) for layer in jax.device_get(cache)], [readable(layer) for layer in jax.device_get(fresh)]
+  chex.assert_trees_all_close(cache, fresh, atol=1e-5, rtol=1e-5)
+  assert all(np.abs(layer["k"][1:]).min(-2).all() for layer in cache)  # every readable position written
 
 
-def test_decode_loop_memory_does_not_grow_with_the_cache():
+def test_a_decode_step_reads_only_the_blocks_written_so_far():
+  # Blocks past the step's position hold NaN: weighed at all, even with weight 0, they would make the
+  # logits NaN.  The step at the same position reads the same with a whole-canvas cache of one block.
+  cfg, params = lm_checkpoint.load(str(FIXTURES / "qwen3"), max_len=16)
+  T, P = 15, 7
+  tokens_BxT = jax.random.randint(jax.random.PRNGKey(1), (B, T), 0, cfg.vocab_size)
+  key_ok_BxT = jnp.ones((B, T), bool)
+  prefill = jax.jit(lm_model.apply, static_argnums=(0, 3))
+  step = jax.jit(lambda params, cache, t: lm_model.apply(cfg, params, tokens_BxT[:, P:P + 1], t, key_ok_BxT, cache)[0])
+  logits = {}
+  for block in (None, 5):
+    _, cache = prefill(cfg, params, tokens_BxT[:, :P], 0, key_ok_BxT, lm_model.empty_cache(cfg, B, T, block))
+    poisoned = [[b if offset < P else jax.tree.map(lambda x: jnp.full_like(x, jnp.nan), b)
+                 for offset, b in zip(lm_model.block_offsets(layer), layer)] for layer in cache]
+    logits[block] = step(params, cache if block is None else poisoned, P)
+  assert np.isfinite(logits[5]).all()
+  np.testing.assert_allclose(logits[5], logits[None], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("block", [None, 64])
+def test_decode_loop_memory_does_not_grow_with_the_cache(block):
   """A loop of decode steps over a donated cache (the message loop's carry) writes it in place: its
   temporary memory at an 8x longer canvas grows by a small fraction of the cache's growth (the
   layer scan handing out a new stacked cache copied all of it every token: at least 1x)."""
@@ -114,7 +143,7 @@ def test_decode_loop_memory_does_not_grow_with_the_cache():
     return jax.lax.fori_loop(1, tokens_BxT.shape[1], step, cache)
 
   def memory(T):
-    cache = jax.eval_shape(lambda: lm_model.empty_cache(cfg, 8, T))
+    cache = jax.eval_shape(lambda: lm_model.empty_cache(cfg, 8, T, block))
     compiled = jax.jit(decode, donate_argnums=1).lower(
         params, cache, jax.ShapeDtypeStruct((8, T), jnp.int32), jax.ShapeDtypeStruct((8, T), bool)).compile()
     stats = compiled.memory_analysis()

@@ -24,6 +24,7 @@ LAYERS = "layers"
 # buffer per layer, in this collection.
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 LAYER_KERNELS = "layer_kernels"
+POSITION_AXIS = {"k": 3, "v": 2}  # the canvas positions' axis in a cache block's k_BxNxKxS and v_BxNxSxK
 MODEL_TYPES = ("llama", "qwen3")  # the HF `model_type`s this architecture covers
 ROPE_TYPES = ("default", "llama3")
 
@@ -156,43 +157,60 @@ def attend(q_BxLxHxK, k_BxLxNxK, v_BxLxNxK, mask_BxLxT, start, layer_cache, dtyp
   grouped in the einsums (q_BxLxNxGxK), so keys and values are never repeated to every head.
 
   Without `layer_cache` the L queries read the L new keys (`mask_BxLxT` over them, T = L).  With it
-  (one layer's cache, `empty_cache`) they read the cached positions before `start` and the new keys
-  at start..start+L-1 (`mask_BxLxT` over the canvas): one softmax over both, so nothing has to be
-  written before it is read, and the cache is only read here (`Decoder` writes it once).  A `start`
-  known when tracing (a prefill chunk's) reads only the S = start positions before it; a traced one
-  (a decode step's) reads the whole canvas, the positions from `start` on masked."""
+  (one layer's cache: its blocks of canvas positions, `empty_cache`) they read the cached positions
+  before `start` and the new keys at start..start+L-1 (`mask_BxLxT` over the canvas): one softmax over
+  both, so nothing has to be written before it is read, and the cache is only read here (`Decoder`
+  writes it once).  A `start` known when tracing (a prefill chunk's) reads only the positions before
+  it; a traced one (a decode step's) reads each block that holds a position before it, and skips the
+  rest through a `lax.cond` when the canvas has several blocks: a token costs the keys written so far,
+  not the whole canvas's."""
   B, L, H, K = q_BxLxHxK.shape
   N = k_BxLxNxK.shape[2]
   q_BxLxNxGxK = q_BxLxHxK.reshape(B, L, N, H // N, K)
-  # (scores, their mask, the values they weigh, the einsum that weighs them), one part per key source.
-  new_mask_BxLxL = mask_BxLxT
+  # Keys are cached [B, N, K, T] (positions minor): XLA:CPU ran this product 30x faster than with the
+  # positions major, [B, N, T, K], at a 384-position canvas.
+  read_scores = lambda k_BxNxKxS: jnp.einsum("blngk,bnks->bnlgs", q_BxLxNxGxK, k_BxNxKxS)
+  read_values = lambda v_BxNxSxK: lambda w: jnp.einsum("bnlgs,bnsk->bnlgk", w, v_BxNxSxK)
+  # One part per key source: (scores, their mask, the product of their weights with the values).
   parts = []
+  new_mask_BxLxL = mask_BxLxT
   if layer_cache is not None:
-    T = mask_BxLxT.shape[-1]
-    if isinstance(start, (int, np.integer)):
-      k_BxNxKxS, v_BxNxSxK = layer_cache["k"][..., :start], layer_cache["v"][:, :, :start]
-      mask_BxLxS, new_mask_BxLxL = mask_BxLxT[..., :start], mask_BxLxT[..., start:start + L]
-    else:
-      k_BxNxKxS, v_BxNxSxK = layer_cache["k"], layer_cache["v"]
-      mask_BxLxS = mask_BxLxT & (jnp.arange(T) < start)
-      new_mask_BxLxL = jax.lax.dynamic_slice_in_dim(mask_BxLxT, start, L, 2)
-    if mask_BxLxS.shape[-1]:
-      # Keys are cached [B, N, K, T] (positions minor): XLA:CPU ran this product 30x faster than with
-      # the positions major, [B, N, T, K], at a 384-position canvas.
-      parts.append((jnp.einsum("blngk,bnks->bnlgs", q_BxLxNxGxK, k_BxNxKxS), mask_BxLxS, v_BxNxSxK,
-                    "bnlgs,bnsk->bnlgk"))
-  parts.append((jnp.einsum("blngk,bmnk->bnlgm", q_BxLxNxGxK, k_BxLxNxK), new_mask_BxLxL, v_BxLxNxK,
-                "bnlgm,bmnk->bnlgk"))
+    static = isinstance(start, (int, np.integer))
+    skips = not static and len(layer_cache) > 1
+    for offset, block in zip(block_offsets(layer_cache), layer_cache):
+      k_BxNxKxS, v_BxNxSxK = block["k"], block["v"]
+      S = v_BxNxSxK.shape[POSITION_AXIS["v"]]
+      mask_BxLxS = mask_BxLxT[..., offset:offset + S]
+      if static:
+        S = min(S, start - offset)
+        if S <= 0:
+          break
+        k_BxNxKxS, v_BxNxSxK, mask_BxLxS = k_BxNxKxS[..., :S], v_BxNxSxK[:, :, :S], mask_BxLxS[..., :S]
+        parts.append((read_scores(k_BxNxKxS), mask_BxLxS, read_values(v_BxNxSxK)))
+        continue
+      mask_BxLxS = mask_BxLxS & (offset + jnp.arange(S) < start)
+      if not skips:
+        parts.append((read_scores(k_BxNxKxS), mask_BxLxS, read_values(v_BxNxSxK)))
+        continue
+      # A block that holds no position before `start` is neither read nor weighed.
+      read = offset < start
+      skip = lambda shape: lambda *_: jnp.zeros(shape, q_BxLxNxGxK.dtype)
+      parts.append((jax.lax.cond(read, read_scores, skip((B, N, L, H // N, S)), k_BxNxKxS), mask_BxLxS,
+                    functools.partial(jax.lax.cond, read, read_values(v_BxNxSxK), skip((B, N, L, H // N, K)))))
+    new_mask_BxLxL = (mask_BxLxT[..., start:start + L] if static
+                      else jax.lax.dynamic_slice_in_dim(mask_BxLxT, start, L, 2))
+  parts.append((jnp.einsum("blngk,bmnk->bnlgm", q_BxLxNxGxK, k_BxLxNxK), new_mask_BxLxL,
+                lambda w: jnp.einsum("bnlgm,bmnk->bnlgk", w, v_BxLxNxK)))
   scale = np.sqrt(K).astype(np.float32)
   att_BxNxLxGxS = jnp.concatenate(
-      [jnp.where(m_BxLxS[:, None, :, None], s.astype(jnp.float32) / scale, -1e9) for s, m_BxLxS, _, _ in parts],
+      [jnp.where(m_BxLxS[:, None, :, None], s.astype(jnp.float32) / scale, -1e9) for s, m_BxLxS, _ in parts],
       -1)
   att_BxNxLxGxS = jax.nn.softmax(att_BxNxLxGxS, axis=-1).astype(dtype)
-  widths = [m_BxLxS.shape[-1] for _, m_BxLxS, _, _ in parts]
+  widths = [m_BxLxS.shape[-1] for _, m_BxLxS, _ in parts]
   weights = jnp.split(att_BxNxLxGxS, np.cumsum(widths)[:-1], axis=-1)
+  o_BxNxLxGxK = sum(weigh(w) for w, (_, _, weigh) in zip(weights, parts))
   # Heads before positions in the product's output: XLA:CPU computed [B, L, N, G, K] directly as a
   # slower transposed product (12x at a 384-position canvas), so the small result is transposed after.
-  o_BxNxLxGxK = sum(jnp.einsum(spec, w, values) for w, (_, _, values, spec) in zip(weights, parts))
   return jnp.transpose(o_BxNxLxGxK, (0, 2, 1, 3, 4)).reshape(B, L, H, K)
 
 
@@ -304,21 +322,53 @@ class Decoder(nn.Module):
     return logits_BxLxV.astype(jnp.float32), cache
 
 
-def empty_cache(cfg: LMConfig, batch: int, length: int):
-  """Keys and values of every layer, each layer's its own buffers (a list): k_BxNxKxT, keys rotated
-  and with the canvas positions minor (the layout the decode step's q.k reads fastest), and
-  v_BxNxTxK."""
-  B, N, K, T = batch, cfg.num_key_value_heads, cfg.head_dim, length
-  return [{"k": jnp.zeros((B, N, K, T), cfg.dtype), "v": jnp.zeros((B, N, T, K), cfg.dtype)}
+def empty_cache(cfg: LMConfig, batch: int, length: int, block: int | None = None):
+  """Keys and values of every layer (a list), each layer's its own buffers, in blocks of `block`
+  canvas positions (the last block shorter; one block of the whole canvas without `block`): a list of
+  {"k": k_BxNxKxS, "v": v_BxNxSxK} per layer, keys rotated and with the positions minor (the layout
+  the decode step's q.k reads fastest).  A decode step reads only the blocks written so far (`attend`);
+  each block is its own buffer because reading part of one buffer copies that part first (XLA:CPU)."""
+  B, N, K = batch, cfg.num_key_value_heads, cfg.head_dim
+  widths = np.diff(np.r_[np.arange(0, length, block or length), length])
+  return [[{"k": jnp.zeros((B, N, K, S), cfg.dtype), "v": jnp.zeros((B, N, S, K), cfg.dtype)} for S in widths]
           for _ in range(cfg.num_hidden_layers)]
 
 
+def block_offsets(layer_cache) -> np.ndarray:
+  """The canvas position where each block of one layer's cache starts."""
+  return np.cumsum([0] + [block["v"].shape[POSITION_AXIS["v"]] for block in layer_cache[:-1]])
+
+
 def write_cache(layer_cache, start, k_BxLxNxK, v_BxLxNxK):
-  """One layer's cache with the L new keys and values written at canvas positions start.."""
-  k_BxNxKxL = jnp.transpose(k_BxLxNxK, (0, 2, 3, 1)).astype(layer_cache["k"].dtype)
-  v_BxNxLxK = jnp.transpose(v_BxLxNxK, (0, 2, 1, 3)).astype(layer_cache["v"].dtype)
-  return {"k": jax.lax.dynamic_update_slice(layer_cache["k"], k_BxNxKxL, (0, 0, 0, start)),
-          "v": jax.lax.dynamic_update_slice(layer_cache["v"], v_BxNxLxK, (0, 0, start, 0))}
+  """One layer's cache with the L new keys and values written at canvas positions start.., each into
+  the block that holds it.  A traced `start` (a decode step's, L = 1) writes every block, at the
+  block's own position where it holds `start` and elsewhere the value it already had: in place, where a
+  `lax.switch` choosing the block copied the whole cache every token."""
+  L = k_BxLxNxK.shape[1]
+  new = {"k": jnp.transpose(k_BxLxNxK, (0, 2, 3, 1)), "v": jnp.transpose(v_BxLxNxK, (0, 2, 1, 3))}
+  static = isinstance(start, (int, np.integer))
+  if not static and L > 1 and len(layer_cache) > 1:
+    raise ValueError(f"a cache of {len(layer_cache)} blocks takes one token at a traced position, not {L}")
+
+  def write(offset, block):
+    S = block["v"].shape[POSITION_AXIS["v"]]
+    if static:
+      lo, hi = max(start, offset), min(start + L, offset + S)
+      if lo >= hi:
+        return block
+      part = {n: jax.lax.slice_in_dim(x, lo - start, hi - start, axis=POSITION_AXIS[n]) for n, x in new.items()}
+      at = lo - offset
+    elif len(layer_cache) == 1:
+      part, at = new, start
+    else:
+      at = jnp.clip(start - offset, 0, S - 1)
+      holds = (offset <= start) & (start < offset + S)
+      part = {n: jnp.where(holds, x, jax.lax.dynamic_slice_in_dim(block[n], at, 1, POSITION_AXIS[n]))
+              for n, x in new.items()}
+    return {n: jax.lax.dynamic_update_slice_in_dim(x, part[n].astype(x.dtype), at, POSITION_AXIS[n])
+            for n, x in block.items()}
+
+  return [write(offset, block) for offset, block in zip(block_offsets(layer_cache), layer_cache)]
 
 
 def init_stack(cfg: LMConfig, key, n_sets: int):
@@ -361,7 +411,8 @@ def apply(cfg: LMConfig, params, tokens_BxL, start, key_ok_BxT, cache=None, adap
 
 def flops_per_token(cfg: LMConfig, context_len: int) -> int:
   """Forward FLOPs of one token (a multiply-add is 2): projections, MLP and unembedding, and attention
-  over `context_len` keys (the whole canvas: the mask hides keys, it does not skip them)."""
+  over `context_len` keys (a whole-canvas pass reads the whole canvas: the mask hides keys, it does not
+  skip them; a decode step on CPU reads the blocks of its cache written so far, `attend`)."""
   D, q_width = cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim
   kv_width = cfg.num_key_value_heads * cfg.head_dim
   per_layer = 2 * D * q_width + 2 * D * kv_width + 3 * D * cfg.intermediate_size
