@@ -6,6 +6,9 @@
 #               first evaluation and three train steps, with its peak memory.  At most 7.5 minutes.
 #   lm_sv       the same job with protocol=solver_verifier, the largest that size=gpu fits on 80 GB.
 #               At most 4 minutes.
+#   lm_blocks   whether a KV cache in blocks pays on the GPU (on CPU it does): lm.bench's step rows at a
+#               384-position canvas with the cache in one block (the GPU's default) and in blocks of 64.
+#               At most 2.5 minutes.
 #   smoke       every experiment's size=gpu config (and the quickstart job) run briefly, all at once.
 #               At most 4 minutes.
 #   throughput  the throughput rows of the relay job, of wider agents and of Qwen3-0.6B-shaped agents,
@@ -21,7 +24,8 @@ OUT=${1:-/tmp/gpu_checks}
 shift $(($# > 0 ? 1 : 0))
 PARTS=("${@:-lm smoke throughput}")
 for part in ${PARTS[@]}; do  # a bad part is refused before anything runs
-  case $part in lm|lm_sv|smoke|throughput) ;; *) echo "unknown part $part; allowed: lm lm_sv smoke throughput"; exit 2 ;; esac
+  case $part in lm|lm_sv|lm_blocks|smoke|throughput) ;; *)
+    echo "unknown part $part; allowed: lm lm_sv lm_blocks smoke throughput"; exit 2 ;; esac
 done
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -82,6 +86,15 @@ part_lm() {
 part_lm_sv() {
   echo "== the word-problem job, size=gpu, solver_verifier"
   word_problems wp_solver_verifier 230 solver_verifier
+}
+part_lm_blocks() {
+  for block in 384 64; do
+    echo "== lm.bench step rows, Qwen3-0.6B's shapes, bfloat16, batch 32, KV cache in blocks of $block"
+    timeout -k 10 70 $PY -m marl_jax.lm.bench --shapes=qwen3-0.6b --batch=32 --prompt=7 --answer=376 \
+        --dtype=bfloat16 --rows step --repeats=5 --cache_block=$block > "$OUT/lm_blocks_$block.log" 2>&1
+    echo "lm.bench rc=$?"
+    grep -E "^\| step|costs" "$OUT/lm_blocks_$block.log"
+  done
 }
 part_smoke() {
   SHORT=(--config.total_steps=30 --config.eval_every=30 --config.checkpoint_every=30 --config.log_every=10

@@ -41,7 +41,8 @@ def test_work_counts_by_hand():
     (["--checkpoint", QWEN3, "--random_weights", "--batch=6", "--microbatch=4"],
      "--microbatch=4 does not divide --batch=6; allowed: its divisors"),
     (["--shapes=qwen3-7b"], "argument --shapes: invalid choice: 'qwen3-7b' (choose from 'qwen3-0.6b')"),
-], ids=["peer", "length", "microbatch", "shapes"])
+    (["--checkpoint", QWEN3, "--random_weights", "--cache_block=0"], "--cache_block=0; allowed: an integer >= 1"),
+], ids=["peer", "length", "microbatch", "shapes", "cache_block"])
 def test_a_bad_flag_is_refused_naming_it_and_what_is_allowed(flags, message, capsys):
   with pytest.raises(SystemExit) as exit_info:
     bench.main(flags)
@@ -62,13 +63,14 @@ def test_named_shapes_are_the_fixture_at_qwen3_0_6b_sizes(tmp_path):
 def test_the_tiny_run_prints_every_row(tmp_path, capsys):
   out = tmp_path / "rows.json"
   bench.main([f"--checkpoint={QWEN3}", "--random_weights", "--batch=2", "--prompt=8", "--answer=4", "--microbatch=1",
-              "--repeats=1", f"--out={out}", "--rows", *bench.ROWS])
+              "--repeats=1", "--cache_block=4", f"--out={out}", "--rows", *bench.ROWS])
   lines = capsys.readouterr().out.splitlines()
   assert [line.split(" | ")[0] for line in lines if line.startswith("| ") and "---" not in line] == [
       "| row", "| prefill", "| decode", "| update", "| step_first", "| step_last"]
   assert lines[-1].startswith("One token at the canvas's last position costs ")
   written = json.loads(out.read_text())
   rows, header = written["rows"], written["header"]
+  assert header["cache_block"] == 4  # the canvas's 13 positions in 4 blocks
   assert [r["row"] for r in rows] == ["prefill", "decode", "update", "step_first", "step_last"]
   assert rows[0]["tokens"] == 2 * (8 + 1) and rows[2]["tokens"] == 2 * (8 + 1 + 4)
   assert 0 < rows[1]["tokens"] <= 2 * 3  # fewer only where a row wrote its end of turn

@@ -130,6 +130,8 @@ class LMAgent(model_lib.SetStack):
   canvas_ids_V: tuple[int, ...]  # the tokenizer id of each canvas value: symbols (then free text)
   lora: lora_lib.LoRAConfig | None = None
   num_writable: int = 0  # free text: canvas values past this are special tokens no policy writes
+  # Canvas positions per block of a rollout's KV cache (`empty_cache`); None: the backend's default.
+  cache_block: int | None = None
 
   @property
   def max_len(self) -> int:
@@ -168,10 +170,11 @@ class LMAgent(model_lib.SetStack):
     return jnp.dot(x_BxLxD.astype(dtype), unembed_DxW[:, ids_V].astype(dtype)).astype(jnp.float32), cache
 
   def empty_cache(self, batch: int, length: int):
-    """On CPU in blocks of `CPU_CACHE_BLOCK` positions, so a decode step reads the keys written so far
-    rather than the whole canvas's (`lm.model.attend`); elsewhere one block, as each block's
-    `lax.cond` may make a GPU wait on its predicate (not measured there)."""
-    block = CPU_CACHE_BLOCK if jax.default_backend() == "cpu" else None
+    """In blocks of `cache_block` positions, by default `CPU_CACHE_BLOCK` on CPU, so that a decode step
+    reads the keys written so far rather than the whole canvas's (`lm.model.attend`), and one block
+    elsewhere: each block's `lax.cond` may make a GPU wait on its predicate (not measured there;
+    `python -m marl_jax.lm.bench --cache_block` measures it)."""
+    block = self.cache_block or (CPU_CACHE_BLOCK if jax.default_backend() == "cpu" else None)
     return lm_model.empty_cache(self.lm, batch, length, block)
 
   def rollout_params(self, params):

@@ -124,11 +124,11 @@ class Setup:
 
 
 def make_setup(checkpoint: str, random_weights: bool, batch: int, prompt: int, answer: int, microbatch: int,
-               dtype: str) -> Setup:
+               dtype: str, cache_block: int | None = None) -> Setup:
   """Every flag checked and every static piece built, before anything compiles; a bad value is a
   ValueError naming its flag and what is allowed."""
   for flag, value, low in (("batch", batch, 1), ("prompt", prompt, 1), ("answer", answer, 2),
-                           ("microbatch", microbatch, 1)):
+                           ("microbatch", microbatch, 1), ("cache_block", 1 if cache_block is None else cache_block, 1)):
     if value < low:
       raise ValueError(f"--{flag}={value}; allowed: an integer >= {low}")
   if batch % microbatch:
@@ -151,7 +151,7 @@ def make_setup(checkpoint: str, random_weights: bool, batch: int, prompt: int, a
   configs.fit_canvas(c)  # the default task's canvas too, which the experiment is built on
   try:
     exp = experiment.build(c)  # the trainer's loss, optimiser and mesh, on the default task's canvas
-    model = lm_agent.from_config(c.model, free_text=True)
+    model = dataclasses.replace(lm_agent.from_config(c.model, free_text=True), cache_block=cache_block)
   except ValueError as e:  # names config.model.* keys, which the flags set
     raise ValueError(f"{e} (from --checkpoint, --random_weights, --dtype)") from e
   task = Canvas(prompt=prompt, answer=answer)
@@ -385,7 +385,8 @@ def table(rows: list[dict], header: dict) -> str:
   """The rows as one markdown table, with the bounds above it."""
   peer = any("peer_tokens_per_s" in row for row in rows)
   lines = [f"{header['model']}, batch {header['batch']}, prompt {header['prompt']}, answer {header['answer']}, "
-           f"{header['dtype']}, {header['device']}, huge pages {'on' if header['huge_pages'] else 'off'}; "
+           f"{header['dtype']}, {header['device']}, huge pages {'on' if header['huge_pages'] else 'off'}, "
+           f"KV cache in blocks of {header['cache_block']} positions; "
            f"matmul bound {header['matmul_flops_per_s'] / 1e9:.0f} GFLOP/s "
            f"({', '.join(f'{x / 1e9:.0f}' for x in header['matmul_readings'])}), copy "
            f"{header['copy_bytes_per_s'] / 1e9:.1f} GB/s "
@@ -440,8 +441,14 @@ def measure(setup: Setup, rows: tuple[str, ...], random_weights: bool, microbatc
             "huge_pages": throughput.huge_pages(), "matmul_flops_per_s": matmul,
             "matmul_readings": matmul_readings, "copy_bytes_per_s": copy, "copy_readings": copy_readings,
             "params": weight_count, "microbatch": microbatch, "repeats": repeats, "peer": peer,
-            "backend": jax.default_backend()}
+            "backend": jax.default_backend(), "cache_block": cache_block_width(setup)}
   return table_rows, header
+
+
+def cache_block_width(setup: Setup) -> int:
+  """Canvas positions in the first block of the rollout's KV cache (`LMAgent.empty_cache`)."""
+  layer_cache = jax.eval_shape(lambda: setup.exp.model.empty_cache(1, setup.exp.layout.length))[0]
+  return layer_cache[0]["v"].shape[lm_model.POSITION_AXIS["v"]]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -460,6 +467,9 @@ def parser() -> argparse.ArgumentParser:
                  "update (config.rl.microbatch_size); must divide --batch")
   p.add_argument("--dtype", default="float32", choices=("auto", "float32", "bfloat16"),
                  help="compute dtype (config.model.dtype)")
+  p.add_argument("--cache_block", type=int, help="canvas positions per block of the rollout's KV cache "
+                 "(a decode step reads the blocks written so far); default: the agent's, "
+                 f"{lm_agent.CPU_CACHE_BLOCK} on CPU, the whole canvas elsewhere")
   p.add_argument("--repeats", type=int, default=3, help="timed calls per row; each row is their median")
   p.add_argument("--rows", nargs="+", choices=ROWS, default=["prefill", "decode", "update"],
                  help="the rows to time (decode times the prefill's generation too; step: one decode token at "
@@ -483,7 +493,7 @@ def main(argv=None) -> None:
     try:
       checkpoint = write_shapes(args.shapes, scratch) if args.shapes else args.checkpoint
       setup = make_setup(checkpoint, args.random_weights or bool(args.shapes), args.batch, args.prompt,
-                         args.answer, args.microbatch, args.dtype)
+                         args.answer, args.microbatch, args.dtype, args.cache_block)
       rows, header = measure(setup, tuple(args.rows), args.random_weights or bool(args.shapes), args.microbatch,
                              args.repeats, args.peer)
     finally:
