@@ -109,7 +109,10 @@ class ModelConfig(SetStack):
     # compiled, so its float rounding is unchanged (a 96-symbol unembedding costs little).
     return read_out(logits_BxLxV, readout_M), cache
 
-  def empty_cache(self, batch: int, length: int):
+  def empty_cache(self, batch: int, length: int, visible_T=None):
+    """One buffer per layer over the whole canvas (`visible_T`, the positions the view may read, is
+    for models whose caches keep only those)."""
+    del visible_T
     shape = (batch, length, self.n_heads, self.d_model // self.n_heads)
     return [{"k": jnp.zeros(shape, self.dtype), "v": jnp.zeros(shape, self.dtype)}
             for _ in range(self.n_layers)]
@@ -324,8 +327,10 @@ def apply(model, params, tokens_BxL, start, key_ok_BxT, cache=None, readout_M=No
   return model.apply(params, tokens_BxL, start, key_ok_BxT, cache, readout_M=readout_M)
 
 
-def empty_cache(model, batch: int, length: int):
-  return model.empty_cache(batch, length)
+def empty_cache(model, batch: int, length: int, visible_T=None):
+  """The KV cache of `batch` rows over a canvas of `length`, for a view that reads the positions
+  `visible_T` (static; None: all)."""
+  return model.empty_cache(batch, length, visible_T)
 
 
 def init_stack(model, key, n_sets: int):

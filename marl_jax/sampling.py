@@ -171,7 +171,8 @@ def generate(cfg: model_lib.ModelConfig, layout: Layout, params_R, canvas_BxT, f
   done_B = jnp.zeros(B, bool)
   # A view's set may belong to any model group of a mixed team: its cache and calls are that model's.
   model_V = view_models(cfg, layout)
-  cache_V = [model_lib.empty_cache(model, B, T) for model in model_V]
+  # Each view's cache holds only what it may read (where its model keeps blocks of the canvas).
+  cache_V = [model_lib.empty_cache(model, B, T, layout.visible_VxT[v]) for v, model in enumerate(model_V)]
   # Each parameter set as a rollout reads it, made once for every turn of every view that reads it.
   params_S = {s: model_lib.rollout_params(model, model_lib.take_sets(cfg, params_R, s))
               for s, model in dict(zip(layout.view_set_V, model_V)).items()}

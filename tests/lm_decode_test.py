@@ -50,12 +50,12 @@ def _canvas(layout, seed=0):
   return engine.assemble(layout, prompts, [None] * len(layout.turn_slices))
 
 
-def _assert_greedy_is_the_whole_canvas_mode(model, params_R):
-  canvas_BxT = _canvas(LAYOUT)
-  generate = jax.jit(lambda p: sampling.generate(model, LAYOUT, p, canvas_BxT, jnp.zeros(canvas_BxT.shape, bool),
+def _assert_greedy_is_the_whole_canvas_mode(model, params_R, layout=LAYOUT):
+  canvas_BxT = _canvas(layout)
+  generate = jax.jit(lambda p: sampling.generate(model, layout, p, canvas_BxT, jnp.zeros(canvas_BxT.shape, bool),
                                                  jax.random.split(jax.random.PRNGKey(0), B), TEMP, True))
   tokens_BxT, logp_BxT, sampled_BxT = map(np.asarray, generate(params_R))
-  logp_BxTxV = whole_canvas_policy(model, LAYOUT, params_R, jnp.asarray(tokens_BxT), TEMP)
+  logp_BxTxV = whole_canvas_policy(model, layout, params_R, jnp.asarray(tokens_BxT), TEMP)
   rows, positions = np.nonzero(sampled_BxT)
   assert len(set(positions)) >= 4, tokens_BxT  # several positions of several messages decoded
   np.testing.assert_array_equal(tokens_BxT[rows, positions], logp_BxTxV[rows, positions].argmax(-1))
@@ -67,6 +67,26 @@ def _assert_greedy_is_the_whole_canvas_mode(model, params_R):
 def test_greedy_decoding_is_the_whole_canvas_forward_pass(family):
   agent = _agent(family)
   _assert_greedy_is_the_whole_canvas_mode(agent, jax.tree.map(jnp.asarray, agent.pretrained_stack(2)))
+
+
+def test_greedy_decoding_where_views_hold_only_the_blocks_they_see():
+  # Three voters who do not read each other's ballots: each voter's cache leaves out the blocks that
+  # hold only another voter's message.
+  layout = protocols.make("vote", TASK).layout(TASK, (0, 1, 1))
+  agent = _agent("qwen3")
+  blocks_V = [len(agent.empty_cache(1, layout.length, visible_T)[0]) for visible_T in layout.visible_VxT]
+  assert min(blocks_V) < -(-layout.length // 5), blocks_V
+  _assert_greedy_is_the_whole_canvas_mode(agent, jax.tree.map(jnp.asarray, agent.pretrained_stack(2)), layout)
+
+
+def test_a_views_cache_holds_the_blocks_of_the_positions_it_sees():
+  cfg = lm_model.LMConfig.from_hf_config(lm_checkpoint.read_hf_config(str(FIXTURES / "llama")))
+  visible_T = np.zeros(12, bool)
+  visible_T[[0, 1, 2, 11]] = True  # blocks of 5: [0, 5) and [10, 12) hold one; [5, 10) none
+  cache = lm_model.empty_cache(cfg, 2, 12, 5, visible_T)
+  assert [{o: b["v"].shape[2] for o, b in layer.items()} for layer in cache] == [{0: 5, 10: 2}] * cfg.num_hidden_layers
+  assert [list(layer) for layer in lm_model.empty_cache(cfg, 2, 12, 5)] == [[0, 5, 10]] * cfg.num_hidden_layers
+  assert [list(layer) for layer in lm_model.empty_cache(cfg, 2, 12, None, visible_T)] == [[0]] * cfg.num_hidden_layers
 
 
 def test_greedy_decoding_with_lora():
@@ -102,8 +122,9 @@ def test_cache_after_a_message_equals_a_fresh_prefill(family, block):
   # Where a key may be read: a padding position's own query sees no key, so its later layers' keys
   # and values come from a softmax over nothing, and no query reads them.
   ok_BxT = np.asarray(key_ok_BxT)
-  readable = lambda blocks: {"k": np.where(ok_BxT[:, None, None], np.concatenate([b["k"] for b in blocks], -1), 0),
-                             "v": np.where(ok_BxT[:, None, :, None], np.concatenate([b["v"] for b in blocks], 2), 0)}
+  joined = lambda blocks, n: np.concatenate([blocks[o][n] for o in sorted(blocks)], lm_model.POSITION_AXIS[n])
+  readable = lambda blocks: {"k": np.where(ok_BxT[:, None, None], joined(blocks, "k"), 0),
+                             "v": np.where(ok_BxT[:, None, :, None], joined(blocks, "v"), 0)}
   cache, fresh = [readable(layer) for layer in jax.device_get(cache)], [readable(layer) for layer in jax.device_get(fresh)]
   chex.assert_trees_all_close(cache, fresh, atol=1e-5, rtol=1e-5)
   assert all(np.abs(layer["k"][1:]).min(-2).all() for layer in cache)  # every readable position written
@@ -121,8 +142,8 @@ def test_a_decode_step_reads_only_the_blocks_written_so_far():
   logits = {}
   for block in (None, 5):
     _, cache = prefill(cfg, params, tokens_BxT[:, :P], 0, key_ok_BxT, lm_model.empty_cache(cfg, B, T, block))
-    poisoned = [[b if offset < P else jax.tree.map(lambda x: jnp.full_like(x, jnp.nan), b)
-                 for offset, b in zip(lm_model.block_offsets(layer), layer)] for layer in cache]
+    poisoned = [{offset: b if offset < P else jax.tree.map(lambda x: jnp.full_like(x, jnp.nan), b)
+                 for offset, b in layer.items()} for layer in cache]
     logits[block] = step(params, cache if block is None else poisoned, P)
   assert np.isfinite(logits[5]).all()
   np.testing.assert_allclose(logits[5], logits[None], atol=1e-5, rtol=1e-5)

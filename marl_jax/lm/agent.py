@@ -169,13 +169,14 @@ class LMAgent(model_lib.SetStack):
     # Only the symbols' rows: gathering 96 rows is cheaper than the whole unembedding.
     return jnp.dot(x_BxLxD.astype(dtype), unembed_DxW[:, ids_V].astype(dtype)).astype(jnp.float32), cache
 
-  def empty_cache(self, batch: int, length: int):
+  def empty_cache(self, batch: int, length: int, visible_T=None):
     """In blocks of `cache_block` positions, by default `CPU_CACHE_BLOCK` on CPU, so that a decode step
     reads the keys written so far rather than the whole canvas's (`lm.model.attend`), and one block
     elsewhere: each block's `lax.cond` may make a GPU wait on its predicate (not measured there;
-    `python -m marl_jax.lm.bench --cache_block` measures it)."""
+    `python -m marl_jax.lm.bench --cache_block` measures it).  Only the blocks holding a position of
+    `visible_T` (the view's) are kept."""
     block = self.cache_block or (CPU_CACHE_BLOCK if jax.default_backend() == "cpu" else None)
-    return lm_model.empty_cache(self.lm, batch, length, block)
+    return lm_model.empty_cache(self.lm, batch, length, block, visible_T)
 
   def rollout_params(self, params):
     """One parameter set cast as every model's (`SetStack.rollout_params`) and, on CPU, its layers'

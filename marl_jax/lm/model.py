@@ -162,8 +162,9 @@ def attend(q_BxLxHxK, k_BxLxNxK, v_BxLxNxK, mask_BxLxT, start, layer_cache, dtyp
   both, so nothing has to be written before it is read, and the cache is only read here (`Decoder`
   writes it once).  A `start` known when tracing (a prefill chunk's) reads only the positions before
   it; a traced one (a decode step's) reads each block that holds a position before it, and skips the
-  rest through a `lax.cond` when the canvas has several blocks: a token costs the keys written so far,
-  not the whole canvas's."""
+  rest through a `lax.cond` when the cache has several blocks: a token costs the keys written so far,
+  not the whole canvas's.  Positions in no block (a view's cache holds only the blocks it can see) are
+  never read."""
   B, L, H, K = q_BxLxHxK.shape
   N = k_BxLxNxK.shape[2]
   q_BxLxNxGxK = q_BxLxHxK.reshape(B, L, N, H // N, K)
@@ -177,14 +178,14 @@ def attend(q_BxLxHxK, k_BxLxNxK, v_BxLxNxK, mask_BxLxT, start, layer_cache, dtyp
   if layer_cache is not None:
     static = isinstance(start, (int, np.integer))
     skips = not static and len(layer_cache) > 1
-    for offset, block in zip(block_offsets(layer_cache), layer_cache):
+    for offset, block in layer_cache.items():
       k_BxNxKxS, v_BxNxSxK = block["k"], block["v"]
       S = v_BxNxSxK.shape[POSITION_AXIS["v"]]
       mask_BxLxS = mask_BxLxT[..., offset:offset + S]
       if static:
         S = min(S, start - offset)
         if S <= 0:
-          break
+          continue
         k_BxNxKxS, v_BxNxSxK, mask_BxLxS = k_BxNxKxS[..., :S], v_BxNxSxK[:, :, :S], mask_BxLxS[..., :S]
         parts.append((read_scores(k_BxNxKxS), mask_BxLxS, read_values(v_BxNxSxK)))
         continue
@@ -322,33 +323,35 @@ class Decoder(nn.Module):
     return logits_BxLxV.astype(jnp.float32), cache
 
 
-def empty_cache(cfg: LMConfig, batch: int, length: int, block: int | None = None):
+def empty_cache(cfg: LMConfig, batch: int, length: int, block: int | None = None, visible_T=None):
   """Keys and values of every layer (a list), each layer's its own buffers, in blocks of `block`
-  canvas positions (the last block shorter; one block of the whole canvas without `block`): a list of
-  {"k": k_BxNxKxS, "v": v_BxNxSxK} per layer, keys rotated and with the positions minor (the layout
-  the decode step's q.k reads fastest).  A decode step reads only the blocks written so far (`attend`);
-  each block is its own buffer because reading part of one buffer copies that part first (XLA:CPU)."""
+  canvas positions (the last block shorter; one block of the whole canvas without `block`): per layer
+  a dict {the block's first position: {"k": k_BxNxKxS, "v": v_BxNxSxK}}, keys rotated and with the
+  positions minor (the layout the decode step's q.k reads fastest).  With `visible_T` (the positions a
+  view may read) only the blocks holding one of them: a voter's cache holds no other voter's message.
+  A decode step reads only the blocks written so far (`attend`); each block is its own buffer because
+  reading part of one buffer copies that part first (XLA:CPU)."""
   B, N, K = batch, cfg.num_key_value_heads, cfg.head_dim
-  widths = np.diff(np.r_[np.arange(0, length, block or length), length])
-  return [[{"k": jnp.zeros((B, N, K, S), cfg.dtype), "v": jnp.zeros((B, N, S, K), cfg.dtype)} for S in widths]
+  offsets = np.arange(0, length, block or length)
+  widths = np.diff(np.r_[offsets, length])
+  seen = np.ones(length, bool) if visible_T is None else np.asarray(visible_T, bool)
+  kept = [(int(o), int(S)) for o, S in zip(offsets, widths) if seen[o:o + S].any()]
+  return [{o: {"k": jnp.zeros((B, N, K, S), cfg.dtype), "v": jnp.zeros((B, N, S, K), cfg.dtype)} for o, S in kept}
           for _ in range(cfg.num_hidden_layers)]
-
-
-def block_offsets(layer_cache) -> np.ndarray:
-  """The canvas position where each block of one layer's cache starts."""
-  return np.cumsum([0] + [block["v"].shape[POSITION_AXIS["v"]] for block in layer_cache[:-1]])
 
 
 def write_cache(layer_cache, start, k_BxLxNxK, v_BxLxNxK):
   """One layer's cache with the L new keys and values written at canvas positions start.., each into
-  the block that holds it.  A traced `start` (a decode step's, L = 1) writes every block, at the
-  block's own position where it holds `start` and elsewhere the value it already had: in place, where a
-  `lax.switch` choosing the block copied the whole cache every token."""
+  the block that holds it (a position in no block is not kept: its view never reads it).  A traced
+  `start` (a decode step's, L = 1) writes every block, at the block's own position where it holds
+  `start` and elsewhere the value it already had: in place, where a `lax.switch` choosing the block
+  copied the whole cache every token."""
   L = k_BxLxNxK.shape[1]
   new = {"k": jnp.transpose(k_BxLxNxK, (0, 2, 3, 1)), "v": jnp.transpose(v_BxLxNxK, (0, 2, 1, 3))}
   static = isinstance(start, (int, np.integer))
-  if not static and L > 1 and len(layer_cache) > 1:
-    raise ValueError(f"a cache of {len(layer_cache)} blocks takes one token at a traced position, not {L}")
+  whole = list(layer_cache) == [0]  # one block from position 0: a traced write lands in it
+  if not static and L > 1 and not whole:
+    raise ValueError(f"a cache in blocks {sorted(layer_cache)} takes one token at a traced position, not {L}")
 
   def write(offset, block):
     S = block["v"].shape[POSITION_AXIS["v"]]
@@ -358,7 +361,7 @@ def write_cache(layer_cache, start, k_BxLxNxK, v_BxLxNxK):
         return block
       part = {n: jax.lax.slice_in_dim(x, lo - start, hi - start, axis=POSITION_AXIS[n]) for n, x in new.items()}
       at = lo - offset
-    elif len(layer_cache) == 1:
+    elif whole:
       part, at = new, start
     else:
       at = jnp.clip(start - offset, 0, S - 1)
@@ -368,7 +371,7 @@ def write_cache(layer_cache, start, k_BxLxNxK, v_BxLxNxK):
     return {n: jax.lax.dynamic_update_slice_in_dim(x, part[n].astype(x.dtype), at, POSITION_AXIS[n])
             for n, x in block.items()}
 
-  return [write(offset, block) for offset, block in zip(block_offsets(layer_cache), layer_cache)]
+  return {offset: write(offset, block) for offset, block in layer_cache.items()}
 
 
 def init_stack(cfg: LMConfig, key, n_sets: int):
