@@ -26,28 +26,34 @@ def rows_per_pass(size: int, rows: int) -> int:
   return min(size or rows, rows)
 
 
+def row_chunks(size: int, args_B):
+  """`args_B` (leading axis B) split into chunks of `rows_per_pass(size, B)` rows on a new leading
+  chunk axis, or None where that is one pass of all B rows."""
+  B = jax.tree.leaves(args_B)[0].shape[0]
+  rows = rows_per_pass(size, B)
+  if rows == B:
+    return None
+  return jax.tree.map(lambda x: x.reshape(B // rows, rows, *x.shape[1:]), args_B)
+
+
 def in_row_chunks(fn, size: int, *args_B):
   """`fn(*args_B)` over at most `size` rows of the arguments (leading axis B) at a time, the chunks in
   sequence (`jax.lax.map`), so that one chunk's work is in memory at once: its outputs stacked on a
   leading chunk axis (a single chunk, with no loop, where `rows_per_pass` is B).  `fn` must treat
   rows independently."""
-  B = jax.tree.leaves(args_B)[0].shape[0]
-  rows = rows_per_pass(size, B)
-  if rows == B:
+  chunks = row_chunks(size, args_B)
+  if chunks is None:
     return jax.tree.map(lambda x: x[None], fn(*args_B))
-  return jax.lax.map(lambda chunk: fn(*chunk),
-                     jax.tree.map(lambda x: x.reshape(B // rows, rows, *x.shape[1:]), args_B))
+  return jax.lax.map(lambda chunk: fn(*chunk), chunks)
 
 
 def summed_over_row_chunks(fn, size: int, *args_B):
   """The sum of `fn` (a pytree of arrays) over at most `size` rows of the arguments (leading axis B) at a
   time, the chunks in sequence (`jax.lax.scan`), so that one chunk's work (its backward pass, for a
   gradient) is in memory at once; `fn(*args_B)` itself where `rows_per_pass` is B."""
-  B = jax.tree.leaves(args_B)[0].shape[0]
-  rows = rows_per_pass(size, B)
-  if rows == B:
+  chunks = row_chunks(size, args_B)
+  if chunks is None:
     return fn(*args_B)
-  chunks = jax.tree.map(lambda x: x.reshape(B // rows, rows, *x.shape[1:]), args_B)
   add = lambda total, chunk: (jax.tree.map(jnp.add, total, fn(*chunk)), None)
   zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(fn, *jax.tree.map(lambda x: x[0], chunks)))
   return jax.lax.scan(add, zeros, chunks)[0]
