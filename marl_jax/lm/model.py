@@ -172,6 +172,7 @@ def attend(q_BxLxHxK, k_BxLxNxK, v_BxLxNxK, mask_BxLxT, start, layer_cache, dtyp
   # positions major, [B, N, T, K], at a 384-position canvas.
   read_scores = lambda k_BxNxKxS: jnp.einsum("blngk,bnks->bnlgs", q_BxLxNxGxK, k_BxNxKxS)
   read_values = lambda v_BxNxSxK: lambda w: jnp.einsum("bnlgs,bnsk->bnlgk", w, v_BxNxSxK)
+  skip = lambda shape: lambda *_: jnp.zeros(shape, q_BxLxNxGxK.dtype)  # a skipped block's scores or values
   # One part per key source: (scores, their mask, the product of their weights with the values).
   parts = []
   new_mask_BxLxL = mask_BxLxT
@@ -187,17 +188,14 @@ def attend(q_BxLxHxK, k_BxLxNxK, v_BxLxNxK, mask_BxLxT, start, layer_cache, dtyp
         if S <= 0:
           continue
         k_BxNxKxS, v_BxNxSxK, mask_BxLxS = k_BxNxKxS[..., :S], v_BxNxSxK[:, :, :S], mask_BxLxS[..., :S]
-        parts.append((read_scores(k_BxNxKxS), mask_BxLxS, read_values(v_BxNxSxK)))
-        continue
-      mask_BxLxS = mask_BxLxS & (offset + jnp.arange(S) < start)
+      else:
+        mask_BxLxS = mask_BxLxS & (offset + jnp.arange(S) < start)
       if not skips:
         parts.append((read_scores(k_BxNxKxS), mask_BxLxS, read_values(v_BxNxSxK)))
-        continue
-      # A block that holds no position before `start` is neither read nor weighed.
-      read = offset < start
-      skip = lambda shape: lambda *_: jnp.zeros(shape, q_BxLxNxGxK.dtype)
-      parts.append((jax.lax.cond(read, read_scores, skip((B, N, L, H // N, S)), k_BxNxKxS), mask_BxLxS,
-                    functools.partial(jax.lax.cond, read, read_values(v_BxNxSxK), skip((B, N, L, H // N, K)))))
+      else:  # a block that holds no position before `start` is neither read nor weighed
+        read = offset < start
+        parts.append((jax.lax.cond(read, read_scores, skip((B, N, L, H // N, S)), k_BxNxKxS), mask_BxLxS,
+                      functools.partial(jax.lax.cond, read, read_values(v_BxNxSxK), skip((B, N, L, H // N, K)))))
     new_mask_BxLxL = (mask_BxLxT[..., start:start + L] if static
                       else jax.lax.dynamic_slice_in_dim(mask_BxLxT, start, L, 2))
   parts.append((jnp.einsum("blngk,bmnk->bnlgm", q_BxLxNxGxK, k_BxLxNxK), new_mask_BxLxL,
