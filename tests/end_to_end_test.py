@@ -1,10 +1,12 @@
-"""The fast tier's end-to-end runs: every workflow, every credit estimator and every task trains
-through the run a user starts (`loop.train_and_evaluate`: evaluation, a train call, metrics,
-checkpoint; the single agent's run also warm-starts), at the tiny size, shrunk to one step.
+"""End-to-end runs: every workflow, every credit estimator and every task trains through the run a
+user starts (`loop.train_and_evaluate`: evaluation, a train call, metrics, checkpoint; the single
+agent's run also warm-starts), at the tiny size, shrunk to one step.
 
-Fifteen runs cover the lot: each workflow once, each estimator and each task at least once. The slow
-tier runs the experiments' tiny variants through the real CLI (workflows_test, tasks_test, main_test,
-word_task_test); here one run in-process costs a few seconds of compiling.
+Fifteen runs cover the lot: each workflow once, each estimator and each task at least once. Four of
+them are in the fast tier (the warm start, a verifier with difference credit, the relay, a language
+model answering in free text: the loop's main paths), the others in the slow tier, where the
+experiments' tiny variants also run through the real CLI (workflows_test, tasks_test, main_test,
+word_task_test); one run in-process costs 8 to 18 seconds of compiling from an empty cache.
 """
 import json
 import pathlib
@@ -15,10 +17,13 @@ from marl_jax import configs, credit, loop, protocols, tasks
 
 EXPERIMENTS = pathlib.Path(__file__).resolve().parents[1] / "experiments"
 
-RUNS = [  # experiment file, its argument
+FAST_RUNS = [  # experiment file, its argument
     ("single_agent", "size=tiny"),
     ("tasks", "task=subset_sum,protocol=solver_verifier,credit=difference,size=tiny"),
     ("tasks", "task=arithmetic,protocol=relay,credit=role_baseline,size=tiny"),
+    ("lm_word_problems", "size=tiny"),  # a language-model agent answering in free text
+]
+SLOW_RUNS = [
     ("tasks", "task=hidden_sum,credit=per_role,size=tiny"),  # exchange
     ("tasks", "task=signalling,credit=difference,size=tiny"),  # exchange's Lewis game, from scratch
     ("tasks", "task=matrix_game,credit=shapley,size=tiny"),
@@ -30,8 +35,8 @@ RUNS = [  # experiment file, its argument
     ("peer_review", "size=tiny,pay=audited"),  # the solver rewarded by its judges, audited
     ("debate", "size=tiny"),
     ("delegate", "size=tiny"),
-    ("lm_word_problems", "size=tiny"),  # a language-model agent answering in free text
 ]
+RUNS = FAST_RUNS + SLOW_RUNS
 
 
 def _config(name, arg):
@@ -53,7 +58,8 @@ def test_the_runs_cover_every_workflow_estimator_and_task():
   assert {c.task.name for c in built} == set(tasks.REGISTRY)
 
 
-@pytest.mark.parametrize("name, arg", RUNS, ids=[f"{n}:{a}" for n, a in RUNS])
+@pytest.mark.parametrize("name, arg", [pytest.param(*run, id=":".join(run)) for run in FAST_RUNS]
+                         + [pytest.param(*run, id=":".join(run), marks=pytest.mark.slow) for run in SLOW_RUNS])
 def test_a_tiny_run_trains_evaluates_and_saves(tmp_path, name, arg):
   loop.train_and_evaluate(_config(name, arg), str(tmp_path))
   rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

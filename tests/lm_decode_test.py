@@ -191,6 +191,7 @@ def _while_body_operands(jaxpr):
           yield from _while_body_operands(sub)
 
 
+@pytest.mark.slow  # 10 s of compiling two bfloat16 rollouts
 def test_the_message_loop_reads_bfloat16_weights_cast_before_it(monkeypatch):
   # bfloat16 compute over float32 parameters (the trainer's): the message loop reads each weight as
   # bfloat16, cast once before the loop, never a float32 weight per token, and each layer's kernels as
