@@ -36,7 +36,13 @@ fi
 # size=cpu's, not 200); its reward settings (team pay, no audits) do not act at step 0.  cold_* cells
 # sample every role at temperature 0.3, so that the judges' sampled statements keep more of their
 # evidence (docs/results/peer_review.md, why the judges stop judging); entropy* cells give the judges
-# alone an entropy bonus (0.05 or 0.01), so their policies cannot collapse to one level.
+# alone an entropy bonus (0.05 or 0.01), so their policies cannot collapse to one level.  The last cells
+# are docs/results/judges.md's: `diagnose_*` logs every step and evaluates every 5 (the judges' AUROC of
+# sampled, greedy and expected statements at the warm start, after 5 and 100 steps); `expected*` read
+# the judges by the probability they put on right (`verdict=expected`), `*brier*`/`*log*` add that
+# probability's proper score on the labelled answers to the judges' loss, `supervised*` use it instead of
+# their policy gradient (`judge_pg=False`), `planted*` take their labels from planted answers alone
+# (`plant_rate`, no audits: the checker never reaches the loss).
 cells="
 checker judges source=checker
 team_0 judges pay=team,audit_rate=0
@@ -85,6 +91,16 @@ audited_balanced_0.25 judges pay=audited_balanced,audit_rate=0.25
 audited_team_0.02 judges pay=audited_team,audit_rate=0.02 --config.reward.share=0.1
 audited_team_0.05 judges pay=audited_team,audit_rate=0.05 --config.reward.share=0.1
 audited_team_0.25 judges pay=audited_team,audit_rate=0.25 --config.reward.share=0.1
+diagnose_audited_balanced_1 judges pay=audited_balanced,audit_rate=1.0 --config.steps_per_call=1 --config.log_every=1 --config.eval_every=5
+expected_brier_0.1 judges pay=audited_balanced,audit_rate=0.1 --config.reward.verdict=expected --config.reward.judge_loss=brier
+supervised_0.1 judges pay=audited_balanced,audit_rate=0.1 --config.reward.verdict=expected --config.reward.judge_loss=brier --config.reward.judge_pg=False
+planted_supervised_0.1 judges pay=audited_balanced,audit_rate=0 --config.reward.plant_rate=0.1 --config.reward.verdict=expected --config.reward.judge_loss=brier --config.reward.judge_pg=False
+expected_0.1 judges pay=audited_balanced,audit_rate=0.1 --config.reward.verdict=expected
+expected_log_0.1 judges pay=audited_balanced,audit_rate=0.1 --config.reward.verdict=expected --config.reward.judge_loss=log
+planted_brier_0.1 judges pay=audited_balanced,audit_rate=0 --config.reward.plant_rate=0.1 --config.reward.verdict=expected --config.reward.judge_loss=brier
+supervised_1 judges pay=audited_balanced,audit_rate=1.0 --config.reward.verdict=expected --config.reward.judge_loss=brier --config.reward.judge_pg=False
+supervised_0.02 judges pay=audited_balanced,audit_rate=0.02 --config.reward.verdict=expected --config.reward.judge_loss=brier --config.reward.judge_pg=False
+supervised_0.25 judges pay=audited_balanced,audit_rate=0.25 --config.reward.verdict=expected --config.reward.judge_loss=brier --config.reward.judge_pg=False
 "
 config() {  # config BASE ARG: the --config flag of a cell (ARG '-': the single agent) or of a base (ARG '')
   case $1/$2 in
