@@ -155,10 +155,11 @@ def check(rule: PayRule, judge_roles: tuple[int, ...], reruns: bool, role_credit
   checks.probability("reward.plant_rate", rule.plant_rate)
   checks.number("reward.penalty", rule.penalty, 0)
   checks.number("reward.judge_weight", rule.judge_weight, 0)
-  reads_levels = rule.verdict != "sampled" or rule.judge_loss != "none" or rule.plant_rate > 0
-  if reads_levels and not readout:
-    raise ValueError(f"config.reward.verdict={rule.verdict!r}, judge_loss={rule.judge_loss!r}, plant_rate="
-                     f"{rule.plant_rate} read each judge's level as one token at a fixed position, which this "
+  reading = [f"config.reward.{key}={value!r}" for key, value, default in (
+      ("verdict", rule.verdict, "sampled"), ("judge_loss", rule.judge_loss, "none"),
+      ("plant_rate", rule.plant_rate, 0.0)) if value != default]
+  if reading and not readout:
+    raise ValueError(f"{', '.join(reading)} reads each judge's level as one token at a fixed position, which this "
                      f"workflow's judges do not write; allowed: verdict='sampled', judge_loss='none', plant_rate=0, "
                      f"or a workflow whose judges do (peer_review, solver_verifier)")
   if not rule.judge_pg and rule.judge_loss == "none":
