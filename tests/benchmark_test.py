@@ -12,7 +12,8 @@ import sys
 import numpy as np
 import pytest
 
-from marl_jax import benchmark, configs, credit, experiment
+from marl_jax import configs, credit, experiment
+from marl_jax.tools import credit_benchmark as benchmark
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BENCH = REPO / "experiments" / "credit_benchmark.py"
@@ -308,7 +309,7 @@ def test_every_estimator_is_in_the_cpu_grid():
 def test_tiny_benchmark_end_to_end_and_resume(tmp_path):
   workdir = tmp_path / "bench"
   # One estimator keeps it short: every estimator's cost and config are checked above.
-  cmd = [sys.executable, "-m", "marl_jax.benchmark", f"--config={BENCH}:size=tiny", f"--workdir={workdir}",
+  cmd = [sys.executable, "-m", "marl_jax.tools.credit_benchmark", f"--config={BENCH}:size=tiny", f"--workdir={workdir}",
          "--config.estimators=shapley"]
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   first = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
@@ -338,7 +339,7 @@ def test_tiny_workflow_grid_end_to_end(tmp_path):
   # Every workflow scenario's tiny variant through the benchmark command; the team reward alone keeps it
   # short (every estimator runs on every workflow in end_to_end_test).
   config = _config("tiny", "workflows")
-  cmd = [sys.executable, "-m", "marl_jax.benchmark", f"--config={BENCH}:size=tiny,grid=workflows",
+  cmd = [sys.executable, "-m", "marl_jax.tools.credit_benchmark", f"--config={BENCH}:size=tiny,grid=workflows",
          f"--workdir={tmp_path}", "--config.estimators=team"]
   done = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
                         text=True, timeout=1500)
@@ -385,7 +386,7 @@ def test_the_fidelity_curve_grades_after_each_count_of_adaptation_batches(tmp_pa
 
 def test_an_unknown_benchmark_key_is_refused_on_one_line(tmp_path):
   # It was an AttributeError traceback: the benchmark parses its flags as main does.
-  cmd = [sys.executable, "-m", "marl_jax.benchmark", f"--config={BENCH}:size=tiny",
+  cmd = [sys.executable, "-m", "marl_jax.tools.credit_benchmark", f"--config={BENCH}:size=tiny",
          f"--workdir={tmp_path / 'bench'}", "--config.fidelity.rolez=2"]
   result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, JAX_PLATFORMS="cpu"))

@@ -21,7 +21,7 @@ from marl_jax import checkpoint as checkpoint_lib, configs, experiment, loop, mo
 from marl_jax import state as state_lib, text, train
 from marl_jax.lm import agent as lm_agent
 from marl_jax.lm import checkpoint as lm_checkpoint
-from marl_jax.lm import export as lm_export
+from marl_jax.tools import lm_export
 from marl_jax.lm import lora as lora_lib
 from marl_jax.lm import model as lm_model
 from marl_jax.lm import tokenizer as lm_tokenizer
@@ -304,7 +304,7 @@ def test_tiny_solver_verifier_through_the_cli_and_export(family, lora, verifier,
   trained = [m for m in lines if "verifier/loss" in m]
   assert trained and all(np.isfinite(m["verifier/loss"]) and m["tokens"] > 0 for m in trained)
   assert any("eval_accuracy" in m for m in lines)
-  export = subprocess.run([sys.executable, "-m", "marl_jax.lm.export", f"--workdir={workdir}",
+  export = subprocess.run([sys.executable, "-m", "marl_jax.tools.lm_export", f"--workdir={workdir}",
                            "--role=verifier", f"--out={out}"], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
   assert export.returncode == 0, export.stderr[-3000:]
@@ -315,10 +315,10 @@ def test_tiny_solver_verifier_through_the_cli_and_export(family, lora, verifier,
                            "--role='judge' is not a role of this run; allowed: ['solver', 'verifier']"),
                           (["--role=verifier", f"--out={out}"], f"--out={out} holds ['config.json', "),
                           (["--role=verifier", f"--out={workdir}"], f"--out={workdir} holds ['checkpoints', ")]:
-      refused = subprocess.run([sys.executable, "-m", "marl_jax.lm.export", f"--workdir={workdir}", *args],
+      refused = subprocess.run([sys.executable, "-m", "marl_jax.tools.lm_export", f"--workdir={workdir}", *args],
                                cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
       assert refused.returncode == 1 and "Traceback" not in refused.stderr
-      assert refused.stderr.strip().splitlines()[-1].startswith(f"python -m marl_jax.lm.export: {refusal}")
+      assert refused.stderr.strip().splitlines()[-1].startswith(f"python -m marl_jax.tools.lm_export: {refusal}")
   _, exported = lm_checkpoint.load(str(out))
   _, base = lm_checkpoint.load(str(FIXTURES / (verifier or family)))
   exported_config = json.loads((out / "config.json").read_text())

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from marl_jax import metrics, report
+from marl_jax import metrics
+from marl_jax.tools import report
 
 
 def test_mean_ci_by_hand():
@@ -373,7 +374,7 @@ def test_a_corrupt_metrics_line_or_config_is_named(runs, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
       report.main(["--compare", runs[0], corrupt])
     assert exit_info.value.code == 1
-    assert capsys.readouterr().err.startswith(f"python -m marl_jax.report: {message} (")
+    assert capsys.readouterr().err.startswith(f"python -m marl_jax.tools.report: {message} (")
 
 
 def test_a_run_that_has_logged_nothing_yet_is_left_out(runs, tmp_path, capsys):
@@ -420,7 +421,7 @@ def test_cli_split_refuses_runs_it_cannot_split(runs, tmp_path, capsys):
     assert exit_info.value.code == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    return err.removeprefix("python -m marl_jax.report: ").removesuffix("\n")
+    return err.removeprefix("python -m marl_jax.tools.report: ").removesuffix("\n")
 
   assert refusal(single, multi) == (f"--split SINGLE={single} has no config.json, so its workflow and task "
                                     f"are unknown; allowed: a run's workdir, which holds the config.json its "

@@ -10,7 +10,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from marl_jax import configs, credit, experiment, sampling, state as state_lib, throughput
+from marl_jax import configs, credit, experiment, sampling, state as state_lib
+from marl_jax.tools import throughput
 
 
 def test_workflow_table_has_every_workflow_and_the_minimum_is_a_floor(capsys):
@@ -69,7 +70,7 @@ def test_a_wider_relay_job_keeps_its_shape_and_counts_its_own_flops():
 def _refusal(*flags: str) -> str:
   """The last stderr line of the throughput CLI given `flags`, which it must refuse: exit status 1, no
   traceback, nothing printed to stdout (no row began: its header line comes before any timing)."""
-  done = subprocess.run([sys.executable, "-m", "marl_jax.throughput", *flags], capture_output=True, text=True,
+  done = subprocess.run([sys.executable, "-m", "marl_jax.tools.throughput", *flags], capture_output=True, text=True,
                         check=False, timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert done.returncode == 1, done.stderr[-2000:]
   assert "Traceback" not in done.stderr and done.stdout == ""
@@ -116,7 +117,7 @@ def test_a_row_that_does_not_fit_the_device_is_refused_before_its_state_is_made(
   # The 0.6B-parameter row was killed on this 2-core CPU without a message; a row is now compiled from
   # its state's shapes and refused when it needs more than the device allows (here: 1 MiB).
   code = ("import runpy; from marl_jax import memory; memory.device_limit = lambda: 1 << 20; "
-          "runpy.run_module('marl_jax.throughput', run_name='__main__')")
+          "runpy.run_module('marl_jax.tools.throughput', run_name='__main__')")
   done = subprocess.run([sys.executable, "-c", code, "--grid=1/1", "--credits=team", "--batch_size=8",
                          "--calls=1"], capture_output=True, text=True, check=False, timeout=600,
                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
@@ -137,7 +138,7 @@ def test_an_earlier_json_file_stays_until_a_row_replaces_it(tmp_path):
   # were; the old script emptied the file to `[]` before timing anything.
   rows = tmp_path / "rows.json"
   rows.write_text('[{"completions_per_s": 1.0}]')
-  with subprocess.Popen([sys.executable, "-m", "marl_jax.throughput", "--grid=1/1", "--credits=team",
+  with subprocess.Popen([sys.executable, "-m", "marl_jax.tools.throughput", "--grid=1/1", "--credits=team",
                          "--batch_size=8", f"--json={rows}"], stdout=subprocess.PIPE, text=True,
                         env={**os.environ, "JAX_PLATFORMS": "cpu"}) as run:
     try:
@@ -180,7 +181,8 @@ def test_the_rollout_alone_is_split_over_devices_as_the_step_is():
   code = textwrap.dedent("""
       import jax
       jax.config.update("jax_num_cpu_devices", 2)
-      from marl_jax import experiment, state as state_lib, throughput
+      from marl_jax import experiment, state as state_lib
+      from marl_jax.tools import throughput
       config = throughput.relay_config(2, 2, "team", batch_size=8, steps_per_call=2)
       config.model.update(d_model=16, n_layers=1, n_heads=2, d_ff=32)
       config.rl.group_size = 4

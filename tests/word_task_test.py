@@ -18,7 +18,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from marl_jax import archive, configs, datasets, experiment, rollout, sampling, state as state_lib, tasks, text
+from marl_jax import configs, datasets, experiment, rollout, sampling, state as state_lib, tasks, text
 from marl_jax import workdir as workdir_lib
 from marl_jax.lm import agent as lm_agent
 from marl_jax.lm import checkpoint as lm_checkpoint
@@ -26,6 +26,7 @@ from marl_jax.lm import model as lm_model
 from marl_jax.lm import tokenizer as lm_tokenizer
 from marl_jax.lm import word_problems as wp
 from marl_jax.protocols import vote
+from marl_jax.tools import archive
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -204,7 +205,7 @@ def test_eval_set_archived_as_a_tfds_dataset(tmp_path):
 
 
 def test_transcripts_archived_read_back_as_text(tmp_path):
-  """`marl_jax.archive` of a free-text run: transcripts decode through the checkpoint's tokenizer."""
+  """`marl_jax.tools.archive` of a free-text run: transcripts decode through the checkpoint's tokenizer."""
   exp = experiment.build(_config(**{"sft.steps": 0}))
   params_S = state_lib.initial_state(exp).params
   name = archive.archive(exp, params_S, str(tmp_path), "wp", greedy=True, with_credit=False)

@@ -173,7 +173,7 @@ class LMAgent(model_lib.SetStack):
     """In blocks of `cache_block` positions, by default `CPU_CACHE_BLOCK` on CPU, so that a decode step
     reads the keys written so far rather than the whole canvas's (`lm.model.attend`), and one block
     elsewhere: each block's `lax.cond` may make a GPU wait on its predicate (not measured there;
-    `python -m marl_jax.lm.bench --cache_block` measures it).  Only the blocks holding a position of
+    `python -m marl_jax.tools.lm_bench --cache_block` measures it).  Only the blocks holding a position of
     `visible_T` (the view's) are kept."""
     block = self.cache_block or (CPU_CACHE_BLOCK if jax.default_backend() == "cpu" else None)
     return lm_model.empty_cache(self.lm, batch, length, block, visible_T)

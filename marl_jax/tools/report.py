@@ -1,12 +1,12 @@
 """Results tables from finished runs, with 95% confidence intervals over seeds.
 
-  python -m marl_jax.report DIR [DIR ...]           one row per run: mean ± CI half-width, then std
-  python -m marl_jax.report --compare A B           B − A with a Welch interval: established or not
-  python -m marl_jax.report --compare A B --paired  B − A per seed (same config.seed and num_seeds)
-  python -m marl_jax.report --split SINGLE MULTI    gain split: base → single-agent RL → multi-agent RL
-  python -m marl_jax.report --seeds DIR             one row per seed, diverged seeds and the spread
-  python -m marl_jax.report --plot DIR FILE         a run rewarded by its judges, plotted (PNG)
-  python -m marl_jax.report --rates FILE DIR [DIR ...]  runs rewarded by their judges against audit rate (PNG)
+  python -m marl_jax.tools.report DIR [DIR ...]           one row per run: mean ± CI half-width, then std
+  python -m marl_jax.tools.report --compare A B           B − A with a Welch interval: established or not
+  python -m marl_jax.tools.report --compare A B --paired  B − A per seed (same config.seed and num_seeds)
+  python -m marl_jax.tools.report --split SINGLE MULTI    gain split: base → single-agent RL → multi-agent RL
+  python -m marl_jax.tools.report --seeds DIR             one row per seed, diverged seeds and the spread
+  python -m marl_jax.tools.report --plot DIR FILE         a run rewarded by its judges, plotted (PNG)
+  python -m marl_jax.tools.report --rates FILE DIR [DIR ...]  runs rewarded by their judges against audit rate (PNG)
 
 The team's accuracy (base, final, peak, drop) stands beside each member's own (`ROLE/member_accuracy`,
 where the workflow's members answer) and the average member's (`member_accuracy`), so --compare puts a
@@ -534,7 +534,7 @@ def plot_rates(workdirs: list[str], path: str) -> None:
 
 
 def main(argv: list[str] | None = None):
-  parser = argparse.ArgumentParser(prog="python -m marl_jax.report", description=__doc__,
+  parser = argparse.ArgumentParser(prog="python -m marl_jax.tools.report", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("workdirs", nargs="*", help="runs to tabulate")
   parser.add_argument("--compare", nargs=2, metavar=("A", "B"), help="print B − A with a Welch interval")

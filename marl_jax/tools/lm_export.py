@@ -1,6 +1,6 @@
 """Writes one trained role of a language-model run back as a Hugging Face checkpoint, to serve elsewhere.
 
-  python -m marl_jax.lm.export --workdir=DIR --role=verifier --out=OUT [--seed=0] [--best]
+  python -m marl_jax.tools.lm_export --workdir=DIR --role=verifier --out=OUT [--seed=0] [--best]
 
 OUT gets `config.json` (with the source's token ids and context length) and `model.safetensors`
 (float32) from `lm.checkpoint.save`, and the source checkpoint's tokenizer files (`TOKENIZER_FILES`
@@ -60,7 +60,7 @@ def copy_tokenizer_files(checkpoint: str, out: str) -> None:
 
 
 def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(prog="python -m marl_jax.lm.export", description=__doc__.split("\n")[0])
+  parser = argparse.ArgumentParser(prog="python -m marl_jax.tools.lm_export", description=__doc__.split("\n")[0])
   parser.add_argument("--workdir", required=True, help="a language-model run (config.json, checkpoints)")
   parser.add_argument("--role", required=True, help="the role whose parameter set to write")
   parser.add_argument("--out", required=True, help="a new directory for the Hugging Face checkpoint")

@@ -1,8 +1,8 @@
 """Throughput of the joint rollout-and-update step (a benchmark script, not a test).
 
-  python -m marl_jax.throughput [--json=PATH] [--batch_size=256] [--calls=3] [--cpu_devices=2]
-  python -m marl_jax.throughput --checkpoint=DIR [--random_weights] --grid=2/1 --credits=team
-  python -m marl_jax.throughput --workflows  # each workflow's sampling FLOPs against the minimum
+  python -m marl_jax.tools.throughput [--json=PATH] [--batch_size=256] [--calls=3] [--cpu_devices=2]
+  python -m marl_jax.tools.throughput --checkpoint=DIR [--random_weights] --grid=2/1 --credits=team
+  python -m marl_jax.tools.throughput --workflows  # each workflow's sampling FLOPs against the minimum
 
 The relay job: agent 1 sees `a+b=` (digits 0-9) and writes up to 4 tokens; agent 2 sees the prompt and
 agent 1's message and writes the answer (up to 4 tokens); team reward 1 when it is right; isolated
@@ -488,7 +488,7 @@ def print_profile(row: dict, bound: float):
 def workflow_flops_table():
   """Per workflow of WORKFLOWS at its size=cpu config: canvas length, views, and the model FLOPs per
   episode of sampling (`sampling.episode_flops`) with the computed-to-minimum ratio."""
-  here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "x.py")
+  here = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "experiments", "x.py")
   print(f"{'workflow':<30} {'T':>3} {'views':>5} {'lockstep MFLOP':>14} {'computed':>9} {'minimum':>8} "
         f"{'computed/min':>12}")
   for name, module, arg in WORKFLOWS:

@@ -1,6 +1,6 @@
 r"""Credit-assignment benchmark: fidelity against exact contributions, and learning, for every estimator.
 
-  python -m marl_jax.benchmark --config=experiments/credit_benchmark.py:size=cpu --workdir=DIR
+  python -m marl_jax.tools.credit_benchmark --config=experiments/credit_benchmark.py:size=cpu --workdir=DIR
 
 Fidelity (`DIR/fidelity/GAME-rR.json`, one per game x number of roles): a policy warm-started on the
 `contribution` task plays a batch; every estimator credits the same episodes (stateful ones first
@@ -42,10 +42,11 @@ from absl import app, flags, logging
 from jax.sharding import PartitionSpec as P
 from ml_collections import config_flags
 
-from marl_jax import checkpoint, checks, cli, configs, credit, experiment, loop, metrics, parallel, report
+from marl_jax import checkpoint, checks, cli, configs, credit, experiment, loop, metrics, parallel
 from marl_jax import protocols, rollout, sampling, sft, state as state_lib, tasks, train
 from marl_jax import workdir as workdir_lib
 from marl_jax.credit import exact
+from marl_jax.tools import report
 # Figures without pyplot: no GUI backend is chosen, so the benchmark runs headless and a notebook that
 # imports it keeps its inline plots.
 from matplotlib.figure import Figure

@@ -1,6 +1,6 @@
 """How a finished newcomer run (`marl_jax.newcomers`) recovered the accuracy of the team it joined:
 
-  python -m marl_jax.newcomer_report --workdir=NEWCOMER_RUN [--out=FILE.json]
+  python -m marl_jax.tools.newcomer_report --workdir=NEWCOMER_RUN [--out=FILE.json]
 
 prints per seed the team's final evaluation accuracy, the run's at step 0 and at its end, the evaluated
 steps it took to reach the team's accuracy, and each role's code agreement with the team
@@ -10,11 +10,12 @@ imports `marl_jax.newcomers`.
 import argparse
 import json
 
-from marl_jax import cli, generations, workdir
+from marl_jax import cli, workdir
+from marl_jax.tools import generations
 
 
 def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(prog="python -m marl_jax.newcomer_report",
+  parser = argparse.ArgumentParser(prog="python -m marl_jax.tools.newcomer_report",
                                    description="How a newcomer run recovered the accuracy of the team it joined.")
   parser.add_argument("--workdir", required=True, help="a finished run with config.newcomers.roles")
   parser.add_argument("--out", default="", help="write the report here (JSON)")

@@ -5,7 +5,7 @@ is distilled from generation g's archive (each role its own role's messages, the
 `config.distil.filter` keeps: `right`, `all` or `credit`; `marl_jax.sft`) and then trains with RL as
 usual.  Seed s of every generation distils seed s of the one before, so the seeds are lineages.
 
-  python -m marl_jax.generations --config=experiments/generations.py:task=signalling --workdir=DIR
+  python -m marl_jax.tools.generations --config=experiments/generations.py:task=signalling --workdir=DIR
 
 DIR/genG is generation G's run directory (config.json, metrics.jsonl, checkpoints) and DIR/genG/transcripts
 its archive.  Rerunning the command resumes: a generation trained and archived is kept as it is, an
@@ -27,9 +27,9 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from marl_jax import archive, array_records, checkpoint, checks, cli, codes, configs, evaluate, experiment, loop
-from marl_jax import metrics, report, sft, state
+from marl_jax import array_records, checkpoint, checks, cli, codes, configs, evaluate, experiment, loop, metrics, sft, state
 from marl_jax import workdir as workdir_lib
+from marl_jax.tools import archive, report
 from marl_jax.transcripts import MarlTranscripts
 
 

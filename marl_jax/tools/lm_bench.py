@@ -1,9 +1,9 @@
 """Speed of a language-model agent: prefill, decode and one update pass, each against a bound measured
 in the same run, optionally beside the same work through `transformers` (a benchmark script, not a test).
 
-  python -m marl_jax.lm.bench --checkpoint=DIR [--random_weights] --batch=32 --prompt=160 --answer=160
-  python -m marl_jax.lm.bench --shapes=qwen3-0.6b --batch=8 --prompt=160 --answer=160 --peer=transformers
-  python -m marl_jax.lm.bench --shapes=qwen3-0.6b --rows update   # some of the rows only
+  python -m marl_jax.tools.lm_bench --checkpoint=DIR [--random_weights] --batch=32 --prompt=160 --answer=160
+  python -m marl_jax.tools.lm_bench --shapes=qwen3-0.6b --batch=8 --prompt=160 --answer=160 --peer=transformers
+  python -m marl_jax.tools.lm_bench --shapes=qwen3-0.6b --rows update   # some of the rows only
 
 One agent over its checkpoint's whole vocabulary (`lm.agent.from_config` with `free_text`, as a
 word-problem run's) answers `--batch` prompts of `--prompt` random tokens with `--answer` sampled
@@ -23,7 +23,7 @@ tokens, on a single agent's canvas: the prompt, the turn's one-token header, the
   (`step_last`): what a token costs as the canvas fills.
 
 Bounds, measured before and after the rows (their mean): prefill and update against the matmul of
-`marl_jax.throughput` (FLOP/s; the FLOPs each row needs, `needed_flops`), decode against memory (the
+`marl_jax.tools.throughput` (FLOP/s; the FLOPs each row needs, `needed_flops`), decode against memory (the
 bytes each token must read, `decode_bytes`, at the rate of a jitted copy, `copy_bytes_per_s`).  Every
 program is compiled before it is timed (`jax.jit(...).lower(...).compile()`), and each row's time is
 the median of `--repeats` calls.
@@ -54,12 +54,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from marl_jax import (cli, configs, experiment, model as model_lib, parallel, protocols, sampling, tasks, text,
-                      throughput, update, workdir)
+from marl_jax import (cli, configs, experiment, model as model_lib, parallel, protocols, sampling, tasks, text, update,
+                      workdir)
 from marl_jax.lm import agent as lm_agent
 from marl_jax.lm import checkpoint as lm_checkpoint
 from marl_jax.lm import model as lm_model
 from marl_jax.protocols import engine
+from marl_jax.tools import throughput
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "tests", "fixtures",
                         "lm")
@@ -452,7 +453,7 @@ def cache_block_width(setup: Setup) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog="python -m marl_jax.lm.bench", description=__doc__.split("\n")[0])
+  p = argparse.ArgumentParser(prog="python -m marl_jax.tools.lm_bench", description=__doc__.split("\n")[0])
   source = p.add_mutually_exclusive_group(required=True)
   source.add_argument("--checkpoint", help="a local Qwen3/Llama checkpoint directory (config.json, "
                       "tokenizer.json and, without --random_weights, its weights)")
