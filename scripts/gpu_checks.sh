@@ -34,7 +34,7 @@ if [ -d .whl ] && ! $PY -c "import ml_collections, tensorflow_datasets, grain" 2
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} || exit 1
 fi
-echo "device: $($PY -c 'from marl_jax.tools import throughput; print(throughput.device_name())')"
+echo "device: $($PY -c 'from marl_jax.tools import bounds; print(bounds.device_name())')"
 
 # Qwen3-0.6B's shapes: its config.json (the fixture's with the 0.6B sizes) and the fixture's tokenizer
 # grown to its 151 936 words (`marl_jax.tools.lm_bench.write_shapes`); with random weights nothing else is read.

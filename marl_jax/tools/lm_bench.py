@@ -60,7 +60,7 @@ from marl_jax.lm import agent as lm_agent
 from marl_jax.lm import checkpoint as lm_checkpoint
 from marl_jax.lm import model as lm_model
 from marl_jax.protocols import engine
-from marl_jax.tools import throughput
+from marl_jax.tools import bounds
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "tests", "fixtures",
                         "lm")
@@ -207,15 +207,6 @@ def decode_bytes(setup: Setup, weight_count: int) -> int:
 def step_positions(setup: Setup) -> dict[str, int]:
   """The canvas position each step row reads: the message's first token, the canvas's last."""
   return {"step_first": setup.prompt + 1, "step_last": setup.exp.layout.length - 1}
-
-
-def copy_bytes_per_s(mib: int = 512, reps: int = 5) -> float:
-  """Bytes read and written per second by a jitted elementwise pass over a float32 array of `mib`
-  MiB (far larger than any cache), the best of three timings: the memory bound of the decode row."""
-  x = jnp.ones(mib * 2 ** 18, jnp.float32)
-  # Donated, so each pass writes over its input: a fresh output would time the kernel's page faults.
-  step = jax.jit(lambda y: y * 1.0001, donate_argnums=0)
-  return 2 * mib * 2 ** 20 / throughput.best_seconds_per_call(step, x, reps)
 
 
 def median_seconds(call, repeats: int) -> float:
@@ -416,11 +407,11 @@ def table(rows: list[dict], header: dict) -> str:
 def measure(setup: Setup, rows: tuple[str, ...], random_weights: bool, microbatch: int, repeats: int,
             peer: str) -> tuple[list, dict]:
   """Each of `rows` (and the peer's), with the bounds measured before and after them."""
-  matmul_readings, copy_readings = [throughput.matmul_flops_per_s()], [copy_bytes_per_s()]
+  matmul_readings, copy_readings = [bounds.matmul_flops_per_s()], [bounds.copy_bytes_per_s()]
   ours, weight_count = marl_jax_rows(setup, rows, repeats)
   theirs = transformers_rows(setup, rows, random_weights, microbatch, repeats) if peer else None
-  matmul_readings.append(throughput.matmul_flops_per_s())
-  copy_readings.append(copy_bytes_per_s())
+  matmul_readings.append(bounds.matmul_flops_per_s())
+  copy_readings.append(bounds.copy_bytes_per_s())
   matmul, copy = float(np.mean(matmul_readings)), float(np.mean(copy_readings))
   flops = row_flops(setup)  # the compute-bound rows; the others are bound by the bytes they read
   work = flops | {"decode": decode_bytes(setup, weight_count)} | {
@@ -438,8 +429,8 @@ def measure(setup: Setup, rows: tuple[str, ...], random_weights: bool, microbatc
       row["ratio"] = row["tokens_per_s"] / row["peer_tokens_per_s"]
     table_rows.append(row)
   header = {"batch": setup.batch, "prompt": setup.prompt, "answer": setup.answer,
-            "dtype": jnp.dtype(setup.lm.dtype).name, "device": throughput.device_name(),
-            "huge_pages": throughput.huge_pages(), "matmul_flops_per_s": matmul,
+            "dtype": jnp.dtype(setup.lm.dtype).name, "device": bounds.device_name(),
+            "huge_pages": bounds.huge_pages(), "matmul_flops_per_s": matmul,
             "matmul_readings": matmul_readings, "copy_bytes_per_s": copy, "copy_readings": copy_readings,
             "params": weight_count, "microbatch": microbatch, "repeats": repeats, "peer": peer,
             "backend": jax.default_backend(), "cache_block": cache_block_width(setup)}
