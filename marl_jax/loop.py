@@ -16,7 +16,7 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from marl_jax import checkpoint, evaluate, experiment, memory, metrics as metrics_lib, parallel, sft, state
+from marl_jax import checkpoint, evaluate, experiment, files, memory, metrics as metrics_lib, parallel, sft, state
 from marl_jax import newcomers, transcripts
 from marl_jax import train
 from marl_jax import model as model_lib
@@ -215,7 +215,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   if lead:
     try:
       os.makedirs(workdir, exist_ok=True)
-      workdir_lib.write_atomically(os.path.join(workdir, "config.json"), config.to_json(indent=2))
+      files.write_atomically(os.path.join(workdir, "config.json"), config.to_json(indent=2))
     except OSError as e:  # what os.access did not foresee (a file system that refuses new entries)
       raise experiment.ConfigError(f"--workdir={workdir} cannot be written: {e}; give a directory this "
                                    "run can write") from e

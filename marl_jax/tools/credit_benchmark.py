@@ -42,9 +42,8 @@ from absl import app, flags, logging
 from jax.sharding import PartitionSpec as P
 from ml_collections import config_flags
 
-from marl_jax import checkpoint, checks, cli, configs, credit, experiment, loop, metrics, parallel
+from marl_jax import checkpoint, checks, cli, configs, credit, experiment, files, loop, metrics, parallel
 from marl_jax import protocols, rollout, sampling, sft, state as state_lib, tasks, train
-from marl_jax import workdir as workdir_lib
 from marl_jax.credit import exact
 from marl_jax.tools import intervals, report, runs
 # Figures without pyplot: no GUI backend is chosen, so the benchmark runs headless and a notebook that
@@ -316,7 +315,7 @@ def run_fidelity_cell(config, num_roles: int, games: list[str], folder: str, est
             "adapt_batches": list(checkpoints(config.fidelity)),
             **{k: [c[k] for c in curve] for k in curve[0]},
             **{k: v_SxN.T.tolist() for k, v_SxN in metrics.items()}}
-    workdir_lib.write_atomically(fidelity_path(folder, game, num_roles), json.dumps(cell))
+    files.write_atomically(fidelity_path(folder, game, num_roles), json.dumps(cell))
 
 
 def fidelity_settings(config) -> dict:
@@ -361,7 +360,7 @@ def run_learning_cell(config, scenario: str, estimator: str, workdir: str, base:
   clock = time.perf_counter()
   loop.train_and_evaluate(c, workdir)
   seconds = wall_seconds(workdir, 0.0) + time.perf_counter() - clock
-  workdir_lib.write_atomically(wall_path(workdir), json.dumps({"seconds": seconds}))
+  files.write_atomically(wall_path(workdir), json.dumps({"seconds": seconds}))
 
 
 def wall_path(workdir: str) -> str:

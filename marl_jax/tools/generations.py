@@ -27,8 +27,7 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from marl_jax import array_records, checks, cli, codes, configs, evaluate, experiment, loop, metrics, sft, state
-from marl_jax import workdir as workdir_lib
+from marl_jax import array_records, checks, cli, codes, configs, evaluate, experiment, files, loop, metrics, sft, state
 from marl_jax.tools import archive, intervals, report, runs
 from marl_jax.transcripts import MarlTranscripts
 
@@ -149,23 +148,6 @@ def code_agreement(workdir: str, reference: str) -> dict[str, list[float]]:
   return out
 
 
-def recovery(workdir: str) -> dict:
-  """How a newcomer run (`config.newcomers`) recovered the accuracy of the team it joined, per seed:
-  the team's final evaluation accuracy (`target`), the run's accuracy at step 0 (the joined team, after
-  any distillation) and at its end, the steps it took to reach the target (inf: never), and per role
-  the share of evaluation problems on which its final team writes the team's greedy messages."""
-  config = configs.read_run_config(workdir)
-  if not str(config.newcomers.roles).strip():
-    raise ValueError(f"{workdir} is not a newcomer run (its config.newcomers.roles is empty)")
-  team = config.init_from
-  target_S = runs.seed_values(runs.final_eval(team.removesuffix(":best")), "eval_accuracy")
-  rows = [r for r in metrics.read(workdir) if "eval_accuracy" in r]
-  return {"team": team, "newcomers": config.newcomers.to_dict(), "target": target_S.tolist(),
-          "start_accuracy": runs.seed_values(rows[0], "eval_accuracy").tolist(),
-          "final_accuracy": runs.seed_values(rows[-1], "eval_accuracy").tolist(),
-          "steps_to_recover": runs.steps_to(workdir, target_S).tolist(), **code_agreement(workdir, team)}
-
-
 def summary(config, workdir: str) -> list[dict]:
   """Per generation: final evaluation values per seed, and from generation 1 on the steps it took to
   reach the previous generation's final accuracy (per seed), those generation 0 took, and how much of
@@ -220,11 +202,6 @@ def markdown(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
-def _read_json(path: str):
-  with open(path) as f:
-    return json.load(f)
-
-
 def _censored(steps_S, budget: float) -> np.ndarray:
   """Steps with a seed that never reached its target counted at `budget` (a lower bound)."""
   return np.where(np.isfinite(steps_S), steps_S, budget)
@@ -272,7 +249,7 @@ def study_tables(out: str) -> str:
   never reached its target count as the run's budget (a lower bound, marked with the seeds reached)."""
   sets = sorted((d for d in os.listdir(out) if d.startswith("seed")), key=lambda d: int(d[4:]))
   lines = []
-  generations_rows = {d: _read_json(os.path.join(out, d, "generations.json")) for d in sets
+  generations_rows = {d: files.read_json(os.path.join(out, d, "generations.json")) for d in sets
                       if os.path.isfile(os.path.join(out, d, "generations.json"))}
   if generations_rows:
     lines += ["## Generations", "", "| seeds | generation | final eval accuracy (%) | eval topsim | eval MI (bits) | "
@@ -295,7 +272,7 @@ def study_tables(out: str) -> str:
           cells += [""] * 5
         lines.append(_row(*cells))
     lines.append("")
-  crossplay = {d: _read_json(os.path.join(out, d, "crossplay.json")) for d in sets
+  crossplay = {d: files.read_json(os.path.join(out, d, "crossplay.json")) for d in sets
                if os.path.isfile(os.path.join(out, d, "crossplay.json"))}
   if crossplay:
     lines += ["## Cross-play of generation 0's teams", "",
@@ -313,7 +290,7 @@ def study_tables(out: str) -> str:
     for d, by_cell in newcomers_rows.items():
       steps = {}  # (generation, name) -> steps to recover per seed, censored at the budget
       for (g, name), run_dir in by_cell.items():
-        r = _read_json(os.path.join(run_dir, "recovery.json"))
+        r = files.read_json(os.path.join(run_dir, "recovery.json"))
         budget = configs.read_run_config(run_dir).total_steps
         reached = np.asarray(r["steps_to_recover"], np.float64)
         steps[g, name] = _censored(reached, budget)
@@ -332,7 +309,7 @@ def study_tables(out: str) -> str:
   # Retention: each order of the two arithmetic tasks (its directories' prefix, A's and B's names).
   for prefix, first, second in (("retention", "additions", "multiplications"),
                                 ("retention_mul", "multiplications", "additions")):
-    retention_rows = {d: {replay: _read_json(os.path.join(out, d, f"{prefix}_replay{replay}", "generations.json"))
+    retention_rows = {d: {replay: files.read_json(os.path.join(out, d, f"{prefix}_replay{replay}", "generations.json"))
                           for replay in ("0", "0.5")
                           if os.path.isfile(os.path.join(out, d, f"{prefix}_replay{replay}", "generations.json"))}
                       for d in sets}
@@ -394,7 +371,7 @@ def run(config, workdir: str) -> str:
     if not array_records.exists(MarlTranscripts, archive_name(config, g), archive_dir(workdir, g)):
       archive.archive_workdir(d, archive_dir(workdir, g), config.archive.greedy, train=config.archive.size)
   rows = summary(config, workdir)
-  workdir_lib.write_atomically(os.path.join(workdir, "generations.json"), json.dumps(rows, indent=1))
+  files.write_atomically(os.path.join(workdir, "generations.json"), json.dumps(rows, indent=1))
   return markdown(rows)
 
 

@@ -54,8 +54,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from marl_jax import (cli, configs, experiment, model as model_lib, parallel, protocols, sampling, tasks, text, update,
-                      workdir)
+from marl_jax import (cli, configs, experiment, files, model as model_lib, parallel, protocols, sampling, tasks, text,
+                      update)
 from marl_jax.lm import agent as lm_agent
 from marl_jax.lm import checkpoint as lm_checkpoint
 from marl_jax.lm import model as lm_model
@@ -89,7 +89,7 @@ def write_shapes(name: str, directory: str) -> str:
   vocab.update({f"<unused_word_{i}>": i for i in range(len(vocab), config["vocab_size"])})
   os.makedirs(directory, exist_ok=True)
   for file, content in (("config.json", config), ("tokenizer.json", tokenizer)):
-    workdir.write_atomically(os.path.join(directory, file), json.dumps(content, indent=1))
+    files.write_atomically(os.path.join(directory, file), json.dumps(content, indent=1))
   return directory
 
 
@@ -494,7 +494,7 @@ def main(argv=None) -> None:
   header["model"] = args.shapes or args.checkpoint
   print(table(rows, header), flush=True)
   if args.out:
-    workdir.write_atomically(args.out, json.dumps({"header": header, "rows": rows}, indent=1))
+    files.write_atomically(args.out, json.dumps({"header": header, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

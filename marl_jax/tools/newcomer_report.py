@@ -4,14 +4,30 @@
 
 prints per seed the team's final evaluation accuracy, the run's at step 0 and at its end, the evaluated
 steps it took to reach the team's accuracy, and each role's code agreement with the team
-(`generations.recovery`).  A module of its own because it reads runs through the training loop, which
-imports `marl_jax.newcomers`.
+(`recovery`).
 """
 import argparse
 import json
 
-from marl_jax import cli, workdir
-from marl_jax.tools import generations
+from marl_jax import cli, configs, files, metrics
+from marl_jax.tools import generations, runs
+
+
+def recovery(workdir: str) -> dict:
+  """How a newcomer run (`config.newcomers`) recovered the accuracy of the team it joined, per seed:
+  the team's final evaluation accuracy (`target`), the run's accuracy at step 0 (the joined team, after
+  any distillation) and at its end, the steps it took to reach the target (inf: never), and per role
+  the share of evaluation problems on which its final team writes the team's greedy messages."""
+  config = configs.read_run_config(workdir)
+  if not str(config.newcomers.roles).strip():
+    raise ValueError(f"{workdir} is not a newcomer run (its config.newcomers.roles is empty)")
+  team = config.init_from
+  target_S = runs.seed_values(runs.final_eval(team.removesuffix(":best")), "eval_accuracy")
+  rows = [r for r in metrics.read(workdir) if "eval_accuracy" in r]
+  return {"team": team, "newcomers": config.newcomers.to_dict(), "target": target_S.tolist(),
+          "start_accuracy": runs.seed_values(rows[0], "eval_accuracy").tolist(),
+          "final_accuracy": runs.seed_values(rows[-1], "eval_accuracy").tolist(),
+          "steps_to_recover": runs.steps_to(workdir, target_S).tolist(), **generations.code_agreement(workdir, team)}
 
 
 def main(argv=None) -> None:
@@ -21,7 +37,7 @@ def main(argv=None) -> None:
   parser.add_argument("--out", default="", help="write the report here (JSON)")
   args = parser.parse_args(argv)
   with cli.refusing_bad_input(parser):
-    out = generations.recovery(args.workdir)
+    out = recovery(args.workdir)
   agreement = {k: v for k, v in out.items() if k.endswith("_agreement")}
   print(f"newcomers {out['newcomers']['roles']!r} joining {out['team']}")
   print("seed  team  start  final  steps to the team's accuracy  " + "  ".join(agreement))
@@ -30,7 +46,7 @@ def main(argv=None) -> None:
     print(f"{s:>4}  {target:.3f}  {start:.3f}  {final:.3f}  {steps:>6.0f}  "
           + "  ".join(f"{v[s]:.3f}" for v in agreement.values()))
   if args.out:
-    workdir.write_atomically(args.out, json.dumps(out, indent=1))
+    files.write_atomically(args.out, json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

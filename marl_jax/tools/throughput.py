@@ -44,8 +44,8 @@ import numpy as np
 
 from jax.sharding import PartitionSpec as P
 
-from marl_jax import (cli, configs, credit, experiment, memory, model as model_lib, parallel, rollout, sampling,
-                      state as state_lib, train, workdir)
+from marl_jax import (cli, configs, credit, experiment, files, memory, model as model_lib, parallel, rollout, sampling,
+                      state as state_lib, train)
 from marl_jax.tools import bounds, hlo_profile
 
 _JSON = flags.DEFINE_string("json", "", "Also write the rows here as a JSON list, replaced after each row.")
@@ -390,7 +390,7 @@ def main(argv):
     if "thunk_s" in row:
       print_profile(row, bound)
     if _JSON.value:  # replaced after every row, so an interrupted run keeps what it measured
-      workdir.write_atomically(_JSON.value, json.dumps(rows, indent=1))
+      files.write_atomically(_JSON.value, json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":
