@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from marl_jax.tools import archive as archive_lib
-from marl_jax import checkpoint, datasets, experiment, state, tasks, text
+from marl_jax import checkpoint, datasets, experiment, loop, state, tasks, text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -81,7 +81,7 @@ def test_archived_rewards_and_credit_are_the_protocols(tmp_path):
   # A warm-started team plays actions (a random one writes no joint action: every value below 0),
   # and the matrix game's payoffs vary between them.
   exp = tiny_experiment("matrix_game", eval_size=32, warm_steps=150)
-  archive_lib.archive(exp, state.initial_state(exp).params, str(tmp_path), "sampled")
+  archive_lib.archive(exp, loop.initial_state(exp).params, str(tmp_path), "sampled")
   arrays = archive_lib.load_transcripts(str(tmp_path), "sampled").arrays
   problems = {k[len("problem_"):]: v for k, v in arrays.items() if k.startswith("problem_")}
   rewards = exp.protocol.rewards(exp.task, exp.layout, problems, arrays["tokens"])

@@ -103,13 +103,13 @@ def test_every_seed_and_set_starts_from_the_checkpoint():
   config.sft.steps = 0
   config.num_seeds = 2
   exp = experiment.build(config)
-  params_S = state_lib.to_host(state_lib.initial_state(exp).params)
+  params_S = state_lib.to_host(loop.initial_state(exp).params)
   _, loaded = lm_checkpoint.load(str(FIXTURES / "qwen3"))
   for got, want in zip(jax.tree.leaves(params_S), jax.tree.leaves(loaded)):
     assert got.shape == (2, 2) + want.shape  # seeds x parameter sets (isolated solver, verifier)
     np.testing.assert_array_equal(got, np.broadcast_to(want, got.shape))
   config.model.random_weights = True
-  random_S = state_lib.to_host(state_lib.initial_state(experiment.build(config)).params)
+  random_S = state_lib.to_host(loop.initial_state(experiment.build(config)).params)
   assert not np.allclose(jax.tree.leaves(random_S)[0], jax.tree.leaves(params_S)[0])
 
 
@@ -119,7 +119,7 @@ def test_a_run_of_the_per_layer_decoder_is_refused_saying_why(tmp_path):
   config = _config("qwen3")
   config.sft.steps = 0
   exp = experiment.build(config)
-  state_S = state_lib.initial_state(exp)
+  state_S = loop.initial_state(exp)
   params_S = dict(state_lib.to_host(state_S.params))
   layers = params_S.pop("layers")
   assert jax.tree.leaves(layers)[0].shape[:3] == (1, 2, 2)  # seeds x parameter sets x layers
@@ -233,7 +233,7 @@ def test_lora_team_holds_one_base():
   config.update(sft=dict(config.sft, steps=0), steps_per_call=1, num_seeds=1)
   config.rl.entropy_coef = 0.01  # a gradient even when every reward of the untrained team ties
   exp = experiment.build(config)
-  state_S = state_lib.initial_state(exp)
+  state_S = loop.initial_state(exp)
   _, base = lm_checkpoint.load(str(FIXTURES / "llama"), max_len=exp.model.max_len)
   assert jax.tree.map(lambda p: p.shape[1:], state_S.params["base"]) == jax.tree.map(np.shape, base)
   assert {p.shape[:2] for p in jax.tree.leaves(state_S.params["adapter"])} == {(1, 2)}

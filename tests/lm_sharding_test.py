@@ -99,7 +99,7 @@ def _train_split_and_whole() -> dict:
   for name, overrides in (("split", dict(num_devices=8, model_shards=4)),
                           ("model_only", {"num_devices": 4, "model_shards": 4}), ("whole", dict(num_devices=1))):
     exp = experiment.build(_step_config(**overrides))
-    state_S = state_lib.initial_state(exp)
+    state_S = loop.initial_state(exp)
     start = state_lib.to_host(state_S.params)
     state_S, _ = train.make_train_call(exp)(state_S)
     params[name] = jax.device_get(state_S.params)

@@ -15,7 +15,7 @@ import numpy as np
 import optax
 import pytest
 
-from marl_jax import configs, experiment, loop, state, team as team_lib, text, train
+from marl_jax import configs, experiment, loop, team as team_lib, text, train
 from marl_jax import model as model_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -80,10 +80,10 @@ def test_team_of_one_model_twice_trains_as_the_uniform_team():
   twins = team_lib.Team(("model", "twin"), (exp_u.model, exp_u.model), (0, 1))
   tx = experiment.make_optimizer(uniform.optim, uniform.total_steps * uniform.rl.epochs * uniform.rl.minibatches)
   exp_t = dataclasses.replace(exp_u, model=twins, optimizer=model_lib.per_set(twins, tx, exp_u.trainable_R))
-  state_u = state.initial_state(exp_u)
+  state_u = loop.initial_state(exp_u)
   params_S = jax.tree.map(np.asarray, state_u.params)
   split = {"model": jax.tree.map(lambda p: p[:, :1], params_S), "twin": jax.tree.map(lambda p: p[:, 1:], params_S)}
-  state_t = state.initial_state(exp_t, split)
+  state_t = loop.initial_state(exp_t, split)
   for _ in range(2):
     state_u, metrics_u = train.make_train_call(exp_u)(state_u)
     state_t, metrics_t = train.make_train_call(exp_t)(state_t)
@@ -107,7 +107,7 @@ def test_small_solver_and_larger_verifier_train_in_one_step():
   exp = experiment.build(config)
   assert exp.model.names == ("model", "verifier")
   assert exp.model.set_model(1).d_model == 2 * exp.model.set_model(0).d_model
-  state_S = state.initial_state(exp)
+  state_S = loop.initial_state(exp)
   before = jax.device_get(state_S.params)
   assert before["verifier"]["block1"]["query"]["kernel"].shape == (2, 1, 64, 2, 32)  # 2 layers, d 64
   train_call = train.make_train_call(exp)

@@ -10,7 +10,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from marl_jax import configs, credit, experiment, sampling, state as state_lib
+from marl_jax import configs, credit, experiment, loop, sampling
 from marl_jax.tools import throughput
 
 
@@ -159,7 +159,7 @@ def test_a_row_times_the_step_and_its_rollout(sharing):
   config.num_devices = 1
   # The rollout program samples steps x seeds x batch episodes of two agents writing 1 to 4 tokens.
   exp = experiment.build(config)
-  tokens = float(throughput.make_rollout_call(exp)(state_lib.initial_state(exp).params, jax.random.PRNGKey(0)))
+  tokens = float(throughput.make_rollout_call(exp)(loop.initial_state(exp).params, jax.random.PRNGKey(0)))
   episodes = 2 * 2 * 8
   assert 2 * episodes <= tokens <= 8 * episodes
   row = throughput.measure(config, calls=1, profile=True)
@@ -181,7 +181,7 @@ def test_the_rollout_alone_is_split_over_devices_as_the_step_is():
   code = textwrap.dedent("""
       import jax
       jax.config.update("jax_num_cpu_devices", 2)
-      from marl_jax import experiment, state as state_lib
+      from marl_jax import experiment, loop
       from marl_jax.tools import throughput
       config = throughput.relay_config(2, 2, "team", batch_size=8, steps_per_call=2)
       config.model.update(d_model=16, n_layers=1, n_heads=2, d_ff=32)
@@ -191,7 +191,7 @@ def test_the_rollout_alone_is_split_over_devices_as_the_step_is():
         config.num_devices = devices
         exp = experiment.build(config)
         call = throughput.make_rollout_call(exp)
-        params_S = state_lib.initial_state(exp).params
+        params_S = loop.initial_state(exp).params
         tokens.append(float(call(params_S, jax.random.PRNGKey(0))))
       shardings = call.lower(params_S, jax.random.PRNGKey(0)).compile().input_shardings
       print(*tokens, len(jax.tree.leaves(shardings)[0].device_set))

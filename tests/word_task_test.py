@@ -18,7 +18,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from marl_jax import configs, datasets, experiment, rollout, sampling, state as state_lib, tasks, text
+from marl_jax import configs, datasets, experiment, loop, rollout, sampling, tasks, text
 from marl_jax import workdir as workdir_lib
 from marl_jax.lm import agent as lm_agent
 from marl_jax.lm import checkpoint as lm_checkpoint
@@ -183,7 +183,7 @@ def test_sampled_tokens_are_the_policys():
   """Free text over the whole vocabulary: nothing sampled is a role marker, padding, BOS, <absent> or a
   special token of the tail, and some of it lies beyond the engine's symbols."""
   exp = experiment.build(_config(**{"sft.steps": 0}))
-  state = state_lib.initial_state(exp)
+  state = loop.initial_state(exp)
   problems = jax.vmap(exp.task.sample)(jax.random.split(jax.random.PRNGKey(3), 64))
   params_R = jax.tree.map(lambda p: p[0], state.params)
   episodes = jax.jit(lambda p, k: rollout.sample(exp, p, problems, k, False))(
@@ -207,7 +207,7 @@ def test_eval_set_archived_as_a_tfds_dataset(tmp_path):
 def test_transcripts_archived_read_back_as_text(tmp_path):
   """`marl_jax.tools.archive` of a free-text run: transcripts decode through the checkpoint's tokenizer."""
   exp = experiment.build(_config(**{"sft.steps": 0}))
-  params_S = state_lib.initial_state(exp).params
+  params_S = loop.initial_state(exp).params
   name = archive.archive(exp, params_S, str(tmp_path), "wp", greedy=True, with_credit=False)
   transcripts = archive.load_transcripts(str(tmp_path), name.split("/")[1].split(":")[0])
   first = transcripts.text(0)

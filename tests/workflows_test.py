@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from marl_jax import checkpoint, configs, experiment, protocols, sampling, state, tasks, text, train
+from marl_jax import checkpoint, configs, experiment, loop, protocols, sampling, state, tasks, text, train
 from marl_jax import model as model_lib
 from marl_jax.protocols import debate, engine, vote
 from marl_jax.tasks import Arithmetic
@@ -525,7 +525,7 @@ def test_the_step_hands_the_protocols_turn_rewards_to_the_update(monkeypatch):
     return update_batch(exp, state, episodes, adv_xB, turn_NxB)
 
   monkeypatch.setattr(train, "update_batch", spy)
-  jax.eval_shape(train.make_train_call(exp), state.initial_state(exp))
+  jax.eval_shape(train.make_train_call(exp), loop.initial_state(exp))
   assert len(turn_rewards) == 1 and turn_rewards[0] is not None
   assert turn_rewards[0].shape == (len(exp.layout.turn_slices), exp.config.rl.batch_size)
 

@@ -44,8 +44,8 @@ import numpy as np
 
 from jax.sharding import PartitionSpec as P
 
-from marl_jax import (cli, configs, credit, experiment, files, memory, model as model_lib, parallel, rollout, sampling,
-                      state as state_lib, train)
+from marl_jax import (cli, configs, credit, experiment, files, loop, memory, model as model_lib, parallel, rollout,
+                      sampling, state as state_lib, train)
 from marl_jax.tools import bounds, hlo_profile
 
 _JSON = flags.DEFINE_string("json", "", "Also write the rows here as a JSON list, replaced after each row.")
@@ -237,7 +237,7 @@ def measure(config, calls: int, profile: bool = False) -> dict:
   # cannot fit on the device; the calls below reuse the program.
   compiled = memory.check_run(exp, state_lib.abstract_state(exp), train_call)
   compile_s = time.perf_counter() - start
-  state = state_lib.initial_state(exp)
+  state = loop.initial_state(exp)
   state, metrics = train_call(state)  # warm-up call
   jax.block_until_ready(state)
   start, tokens = time.perf_counter(), 0.0
