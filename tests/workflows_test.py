@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from marl_jax import checkpoint, configs, experiment, loop, protocols, sampling, state, tasks, text, train
+from marl_jax import checkpoint, configs, experiment, judging, loop, protocols, sampling, state, tasks, text, train
 from marl_jax import model as model_lib
 from marl_jax.protocols import debate, engine, vote
 from marl_jax.tasks import Arithmetic
@@ -130,8 +130,8 @@ def test_same_message_rate_by_hand():
 
 def test_a_rate_over_an_empty_subset_is_undefined():
   hits, among = jnp.array([True, False, True]), jnp.array([True, True, False])
-  np.testing.assert_allclose(engine.rate(hits, among), 1 / 2)  # the third hit is outside the subset
-  assert np.isnan(engine.rate(hits, jnp.zeros(3, bool)))  # not 0: no case to count
+  np.testing.assert_allclose(judging.rate(hits, among), 1 / 2)  # the third hit is outside the subset
+  assert np.isnan(judging.rate(hits, jnp.zeros(3, bool)))  # not 0: no case to count
 
 
 # ---------------------------------------------------------------------------------------------

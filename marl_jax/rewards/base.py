@@ -243,8 +243,8 @@ def monitor(reviewed: Reviewed, truth_A, reported_A, answers_per_episode: int) -
   metrics = {"true_accuracy": truth_A.mean(), "reported_accuracy": reported_A.mean(),
              "distortion": reported_A.mean() - truth_A.mean(),
              "labels_per_episode": reviewed.audited_A.mean() * answers_per_episode,
-             "false_accept": jax.vmap(engine.rate, (0, None))(accept_JxA, wrong_A),
-             "false_reject": jax.vmap(engine.rate, (0, None))(~accept_JxA, ~wrong_A),
+             "false_accept": jax.vmap(judging.rate, (0, None))(accept_JxA, wrong_A),
+             "false_reject": jax.vmap(judging.rate, (0, None))(~accept_JxA, ~wrong_A),
              "balanced_accuracy": judging.balanced_accuracy(accept_JxA, truth_A),
              "auroc": judging.auroc(reviewed.level_JxA, truth_A, len(reviewed.levels))}
   if accept_JxA.shape[0] > 1:
