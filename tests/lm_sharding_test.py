@@ -18,7 +18,7 @@ import optax
 import pytest
 
 from marl_jax import checkpoint as checkpoint_lib, configs, experiment, loop, sft, state as state_lib, train
-from marl_jax.lm import checkpoint, sharding
+from marl_jax.lm import hf_checkpoint, sharding
 from marl_jax.lm import model as lm_model
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -30,7 +30,7 @@ BAD_RULES = ((r"k_proj/kernel$", (None, sharding.MODEL, None)), *sharding.DEFAUL
 
 
 def _load(family):
-  return checkpoint.load(str(FIXTURES / family), max_len=40)
+  return hf_checkpoint.load(str(FIXTURES / family), max_len=40)
 
 
 def _batch_of_8(family):

@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 
 from marl_jax import configs, datasets, experiment, loop, rollout, sampling, tasks, text
+from marl_jax import word_problem_sets as wp
 from marl_jax import workdir as workdir_lib
 from marl_jax.lm import agent as lm_agent
-from marl_jax.lm import checkpoint as lm_checkpoint
+from marl_jax.lm import hf_checkpoint
 from marl_jax.lm import model as lm_model
 from marl_jax.lm import tokenizer as lm_tokenizer
-from marl_jax.lm import word_problems as wp
 from marl_jax.protocols import vote
 from marl_jax.tools import archive
 
@@ -51,7 +51,7 @@ def test_canvas_ids(family):
   """Symbols first (role markers on control characters), then every ordinary token once, then the
   special tokens that are not symbols, which no policy may write."""
   tok = lm_tokenizer.load(str(FIXTURES / "lm" / family))
-  vocab_size = lm_checkpoint.read_hf_config(str(FIXTURES / "lm" / family))["vocab_size"]
+  vocab_size = hf_checkpoint.read_hf_config(str(FIXTURES / "lm" / family))["vocab_size"]
   ids_W, num_writable = lm_agent.canvas_ids(tok, vocab_size)
   symbols = lm_agent.symbol_ids(tok, free_text=True)
   assert ids_W[:text.VOCAB_SIZE] == symbols

@@ -23,7 +23,7 @@ import optax
 
 from marl_jax import model as model_lib
 from marl_jax import text
-from marl_jax.lm import checkpoint as lm_checkpoint
+from marl_jax.lm import hf_checkpoint
 from marl_jax.lm import lora as lora_lib
 from marl_jax.lm import model as lm_model
 from marl_jax.lm import tokenizer as lm_tokenizer
@@ -101,7 +101,7 @@ def free_text_canvas(directory: str) -> tuple[lm_tokenizer.Tokenizer, np.ndarray
   would refuse is refused here too (a missing `vocab_size` named, not a KeyError)."""
   try:
     tok = _load_tokenizer(directory)
-    vocab_size = lm_model.LMConfig.from_hf_config(lm_checkpoint.read_hf_config(directory)).vocab_size
+    vocab_size = lm_model.LMConfig.from_hf_config(hf_checkpoint.read_hf_config(directory)).vocab_size
   except (OSError, ValueError) as e:
     raise ValueError(f"config.model.checkpoint={directory!r}: {e}") from e
   return tok, np.asarray(canvas_ids(tok, vocab_size)[0])
@@ -225,7 +225,7 @@ class LMAgent(model_lib.SetStack):
     return optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
 
   def servable(self, params):
-    """One parameter set as the plain decoder's parameters (LoRA merged in), for `lm.checkpoint.save`."""
+    """One parameter set as the plain decoder's parameters (LoRA merged in), for `lm.hf_checkpoint.save`."""
     if self.lora is None:
       return params
     return jax.tree.map(np.asarray, lora_lib.merged_params(self.lora, params["base"], params["adapter"]))
@@ -244,7 +244,7 @@ def _load_tokenizer(directory: str) -> lm_tokenizer.Tokenizer:
 
 @functools.lru_cache(maxsize=2)
 def _load_params(directory: str, max_len: int):
-  return lm_checkpoint.load(directory, max_len=max_len)[1]
+  return hf_checkpoint.load(directory, max_len=max_len)[1]
 
 
 def from_config(model_config, free_text: bool = False, key: str = "config.model") -> LMAgent:
@@ -253,7 +253,7 @@ def from_config(model_config, free_text: bool = False, key: str = "config.model"
   `config.model.checkpoint` (`key`.checkpoint), before anything is compiled."""
   directory = model_config.checkpoint
   try:
-    lm = lm_model.LMConfig.from_hf_config(lm_checkpoint.read_hf_config(directory),
+    lm = lm_model.LMConfig.from_hf_config(hf_checkpoint.read_hf_config(directory),
                                           max_len=model_config.max_len,
                                           dtype=model_lib.compute_dtype(model_config.dtype),
                                           remat=model_config.get("remat", False))

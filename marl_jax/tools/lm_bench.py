@@ -57,7 +57,7 @@ from jax.sharding import PartitionSpec as P
 from marl_jax import (cli, configs, experiment, files, model as model_lib, parallel, protocols, sampling, tasks, text,
                       update)
 from marl_jax.lm import agent as lm_agent
-from marl_jax.lm import checkpoint as lm_checkpoint
+from marl_jax.lm import hf_checkpoint
 from marl_jax.lm import model as lm_model
 from marl_jax.protocols import engine
 from marl_jax.tools import bounds
@@ -135,7 +135,7 @@ def make_setup(checkpoint: str, random_weights: bool, batch: int, prompt: int, a
   if batch % microbatch:
     raise ValueError(f"--microbatch={microbatch} does not divide --batch={batch}; allowed: its divisors")
   try:
-    hf = lm_checkpoint.read_hf_config(checkpoint)
+    hf = hf_checkpoint.read_hf_config(checkpoint)
   except (OSError, ValueError) as e:
     raise ValueError(f"--checkpoint={checkpoint!r}: {e}") from e
   length = prompt + 1 + answer  # the prompt, the turn's header, the message

@@ -1,4 +1,4 @@
-"""Mixed teams (`config.roles.models`, `marl_jax.team`): each model group's sets called at their own
+"""Mixed teams (`config.roles.models`, `marl_jax.mixed_teams`): each model group's sets called at their own
 model, a team of one model twice training exactly as the uniform team, a small solver and a larger
 verifier trained in one step (a frozen set still), the CLI, and bad teams refused before compiling."""
 import dataclasses
@@ -15,7 +15,7 @@ import numpy as np
 import optax
 import pytest
 
-from marl_jax import configs, experiment, loop, team as team_lib, text, train
+from marl_jax import configs, experiment, loop, mixed_teams, text, train
 from marl_jax import model as model_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -36,7 +36,7 @@ def test_each_set_runs_at_its_groups_model():
   small = model_lib.ModelConfig(d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=8)
   large = model_lib.ModelConfig(d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=8)
   # Sets 0 and 2 are small, set 1 large: the groups are {small: [0, 2], large: [1]}.
-  team = team_lib.Team(("small", "large"), (small, large), (0, 1, 0))
+  team = mixed_teams.Team(("small", "large"), (small, large), (0, 1, 0))
   params = team.init_stack(jax.random.PRNGKey(0), 3)
   assert jax.tree.leaves(params["small"])[0].shape[0] == 2 and jax.tree.leaves(params["large"])[0].shape[0] == 1
   tokens_BxT = jax.random.randint(jax.random.PRNGKey(1), (2, 8), text.DIGIT0, text.DIGIT0 + 10)
@@ -77,7 +77,7 @@ def test_team_of_one_model_twice_trains_as_the_uniform_team():
   uniform.num_seeds, uniform.sft.steps, uniform.rl.entropy_coef = 2, 0, 0.01
   exp_u = experiment.build(uniform)
   # The same model as two groups of one set each: every per-set operation goes through the team.
-  twins = team_lib.Team(("model", "twin"), (exp_u.model, exp_u.model), (0, 1))
+  twins = mixed_teams.Team(("model", "twin"), (exp_u.model, exp_u.model), (0, 1))
   tx = experiment.make_optimizer(uniform.optim, uniform.total_steps * uniform.rl.epochs * uniform.rl.minibatches)
   exp_t = dataclasses.replace(exp_u, model=twins, optimizer=model_lib.per_set(twins, tx, exp_u.trainable_R))
   state_u = loop.initial_state(exp_u)
