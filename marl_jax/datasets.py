@@ -13,6 +13,7 @@ import jax
 import numpy as np
 
 from marl_jax import array_records, tasks, text, word_problem_sets
+from marl_jax.tasks.arithmetic import Arithmetic
 
 
 # ---------------------------------------------------------------------------------------------
@@ -63,7 +64,7 @@ def load_eval_set(task: tasks.Task, seed: int, size: int, data_dir: str) -> dict
 _STEPS = {"+": "add {}", "-": "subtract {}", "*": "multiply by {}"}
 
 
-def arithmetic_question(task: tasks.Arithmetic, problem: dict) -> tuple[str, str]:
+def arithmetic_question(task: Arithmetic, problem: dict) -> tuple[str, str]:
   """One arithmetic problem (the arrays of `task.sample`) as a question in words, and its answer.
 
   The chain is told as steps, so its left-to-right order needs no brackets; the modulus is said with

@@ -188,7 +188,7 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
                      f"take {layout.length} tokens (their lengths are config.task.* and config.protocol.* "
                      f"settings); allowed: >= {layout.length}")
   rl = config.rl
-  loss = losses.get(rl.algorithm)
+  loss = losses.REGISTRY.lookup(rl.algorithm)
   losses.entropy_coef_R(rl, layout.roles)  # refuses a name that is not a role
   if rl.batch_size % rl.group_size:
     raise ValueError(f"config.rl.batch_size={rl.batch_size} must divide by config.rl.group_size="

@@ -20,7 +20,7 @@ from marl_jax.lm import agent as lm_agent
 from marl_jax.lm import hf_checkpoint
 from marl_jax.lm import model as lm_model
 from marl_jax.protocols import engine
-from marl_jax.tasks import Arithmetic
+from marl_jax.tasks.arithmetic import Arithmetic
 
 from sampling_test import whole_canvas_policy
 

@@ -381,7 +381,7 @@ def test_cli_split_refuses_runs_it_cannot_split(runs, tmp_path, capsys):
   write_config(multi, "no_such_workflow")
   assert refusal(single, multi).startswith(
       f"--split MULTI={multi}: the roles of its workflow do not follow from its config.json "
-      f"(config.protocol.name='no_such_workflow' is unknown; known protocols: [")
+      f"(config.protocol.name='no_such_workflow' is unknown; allowed: [")
   # The same task with a setting left at its default (`ops`) on one side only, stored elsewhere.
   write_config(single, "single", ops="+-*")
   write_config(multi, "vote")

@@ -14,7 +14,7 @@ import pytest
 from marl_jax import checkpoint, configs, credit, experiment, loop, metrics, protocols, rollout, state
 from marl_jax import evaluate, sampling, text, train, update
 from marl_jax.protocols import engine
-from marl_jax.tasks import Arithmetic
+from marl_jax.tasks.arithmetic import Arithmetic
 
 EXPERIMENTS = pathlib.Path(__file__).resolve().parents[1] / "experiments"
 

@@ -1,4 +1,4 @@
-"""Word problems in the step (`tasks.WordProblems`, `lm.agent.canvas_ids`): the free-text canvas table of
+"""Word problems in the step (`tasks.word_problems.WordProblems`, `lm.agent.canvas_ids`): the free-text canvas table of
 each fixture tokenizer, the agent's whole-vocabulary logits against the decoder's, problems that decode
 back to the file's questions and solutions, final answers scored inside a jitted function by hand-worked
 cases, sampled tokens that are all the policy's to write, bad input refused before compiling, and tiny

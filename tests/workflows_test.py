@@ -16,7 +16,7 @@ import pytest
 from marl_jax import checkpoint, configs, experiment, judging, loop, protocols, sampling, state, tasks, text, train
 from marl_jax import model as model_lib
 from marl_jax.protocols import debate, engine, vote
-from marl_jax.tasks import Arithmetic
+from marl_jax.tasks.arithmetic import Arithmetic
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TASK = Arithmetic(num_ops=1)  # prompt '<bos>0+d=' (5 tokens), answers 'd<eos>'

@@ -28,10 +28,8 @@ from marl_jax.credit import baselines
 if TYPE_CHECKING:  # the hint alone: importing the engine at run time would load every workflow and task
   from marl_jax.protocols import engine
 
-REGISTRY: dict[str, type["Estimator"]] = {}
-
-
-register = registry.registrar(REGISTRY)
+REGISTRY = registry.Registry("credit.name", "estimator")
+register = REGISTRY.register
 
 
 @flax.struct.dataclass

@@ -8,7 +8,7 @@ is the language model restricted to the task's alphabet: what it may write is ex
 read, with the model's own end-of-turn token closing every message.  Roles stay engine-assigned: each
 role marker is a token the policy can never write (`sampling.policy_log_probs` masks it).
 
-A free-text task (`tasks.WordProblems`) needs the whole vocabulary: with `free_text` the canvas values
+A free-text task (`tasks.word_problems.WordProblems`) needs the whole vocabulary: with `free_text` the canvas values
 are the 96 engine symbols followed by every other ordinary token of the tokenizer (`canvas_ids`), so
 the policy is the whole language model (its special tokens aside) and the engine still reads its own
 symbols (EOS, digits, accept/reject) where it needs them.

@@ -139,8 +139,8 @@ class Scored:
   judgments: Judgments | None = None
 
 
-REGISTRY: dict[str, type["Protocol"]] = {}
-register = registry.registrar(REGISTRY)
+REGISTRY = registry.Registry("protocol.name", "protocol")
+register = REGISTRY.register
 
 
 @dataclasses.dataclass(frozen=True)

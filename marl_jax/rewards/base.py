@@ -29,8 +29,8 @@ from marl_jax import checks, judging, parallel, registry
 from marl_jax.credit import Outcome
 from marl_jax.protocols import engine
 
-REGISTRY: dict[str, type["PayRule"]] = {}
-register = registry.registrar(REGISTRY)
+REGISTRY = registry.Registry("reward.pay", "payment rule")
+register = REGISTRY.register
 
 SOURCES = ("checker", "peer")
 # Cross-judging: `none`; `other_set`: no judge shares its parameter set with a role it judges (the

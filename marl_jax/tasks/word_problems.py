@@ -24,7 +24,7 @@ import numpy as np
 
 from marl_jax import checks, text, word_problem_sets
 from marl_jax.lm import agent as lm_agent
-from marl_jax.tasks.base import Task, register
+from marl_jax.tasks import base
 
 
 class _Data(NamedTuple):
@@ -46,9 +46,9 @@ class _Data(NamedTuple):
     return lm_agent.decode(self.tokenizer, self.canvas_ids_W, values)
 
 
-@register
+@base.register
 @dataclasses.dataclass(frozen=True)
-class WordProblems(Task):
+class WordProblems(base.Task):
   name: ClassVar[str] = "word_problems"
   free_text: ClassVar[bool] = True  # needs a language-model agent over its whole vocabulary
 
