@@ -30,7 +30,7 @@ setup(
         "dev": ["pytest", "pytest-xdist", "nbmake", "ipykernel"],
         # The documentation site: python -m sphinx -W --keep-going -b html docs docs/_build/html
         "docs": ["sphinx", "myst-nb", "sphinx-book-theme"],
-        # The language-model benchmark's peer (python -m marl_jax.lm.bench --peer=transformers). Install
+        # The language-model benchmark's peer (python -m marl_jax.tools.lm_bench --peer=transformers). Install
         # torch first, so that transformers finds it and pulls in no GPU build: pip install torch==2.13.0
         # --index-url https://download.pytorch.org/whl/cpu, then pip install -e ".[peer]".
         "peer": ["torch==2.13.0", "transformers"],

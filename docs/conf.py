@@ -57,7 +57,7 @@ html_title = "marl_jax"
 html_theme_options = {"show_toc_level": 2}
 
 # Modules without an API entry on purpose: `main` is the command line (its docstring is the command,
-# shown on the Running page), and it defines the same absl flags as `benchmark`, so both cannot be
+# shown on the Running page), and it defines the same absl flags as `tools.credit_benchmark`, so both cannot be
 # imported into one process.
 API_EXEMPT = {"marl_jax.main"}
 

@@ -1,13 +1,13 @@
 r"""The credit-assignment benchmark: every estimator graded against exact contributions (fidelity)
 and trained on the same workflows (learning), seeds vmapped, resumable.
 
-  python -m marl_jax.benchmark --config=experiments/credit_benchmark.py:size=cpu --workdir=workdirs/credit
-  python -m marl_jax.benchmark --config=experiments/credit_benchmark.py:size=tiny --workdir=/tmp/credit
-  python -m marl_jax.benchmark --config=experiments/credit_benchmark.py:size=gpu --workdir=/tmp/credit_gpu
+  python -m marl_jax.tools.credit_benchmark --config=experiments/credit_benchmark.py:size=cpu --workdir=workdirs/credit
+  python -m marl_jax.tools.credit_benchmark --config=experiments/credit_benchmark.py:size=tiny --workdir=/tmp/credit
+  python -m marl_jax.tools.credit_benchmark --config=experiments/credit_benchmark.py:size=gpu --workdir=/tmp/credit_gpu
 
 The workflow grid (`grid=workflows`): the learning grid on the published workflows, each team against
 the single agent on its task, no fidelity grid (scripts/credit_workflow_results.sh: both seed sets):
-  python -m marl_jax.benchmark --config=experiments/credit_benchmark.py:grid=workflows \
+  python -m marl_jax.tools.credit_benchmark --config=experiments/credit_benchmark.py:grid=workflows \
       --config.learning.scenarios=single_subset_sum,vote --workdir=workdirs/credit_workflows/seed0
 
 Lists are comma-separated strings, so each can be narrowed from the command line:

@@ -1,9 +1,9 @@
 r"""Generations: a team trained, its transcripts of training problems archived, and each next generation
 distilled from the last one's archive (fresh parameters, each role its own messages) before RL.
 
-  python -m marl_jax.generations --config=experiments/generations.py:task=signalling --workdir=workdirs/gen_signalling
-  python -m marl_jax.generations --config=experiments/generations.py:task=hidden_sum,size=cpu --workdir=/tmp/gen_hidden_sum
-  python -m marl_jax.generations --config=experiments/generations.py:size=tiny --workdir=/tmp/gen_tiny
+  python -m marl_jax.tools.generations --config=experiments/generations.py:task=signalling --workdir=workdirs/gen_signalling
+  python -m marl_jax.tools.generations --config=experiments/generations.py:task=hidden_sum,size=cpu --workdir=/tmp/gen_hidden_sum
+  python -m marl_jax.tools.generations --config=experiments/generations.py:size=tiny --workdir=/tmp/gen_tiny
 
 `task` is signalling (the Lewis game: generation 0 learns from scratch, so its code is its own
 convention), hidden_sum (exchange) or arithmetic (one agent); generation 0 warm-starts as
@@ -13,7 +13,7 @@ per seed), --config.archive.greedy, --config.distil.filter=right|all|credit, --c
 run as --config.run.KEY=VALUE.  Across tasks (retention of A after B, with half of B's warm start
 replaying A's archive):
 
-  python -m marl_jax.generations --config=experiments/generations.py:task=arithmetic --workdir=/tmp/ab \
+  python -m marl_jax.tools.generations --config=experiments/generations.py:task=arithmetic --workdir=/tmp/ab \
       --config.generations=2 --config.inherit=team --config.stages='task.ops=+;task.ops=*' --config.replay=0.5
 """
 import ml_collections

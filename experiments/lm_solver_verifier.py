@@ -9,7 +9,7 @@ model differs (docs/language_models.md).
   python -m marl_jax.main --config=experiments/lm_solver_verifier.py:size=tiny,lora=true --workdir=/tmp/lm_sv_lora
   python -m marl_jax.main --config=experiments/lm_solver_verifier.py:size=tiny,verifier_checkpoint=tests/fixtures/lm/llama \
       --workdir=/tmp/lm_sv_mixed
-  python -m marl_jax.lm.export --workdir=/tmp/lm_sv_gpu --role=verifier --out=/tmp/verifier_hf
+  python -m marl_jax.tools.lm_export --workdir=/tmp/lm_sv_gpu --role=verifier --out=/tmp/verifier_hf
 
 Arguments: size=tiny|cpu|gpu; checkpoint=DIR (a directory with config.json, the safetensors weights
 and tokenizer.json; tiny and cpu default to the 2-layer random Qwen3 fixture in tests/fixtures/lm,

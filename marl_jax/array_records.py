@@ -1,8 +1,8 @@
 """Datasets of numpy rows as tensorflow-datasets in array_record files (no TensorFlow needed; read with
 grain): a builder that writes rows held in memory, and reading any array_record data source back.
 
-`datasets.py` writes fixed evaluation sets with it, `archive.py` transcript archives, and
-`lm.word_problems` reads TFDS word-problem directories (e.g. what `tfds build gsm8k` writes).
+`datasets.py` writes fixed evaluation sets with it, `tools/archive.py` transcript archives, and
+`word_problem_sets` reads TFDS word-problem directories (e.g. what `tfds build gsm8k` writes).
 """
 import os
 import re

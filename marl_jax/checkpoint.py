@@ -211,7 +211,7 @@ def per_layer_error(what: str) -> str:
   return (f"{what} was written by a marl_jax whose language-model decoder kept one parameter subtree per "
           f"layer (layer0/q_proj/kernel, layer1/...); this one stacks them on a leading layer axis "
           f"(layers/q_proj/kernel), which compiles once whatever the depth. Resume it, warm-start from it "
-          f"or export it (python -m marl_jax.lm.export) with marl_jax at commit 42ba1d4 or earlier")
+          f"or export it (python -m marl_jax.tools.lm_export) with marl_jax at commit 42ba1d4 or earlier")
 
 
 def saved_shapes(workdir: str, step: int | None = None) -> tuple[int, dict]:

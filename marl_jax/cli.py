@@ -1,6 +1,6 @@
 """What the command lines share: each error on one line.  Flag parsing for the absl CLIs (the config-file
 ones, `main` and `benchmark`, and `throughput`); bad input to the argparse ones (`report`, `archive`,
-`lm.export`)."""
+`tools.lm_export`)."""
 import argparse
 import contextlib
 import sys

@@ -210,7 +210,7 @@ def read_saved(workdir: str) -> dict:
 
 def read_run_config(workdir: str) -> ml_collections.ConfigDict:
   """A run's config.json, `with_new_defaults`, for the commands that read a finished run (`archive`,
-  `lm.export`).  ValueError naming the file when it is not a JSON object."""
+  `tools.lm_export`).  ValueError naming the file when it is not a JSON object."""
   return with_new_defaults(ml_collections.ConfigDict(read_saved(workdir)))
 
 
@@ -218,7 +218,7 @@ def with_new_defaults(saved: ml_collections.ConfigDict) -> ml_collections.Config
   """A run's saved config (its config.json) with each setting `base_config` has gained since it was
   written added at its default, which behaves as the run did (`rl.microbatch_size`, `seeds_at_once`
   0), and each setting since refused where it did nothing rewritten as it behaved, so that an older
-  run's workdir still builds its experiment (`python -m marl_jax.archive`, `marl_jax.lm.export`) and
+  run's workdir still builds its experiment (`python -m marl_jax.tools.archive`, `marl_jax.tools.lm_export`) and
   resumes."""
   def fill(into, defaults, top):
     for key, value in defaults.items():
@@ -247,7 +247,7 @@ def add_model(c: ml_collections.ConfigDict, name: str, **overrides) -> ml_collec
 
 
 # Keys of a learning scenario's run config that the credit benchmark sets itself, from config.seed,
-# config.learning and config.estimators (`benchmark.learning_config`): experiments/credit_benchmark.py
+# config.learning and config.estimators (`tools.credit_benchmark.learning_config`): experiments/credit_benchmark.py
 # leaves them out of `config.runs`, so that --config.runs.SCENARIO.KEY for one of them is refused as
 # unknown instead of ignored.
 BENCHMARK_SETS = ("seed", "num_seeds", "total_steps", "eval_every", "checkpoint_every", "steps_per_call",

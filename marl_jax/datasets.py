@@ -12,8 +12,8 @@ import re
 import jax
 import numpy as np
 
-from marl_jax import array_records, tasks, text
-from marl_jax.lm import word_problems
+from marl_jax import array_records, tasks, text, word_problem_sets
+from marl_jax.tasks.arithmetic import Arithmetic
 
 
 # ---------------------------------------------------------------------------------------------
@@ -64,7 +64,7 @@ def load_eval_set(task: tasks.Task, seed: int, size: int, data_dir: str) -> dict
 _STEPS = {"+": "add {}", "-": "subtract {}", "*": "multiply by {}"}
 
 
-def arithmetic_question(task: tasks.Arithmetic, problem: dict) -> tuple[str, str]:
+def arithmetic_question(task: Arithmetic, problem: dict) -> tuple[str, str]:
   """One arithmetic problem (the arrays of `task.sample`) as a question in words, and its answer.
 
   The chain is told as steps, so its left-to-right order needs no brackets; the modulus is said with
@@ -83,12 +83,12 @@ def arithmetic_question(task: tasks.Arithmetic, problem: dict) -> tuple[str, str
 _QUESTIONS = {"arithmetic": arithmetic_question}  # task name -> its problems in words
 
 
-def eval_set_in_words(task: tasks.Task, seed: int, size: int) -> word_problems.WordProblems:
+def eval_set_in_words(task: tasks.Task, seed: int, size: int) -> word_problem_sets.WordProblems:
   """The problems of the task's fixed evaluation set (`tasks.eval_problems`), posed in words."""
   if task.name not in _QUESTIONS:
     raise ValueError(f"task {task.name!r} has no word form; tasks with one: {sorted(_QUESTIONS)}")
   problems = jax.device_get(tasks.eval_problems(task, seed, size))
   pairs = [_QUESTIONS[task.name](task, {k: v[i] for k, v in problems.items()}) for i in range(size)]
   answers = tuple(a for _, a in pairs)
-  return word_problems.WordProblems(tuple(q for q, _ in pairs), answers, eval_set_name(task, seed, size),
+  return word_problem_sets.WordProblems(tuple(q for q, _ in pairs), answers, eval_set_name(task, seed, size),
                                     answers)

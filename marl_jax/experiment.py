@@ -10,7 +10,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from marl_jax import checks, credit, losses, parallel, protocols, rewards, tasks
-from marl_jax import team as team_lib
+from marl_jax import mixed_teams
 from marl_jax import model as model_lib
 from marl_jax.lm import agent as lm_agent
 from marl_jax.lm import model as lm_model
@@ -68,7 +68,7 @@ class Experiment:
   task: tasks.Task
   protocol: protocols.Protocol
   layout: engine.Layout
-  model: model_lib.ModelConfig | lm_agent.LMAgent | team_lib.Team
+  model: model_lib.ModelConfig | lm_agent.LMAgent | mixed_teams.Team
   role_set_R: tuple[int, ...]
   trainable_R: tuple[bool, ...]
   credit: credit.Estimator
@@ -188,7 +188,7 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
                      f"take {layout.length} tokens (their lengths are config.task.* and config.protocol.* "
                      f"settings); allowed: >= {layout.length}")
   rl = config.rl
-  loss = losses.get(rl.algorithm)
+  loss = losses.REGISTRY.lookup(rl.algorithm)
   losses.entropy_coef_R(rl, layout.roles)  # refuses a name that is not a role
   if rl.batch_size % rl.group_size:
     raise ValueError(f"config.rl.batch_size={rl.batch_size} must divide by config.rl.group_size="
@@ -204,7 +204,7 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
   if reward.cross == "rotate":
     rewards.check_rotation(config.num_seeds, model_cfg.set_axes(jax.eval_shape(
         lambda: model_lib.init_stack(model_cfg, jax.random.PRNGKey(0), num_sets))))
-  if config.model_shards > 1 and isinstance(model_cfg, team_lib.Team):
+  if config.model_shards > 1 and isinstance(model_cfg, mixed_teams.Team):
     raise ValueError(f"config.model_shards={config.model_shards} with a mixed team (config.roles.models="
                      f"{config.roles.models!r}): split parameters serve one model; allowed: 1")
   mesh = parallel.make_mesh(config.num_devices, config.model_shards)
@@ -254,7 +254,7 @@ def check_model_sharding(config, model_cfg, mesh) -> None:
 def make_agents(config: ml_collections.ConfigDict, num_sets: int, free_text: bool = False):
   """The agent model of every parameter set: `config.model` for all of them, or with
   `config.roles.models` (one name per set: 'model' or a key of `config.models`) a mixed team, one
-  group per distinct model (`marl_jax.team`; names whose configs build the same model share a group,
+  group per distinct model (`marl_jax.mixed_teams`; names whose configs build the same model share a group,
   stacked together).  Every model uses `config.model.max_len` (one canvas)."""
   names = str(config.roles.models)
   if not names:
@@ -277,7 +277,7 @@ def make_agents(config: ml_collections.ConfigDict, num_sets: int, free_text: boo
   else:
     group_S = tuple(groups.index(model) for model in models_S)
     group_names = tuple(names_S[group_S.index(g)] for g in range(len(groups)))  # a group's first name
-    agents = team_lib.make(group_names, tuple(groups), group_S, free_text)  # one canvas for all groups
+    agents = mixed_teams.make(group_names, tuple(groups), group_S, free_text)  # one canvas for all groups
   # A free-text task is posed (tasks.from_config) and archived through config.model's tokenizer.
   if free_text and getattr(groups[0], "canvas_ids_V", None) != tuple(
       lm_agent.free_text_canvas(config.model.checkpoint)[1].tolist()):

@@ -1,5 +1,6 @@
 """What the checker says of the judges, for monitoring only (never the loss): pure functions of J judges'
-verdicts on A judged answers and the checker's verdict on each (truth_A, 0 or 1).
+verdicts on A judged answers and the checker's verdict on each (truth_A, 0 or 1), and the share they
+are made of (`rate`, which the workflows' own diagnostics use too).
 
 - `balanced_accuracy`: the mean of a judge's accept rate among right answers and reject rate among
   wrong ones, 1 - (false accept + false reject) / 2 (Brodersen et al. 2010): 1/2 for a judge that
@@ -29,13 +30,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from marl_jax import codes
-from marl_jax.protocols import engine
+
+
+def rate(hits, among):
+  """The share of `among` that `hits`: a diagnostic over a subset, NaN when the subset is empty
+  (undefined, not 0: `report` averages the seeds that define it)."""
+  return jnp.sum(hits & among) / jnp.sum(among)
 
 
 def balanced_accuracy(accept_JxA, truth_A):
   right_A = truth_A > 0
-  hits_J = jax.vmap(engine.rate, (0, None))(accept_JxA, right_A)
-  rejections_J = jax.vmap(engine.rate, (0, None))(~accept_JxA, ~right_A)
+  hits_J = jax.vmap(rate, (0, None))(accept_JxA, right_A)
+  rejections_J = jax.vmap(rate, (0, None))(~accept_JxA, ~right_A)
   return (hits_J + rejections_J) / 2
 
 

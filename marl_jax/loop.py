@@ -2,6 +2,7 @@
 compiled calls, evaluate, log, checkpoint (the latest and the best); stop cleanly on SIGTERM / SIGINT,
 and skip or stop at a non-finite update."""
 import contextlib
+import functools
 import math
 import os
 import signal
@@ -16,7 +17,7 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from marl_jax import checkpoint, evaluate, experiment, memory, metrics as metrics_lib, parallel, sft, state
+from marl_jax import checkpoint, evaluate, experiment, files, memory, metrics as metrics_lib, parallel, sft, state
 from marl_jax import newcomers, transcripts
 from marl_jax import train
 from marl_jax import model as model_lib
@@ -60,6 +61,26 @@ def load_params(exp: experiment.Experiment, init_from: str, step: int | None = N
   # config.model_shards > 1).
   params_S = checkpoint.restore_part(workdir, exp.abstract({"params": params_S}), step)["params"]
   return jax.tree.map(lambda p: jnp.broadcast_to(p, (exp.config.num_seeds,) + p.shape[1:]), params_S)
+
+
+def initial_state(exp: experiment.Experiment, params_S=None) -> state.TrainState:
+  """State for all seeds: `params_S` (e.g. from `init_from`, or a warm start the loop ran), else an
+  inline warm start, else the model's pretrained parameters, else random ones."""
+  config = exp.config
+  keys_S = state.seed_keys(config)
+  if params_S is None and config.sft.steps > 0:
+    params_S = sft.warm_start(exp, keys_S)
+  if params_S is None:  # no warm start: a checkpoint's parameters for every seed, or random ones
+    pretrained_R = model_lib.pretrained_stack(exp.model, exp.num_sets)
+    if pretrained_R is not None:
+      params_S = jax.tree.map(lambda p: np.broadcast_to(p, (config.num_seeds,) + p.shape), pretrained_R)
+  init = jax.vmap(functools.partial(state.init_state, exp))
+  if not exp.splits_parameters:
+    return state.place(exp, jax.jit(init)(keys_S, params_S))
+  # Split parameters: the state is computed where it lives, each device its share (a whole state on
+  # one device would not fit there, for the models the split exists for).
+  keys_S, params_S = state.place(exp, (keys_S, params_S))
+  return jax.jit(init, out_shardings=exp.shardings(jax.eval_shape(init, keys_S, params_S)))(keys_S, params_S)
 
 
 def summarize(metrics_SxN) -> dict:
@@ -215,7 +236,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   if lead:
     try:
       os.makedirs(workdir, exist_ok=True)
-      workdir_lib.write_atomically(os.path.join(workdir, "config.json"), config.to_json(indent=2))
+      files.write_atomically(os.path.join(workdir, "config.json"), config.to_json(indent=2))
     except OSError as e:  # what os.access did not foresee (a file system that refuses new entries)
       raise experiment.ConfigError(f"--workdir={workdir} cannot be written: {e}; give a directory this "
                                    "run can write") from e
@@ -272,7 +293,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
                             os.path.join(workdir, checkpoint.WARM_START), workdir)
             return
           init_params_S = progress.params
-        state_S = state.initial_state(exp, init_params_S)
+        state_S = initial_state(exp, init_params_S)
         _check_start(config, state_S.params)
         sampled = state.to_host(evaluate_set(state_S.params, greedy=False))  # only its accuracy is kept
         evals, accuracy = evaluation(0, state_S)

@@ -4,8 +4,6 @@ A loss maps a `LossInput` and the static `config.rl` to a per-token surrogate to
 the update averages it over each role's sampled tokens.  A new loss is a function here with
 `@register("name")`; it may read any field of `LossInput` and its own `config.rl` keys.
 """
-from collections.abc import Callable
-
 import flax
 import jax
 import jax.numpy as jnp
@@ -24,16 +22,8 @@ class LossInput:
   group_B: jax.Array  # the problem each row samples (rows of a group share it)
 
 
-REGISTRY: dict[str, Callable[[LossInput, object], jax.Array]] = {}
-
-
-register = registry.registrar(REGISTRY)
-
-
-def get(name: str):
-  if name not in REGISTRY:
-    raise ValueError(f"config.rl.algorithm={name!r} is unknown; allowed: {sorted(REGISTRY)}")
-  return REGISTRY[name]
+REGISTRY = registry.Registry("rl.algorithm", "loss")  # name -> (LossInput, config.rl) -> per-token loss_BxT
+register = REGISTRY.register
 
 
 @register("ppo")

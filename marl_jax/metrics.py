@@ -7,7 +7,7 @@ import numpy as np
 import tqdm
 from tensorboardX import SummaryWriter
 
-from marl_jax import workdir as workdir_lib
+from marl_jax import files
 
 
 def per_seed(name: str, values_S) -> dict:
@@ -32,7 +32,7 @@ class Writer:
     path = os.path.join(workdir, "metrics.jsonl")
     kept = [r for r in (read(workdir) if os.path.exists(path) else [])
             if resume_step is not None and r["step"] <= resume_step]
-    workdir_lib.write_atomically(path, "".join(json.dumps(r) + "\n" for r in kept))
+    files.write_atomically(path, "".join(json.dumps(r) + "\n" for r in kept))
     self.jsonl = open(path, "a")
     first = 0 if resume_step is None else resume_step + 1
     self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=first)

@@ -23,7 +23,7 @@ class SetStack:
   the diagnostics do with every set at once, as vmaps over that axis.  A subclass says where the axis
   is, `set_axes(params_R)`: a `jax.vmap` in_axes prefix of params_R, 0 (every leaf stacked over the
   sets) or None for a part every set shares (a LoRA agent's frozen base).  A mixed team
-  (`marl_jax.team.Team`) does the same per model group."""
+  (`marl_jax.mixed_teams.Team`) does the same per model group."""
 
   def set_model(self, index: int):
     """The agent model of parameter set `index`: this one for every set."""

@@ -8,8 +8,8 @@ newcomers alone, each its own role's messages, the rest of the team unchanged.  
 parameter set of its own; the run then trains as any run started from `init_from` does, and its
 checkpoint 0 is the team the newcomers joined (after their distillation).
 
-`python -m marl_jax.newcomer_report --workdir=NEWCOMER_RUN` reports how a finished newcomer run
-recovered (`marl_jax.newcomer_report`).
+`python -m marl_jax.tools.newcomer_report --workdir=NEWCOMER_RUN` reports how a finished newcomer run
+recovered (`marl_jax.tools.newcomer_report`).
 """
 import jax
 import jax.numpy as jnp

@@ -3,14 +3,14 @@
 protocol's own knobs), so the base team starts weak but not random.  The optimiser is
 `experiment.make_optimizer` over `config.optim` with `config.sft`'s keys replacing its own.
 
-With `config.sft.transcripts` (a transcript archive, `marl_jax.archive`) the warm start distils another
+With `config.sft.transcripts` (a transcript archive, `marl_jax.tools.archive`) the warm start distils another
 team instead: each seed's batches are drawn from that team's seed's transcripts, and each role learns
 its own role's messages (every role-authored token goes to its role's parameter set), from the
 transcripts `config.sft.filter` keeps: `right` (the checker scored the team's answer right), `all`,
 or `credit` (each role's tokens weighted by its positive difference credit); with
 `config.sft.archive_share` below 1 each row comes from the archive with that probability and is
 otherwise a demonstration (a replay of an earlier task's transcripts while learning a new one).  Generations
-(`marl_jax.generations`) warm-start this way; `transcripts.distillation_set` reads the archive, before
+(`marl_jax.tools.generations`) warm-start this way; `transcripts.distillation_set` reads the archive, before
 anything compiles.
 
 The steps run `config.sft.steps_per_call` at a time, one compiled call after another with the

@@ -1,5 +1,6 @@
-"""The training state of all seeds: initialisation (random, warm-started, or given parameters), its
-abstract shape for restoring, and moving it between hosts and the device mesh."""
+"""The training state of all seeds: one seed's initialisation (random or given parameters), its
+abstract shape for restoring, and moving it between hosts and the device mesh.  The loop starts a run
+(`loop.initial_state`: given parameters, a warm start, pretrained or random ones)."""
 import functools
 from typing import Any
 
@@ -9,7 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from marl_jax import model as model_lib
-from marl_jax import sft
 from marl_jax.experiment import Experiment
 
 
@@ -60,26 +60,6 @@ def place(exp: Experiment, tree):
 def seed_keys(config) -> jax.Array:
   """keys_S: each seed's key, split from `config.seed`; its warm start's and its run's."""
   return jax.random.split(jax.random.PRNGKey(config.seed), config.num_seeds)
-
-
-def initial_state(exp: Experiment, params_S=None) -> TrainState:
-  """State for all seeds: `params_S` (e.g. from `init_from`, or a warm start the loop ran), else an
-  inline warm start, else the model's pretrained parameters, else random ones."""
-  config = exp.config
-  keys_S = seed_keys(config)
-  if params_S is None and config.sft.steps > 0:
-    params_S = sft.warm_start(exp, keys_S)
-  if params_S is None:  # no warm start: a checkpoint's parameters for every seed, or random ones
-    pretrained_R = model_lib.pretrained_stack(exp.model, exp.num_sets)
-    if pretrained_R is not None:
-      params_S = jax.tree.map(lambda p: np.broadcast_to(p, (config.num_seeds,) + p.shape), pretrained_R)
-  init = jax.vmap(functools.partial(init_state, exp))
-  if not exp.splits_parameters:
-    return place(exp, jax.jit(init)(keys_S, params_S))
-  # Split parameters: the state is computed where it lives, each device its share (a whole state on
-  # one device would not fit there, for the models the split exists for).
-  keys_S, params_S = place(exp, (keys_S, params_S))
-  return jax.jit(init, out_shardings=exp.shardings(jax.eval_shape(init, keys_S, params_S)))(keys_S, params_S)
 
 
 def abstract_state(exp: Experiment) -> TrainState:

@@ -107,7 +107,7 @@ def on_any_device(nonfinite_QxR) -> jax.Array:
   return parallel.max_over_devices(nonfinite_QxR.astype(jnp.int32)) > 0
 
 
-def nonfinite(exp: Experiment, outcome: credit.Outcome, adv_xB, aux, credit_state) -> jax.Array:
+def nonfinite(exp: Experiment, outcome: credit.Outcome, adv_xB, aux: update.Diagnostics, credit_state) -> jax.Array:
   """nonfinite_QxR: whether quantity q of NONFINITE (up to the credit state) was non-finite for role r
   on any device (per-turn values count for the turn's role, a set's gradient for every role that
   uses the set, the credit estimator's updated state, with the payment rule's, for every role)."""
@@ -119,8 +119,8 @@ def nonfinite(exp: Experiment, outcome: credit.Outcome, adv_xB, aux, credit_stat
   if outcome.turn_NxB is not None:
     reward_R = reward_R | by_turn(bad(outcome.turn_NxB))
   adv_R = by_turn(bad(adv_xB)) if exp.credit.per_turn else bad(adv_xB)
-  gradient_R = ~aux["finite_grad_S"][np.asarray(exp.role_set_R)]
-  nonfinite_QxR = jnp.stack([reward_R, adv_R, ~aux["finite_loss_R"], gradient_R])
+  gradient_R = ~aux.finite_grad_S[np.asarray(exp.role_set_R)]
+  nonfinite_QxR = jnp.stack([reward_R, adv_R, ~aux.finite_loss_R, gradient_R])
   return on_any_device(jnp.concatenate([nonfinite_QxR, every_role(exp, credit_state)]))
 
 
@@ -187,19 +187,19 @@ def local_step(exp: Experiment, state: TrainState, problem_key_B, sample_key_B, 
   # Per-role gradient norms: free with isolated sets (a set's gradient is its role's); otherwise a
   # backward pass per role, so only when asked.
   if sorted(exp.role_set_R) == list(range(R)):
-    grad_norm_R = aux["grad_norm_S"][np.asarray(exp.role_set_R)]
+    grad_norm_R = aux.grad_norm_S[np.asarray(exp.role_set_R)]
   else:
     grad_norm_R = jax.lax.cond(diagnose, lambda: update.role_grad_norms(exp, state.params, batch, devices),
                                lambda: jnp.full(R, jnp.nan))
 
   # 0 for every role, not 0/0, on a step without gradient (every advantage zero).
   share_R = grad_norm_R / jnp.maximum(grad_norm_R.sum(), 1e-30)
-  role_metrics = {"grad_norm_share": share_R, "loss": aux["loss"], "entropy": aux["entropy"],
-                  "approx_kl": aux["approx_kl"]}
+  role_metrics = {"grad_norm_share": share_R, "loss": aux.loss_R, "entropy": aux.means.entropy_R,
+                  "approx_kl": aux.means.approx_kl_R}
   if exp.config.rl.kl_coef > 0:
-    role_metrics["kl_to_base"] = aux["kl_to_base"]
-  if "judge_loss" in aux:
-    role_metrics["judge_loss"] = aux["judge_loss"]
+    role_metrics["kl_to_base"] = aux.means.kl_to_base_R
+  if aux.means.judge_loss_R is not None:
+    role_metrics["judge_loss"] = aux.means.judge_loss_R
   metrics = step_metrics(exp, scored, episodes, devices, role_metrics,
                          {**credit_metrics, **reward_metrics})
   # A non-finite reward, advantage, loss, gradient or credit state skips the update: parameters,

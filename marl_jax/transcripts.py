@@ -1,4 +1,4 @@
-"""Reading transcript archives (`marl_jax.archive` writes them): `load_transcripts` gives a
+"""Reading transcript archives (`marl_jax.tools.archive` writes them): `load_transcripts` gives a
 `marl_transcripts/NAME:1.0.0` dataset's rows as numpy arrays and readable text, and `distillation_set`
 what a warm start distils from one (`config.sft.transcripts`, `marl_jax.sft`).  Apart from the
 archive's writer, which reads trained runs through `marl_jax.loop`, so that the loop can read an
@@ -77,7 +77,7 @@ def distillation_set(exp: experiment.Experiment) -> sft.Archived | None:
   where = f"config.sft.transcripts={cfg.transcripts!r}"
   if kind != MarlTranscripts.name or not array_records.exists(MarlTranscripts, name, data_dir):
     raise ValueError(f"{where} is not a transcript archive; allowed: DIR/{MarlTranscripts.name}/NAME, as "
-                     f"`python -m marl_jax.archive` writes it")
+                     f"`python -m marl_jax.tools.archive` writes it")
   transcripts = load_transcripts(data_dir, name)
   arrays, layout = transcripts.arrays, exp.layout
   if transcripts.metadata["roles"] != list(layout.roles) or transcripts.metadata["author_T"] != layout.author_T.tolist():

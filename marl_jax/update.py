@@ -30,6 +30,28 @@ class Batch:
   judge_label_BxK: jax.Array | None = None
 
 
+@flax.struct.dataclass
+class TokenMeans:
+  """Per role, means over the role's sampled tokens in the global minibatch, beside its loss."""
+  entropy_R: jax.Array
+  kl_to_base_R: jax.Array  # the k3 KL to the base model; 0 without a KL term (`rl.kl_coef` = 0)
+  approx_kl_R: jax.Array  # old log-probability less new: how far the policy moved from the sampler
+  # The judges' proper score over the labelled answers (`judge_losses`, 0 for the other roles); None
+  # without a judge loss.
+  judge_loss_R: jax.Array | None = None
+
+
+@flax.struct.dataclass
+class Diagnostics:
+  """What `apply` reports of an update: the last minibatch's per-role loss and token means, each
+  parameter set's gradient norm there, and whether every minibatch's loss and gradient were finite."""
+  loss_R: jax.Array
+  means: TokenMeans
+  grad_norm_S: jax.Array
+  finite_loss_R: jax.Array
+  finite_grad_S: jax.Array
+
+
 def token_counts(mb: Batch, devices: int):
   """count_R: each role's sampled tokens in the global minibatch, over the devices (the average per
   device), the denominator of every per-role token mean."""
@@ -54,10 +76,11 @@ def judge_losses(exp, level_logp_JxKxBxL, mb: Batch, label_count):
 
 
 def role_losses(exp, params_R, mb: Batch, count_R, label_count=None):
-  """Per-role loss_R: the sum over each role's sampled tokens in `mb` of the surrogate, over count_R
-  (`token_counts` of the whole minibatch: on all of it, the mean over the global minibatch), plus the
-  judges' weighted proper score (`judge_losses`, over `label_count`) where `config.reward.judge_loss`
-  asks for one; with `config.reward.judge_pg=False` instead of their surrogate."""
+  """(loss_R, TokenMeans): per role the sum over its sampled tokens in `mb` of the surrogate, over
+  count_R (`token_counts` of the whole minibatch: on all of it, the mean over the global minibatch),
+  plus the judges' weighted proper score (`judge_losses`, over `label_count`) where
+  `config.reward.judge_loss` asks for one; with `config.reward.judge_pg=False` instead of their
+  surrogate."""
   rl, rule = exp.config.rl, exp.reward
   targets_N, logp_NxBxV = sampling.written_log_probs(exp.model, exp.layout, params_R, mb.tokens_BxT,
                                                      rl.temperature)
@@ -78,15 +101,15 @@ def role_losses(exp, params_R, mb: Batch, count_R, label_count=None):
   # Token means over the global batch: this device's sum over the average token count per device,
   # so that `pmean` of the gradients is exactly the gradient of the global mean.
   total = lambda x_BxT: jnp.einsum("bt,rbt->r", x_BxT, mask_RxBxT) / jnp.maximum(count_R, 1e-9)
-  aux = {"entropy": total(entropy_BxT), "kl_to_base": total(kl_BxT),
-         "approx_kl": total(mb.old_logp_BxT - logp_BxT)}
+  means = TokenMeans(entropy_R=total(entropy_BxT), kl_to_base_R=total(kl_BxT),
+                     approx_kl_R=total(mb.old_logp_BxT - logp_BxT))
   loss_R = total(per_token_BxT)
   if rule.judge_loss != "none":
     level_logp_JxKxBxL = sampling.levels_at(exp.protocol.verdict_readout(exp.layout), targets_N, logp_NxBxV)
     judge_R = judge_losses(exp, level_logp_JxKxBxL, mb, label_count)
-    aux["judge_loss"] = judge_R
+    means = means.replace(judge_loss_R=judge_R)
     loss_R = loss_R + rule.judge_weight * judge_R
-  return loss_R, aux
+  return loss_R, means
 
 
 def minibatch_rows(exp, batch_size: int) -> np.ndarray:
@@ -99,8 +122,8 @@ def minibatch_rows(exp, batch_size: int) -> np.ndarray:
 
 
 def minibatch_gradient(exp, params_R, mb: Batch, devices: int):
-  """(grads, loss_R, aux): this device's gradient of the sum over roles of `role_losses` on minibatch
-  `mb`, with the losses and their diagnostics.  With `config.rl.microbatch_size` the rows go through
+  """(grads, loss_R, TokenMeans): this device's gradient of the sum over roles of `role_losses` on
+  minibatch `mb`, with the losses and their token means.  With `config.rl.microbatch_size` the rows go through
   the model that many at a time and the parts are summed (the losses are sums over tokens, so this is
   the same gradient up to float rounding): a smaller working set, faster on CPU caches and lighter on
   accelerator memory.  0 is one pass over the whole minibatch."""
@@ -109,38 +132,34 @@ def minibatch_gradient(exp, params_R, mb: Batch, devices: int):
   labels = None if mb.judge_labelled_BxK is None else label_count(mb, devices)
 
   def part(part_mb):
-    loss_R, vjp_fn, aux = jax.vjp(lambda p: role_losses(exp, p, part_mb, count_R, labels), params_R,
-                                  has_aux=True)
-    return vjp_fn(jnp.ones(R))[0], loss_R, aux
+    loss_R, vjp_fn, means = jax.vjp(lambda p: role_losses(exp, p, part_mb, count_R, labels), params_R,
+                                    has_aux=True)
+    return vjp_fn(jnp.ones(R))[0], loss_R, means
 
   return parallel.summed_over_row_chunks(part, exp.config.rl.microbatch_size, mb)
 
 
 def apply(exp, params_R, opt_state, batch: Batch, devices: int):
-  """Epochs of minibatch updates over this device's rows: (params_R, opt_state, aux), where aux holds
-  per-role diagnostics of the last minibatch (global token means), the norm of each parameter set's
-  gradient there (`grad_norm_S`), and whether every minibatch's loss and gradient were finite
-  (`finite_loss_R`, `finite_grad_S`)."""
+  """Epochs of minibatch updates over this device's rows: (params_R, opt_state, Diagnostics)."""
   def minibatch_update(carry, rows):
     params, opt_state = carry
-    grads, loss_R, aux = minibatch_gradient(exp, params, jax.tree.map(lambda x: x[rows], batch), devices)
+    grads, loss_R, means = minibatch_gradient(exp, params, jax.tree.map(lambda x: x[rows], batch), devices)
     grads = parallel.mean_over_devices(grads)
     updates, opt_state = exp.optimizer.update(grads, opt_state, params)  # per set; frozen sets still
     # Each device's token means are over `token_counts`' per-device average, so the global mean is
     # their mean over devices (as for the gradients), not their sum.
-    aux = parallel.mean_over_devices({**aux, "loss": loss_R})
-    aux["grad_norm_S"] = model_lib.set_norms(exp.model, grads)
-    return (optax.apply_updates(params, updates), opt_state), aux
+    loss_R, means = parallel.mean_over_devices((loss_R, means))
+    return (optax.apply_updates(params, updates), opt_state), (loss_R, means, model_lib.set_norms(exp.model, grads))
 
   def epoch(carry, _):
     return jax.lax.scan(minibatch_update, carry, minibatch_rows(exp, batch.tokens_BxT.shape[0]))
 
-  (params_R, opt_state), aux_ExM = jax.lax.scan(epoch, (params_R, opt_state), None,
-                                                length=exp.config.rl.epochs)
-  aux = jax.tree.map(lambda x: x[-1, -1], aux_ExM)
-  aux["finite_loss_R"] = jnp.isfinite(aux_ExM["loss"]).all((0, 1))
-  aux["finite_grad_S"] = jnp.isfinite(aux_ExM["grad_norm_S"]).all((0, 1))
-  return params_R, opt_state, aux
+  (params_R, opt_state), (loss_ExMxR, means_ExM, grad_norm_ExMxS) = jax.lax.scan(
+      epoch, (params_R, opt_state), None, length=exp.config.rl.epochs)
+  last = lambda x: x[-1, -1]
+  return params_R, opt_state, Diagnostics(
+      loss_R=last(loss_ExMxR), means=jax.tree.map(last, means_ExM), grad_norm_S=last(grad_norm_ExMxS),
+      finite_loss_R=jnp.isfinite(loss_ExMxR).all((0, 1)), finite_grad_S=jnp.isfinite(grad_norm_ExMxS).all((0, 1)))
 
 
 def role_grad_norms(exp, params_R, batch: Batch, devices: int):

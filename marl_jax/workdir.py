@@ -1,5 +1,5 @@
 """The workdir a run writes (config.json, metrics.jsonl, tensorboard/, checkpoints/): whether this run
-may use it, checked before anything is written, and replacing a file there in one step."""
+may use it, checked before anything is written."""
 import dataclasses
 import functools
 import json
@@ -23,16 +23,6 @@ MAY_CHANGE = ("total_steps", "eval_every", "log_every", "checkpoint_every", "ste
 # What every run's config.json holds.
 REQUIRED = ("task.name", "protocol.name", "model", "roles", "seed", "num_seeds", "eval.seed", "eval.size")
 FILES = ("config.json", "metrics.jsonl", "tensorboard", "checkpoints", checkpoint.WARM_START)
-
-
-def write_atomically(path: str, text: str) -> None:
-  """Replaces `path` by `text` in one step: a crash leaves the old file or the new one, never a part."""
-  tmp = f"{path}.tmp"
-  with open(tmp, "w") as f:
-    f.write(text)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
 
 
 def _get(config: dict, key: str):

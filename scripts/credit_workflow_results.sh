@@ -15,7 +15,7 @@ config=experiments/credit_benchmark.py:grid=workflows
 grid() {  # grid SEED [FLAGS...]
   local seed=$1
   shift
-  python -m marl_jax.benchmark --config="$config" --workdir="$out/seed$seed" --config.seed="$seed" "$@"
+  python -m marl_jax.tools.credit_benchmark --config="$config" --workdir="$out/seed$seed" --config.seed="$seed" "$@"
 }
 setting() {  # the grid's comma-separated list config.learning.scenarios or config.estimators, one a line
   python -c "from marl_jax import configs; print(configs.sibling('experiments/credit_benchmark.py',

@@ -41,7 +41,7 @@ prefixed() {  # prefixed PREFIX [SETTINGS...]: SETTINGS (default run_settings) a
   for s in "$@"; do echo "--config.$prefix$s"; done
 }
 generations() {  # generations SEED N: the first N generations of seed set SEED
-  python -m marl_jax.generations --config=experiments/generations.py:task=signalling,size=$size \
+  python -m marl_jax.tools.generations --config=experiments/generations.py:task=signalling,size=$size \
     --workdir="$out/seed$1" --config.generations="$2" --config.distil.steps=$distil \
     --config.archive.size=$archive_size --config.run.seed="$1" $(prefixed run.)
 }
@@ -56,7 +56,7 @@ newcomer() {  # newcomer SEED NAME GEN [FLAGS...]: a fresh receiver joins genera
     python -m marl_jax.main --config=experiments/tasks.py:task=signalling,size=$size --workdir="$dir" \
       --config.seed="$seed" --config.rl.entropy_coef=0.01 --config.optim.learning_rate=1e-3 $(prefixed) \
       --config.init_from="$out/seed$seed/gen$gen" --config.newcomers.roles=receiver --config.roles.trainable=0,1 "$@" > /dev/null
-    python -m marl_jax.newcomer_report --workdir="$dir" --out="$dir/recovery.json"
+    python -m marl_jax.tools.newcomer_report --workdir="$dir" --out="$dir/recovery.json"
   fi
 }
 retention() {  # retention SEED REPLAY [ORDER]: arithmetic, task A then B (ORDER add_mul: additions then
@@ -68,7 +68,7 @@ retention() {  # retention SEED REPLAY [ORDER]: arithmetic, task A then B (ORDER
   mkdir -p "$dir"
   # Every variant carries on from the same team of task A: the first variant's generation 0.
   if [ "$dir" != "$first" ] && [ ! -d "$dir/gen0" ]; then cp -r "$first/gen0" "$dir/gen0"; fi
-  python -m marl_jax.generations --config=experiments/generations.py:task=arithmetic,size=$size --workdir="$dir" \
+  python -m marl_jax.tools.generations --config=experiments/generations.py:task=arithmetic,size=$size --workdir="$dir" \
     --config.generations=2 --config.inherit=team --config.stages="$stages" --config.replay="$replay" \
     --config.distil.filter=$filter \
     --config.archive.size=$archive_size --config.run.seed="$seed" $(prefixed run. "${retention_settings[@]}")
@@ -80,7 +80,7 @@ for cell in $cells; do
     crossplay)
       for seed in $seed_sets; do
         [ -f "$out/seed$seed/crossplay.json" ] ||
-          python -m marl_jax.crossplay --workdirs="$out/seed$seed/gen0" --out="$out/seed$seed/crossplay.json"
+          python -m marl_jax.tools.crossplay --workdirs="$out/seed$seed/gen0" --out="$out/seed$seed/crossplay.json"
       done;;
     generation2)
       for seed in $seed_sets; do generations $seed 3; done;;

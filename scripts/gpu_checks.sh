@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The checks of docs/lm_speed.md, docs/throughput.md and docs/language_models.md on one GPU, in parts:
-#   lm          language-model agents at Qwen3-0.6B's shapes (random weights, bfloat16): lm.bench's
+#   lm          language-model agents at Qwen3-0.6B's shapes (random weights, bfloat16): tools.lm_bench's
 #               prefill, decode, update and step rows against the chip's bounds and transformers, then
 #               the word-problem job (experiments/lm_word_problems.py:size=gpu) through its warm start,
 #               first evaluation and three train steps, with its peak memory.  At most 7.5 minutes.
 #   lm_sv       the same job with protocol=solver_verifier, the largest that size=gpu fits on 80 GB.
 #               At most 4 minutes.
-#   lm_blocks   whether a KV cache in blocks pays on the GPU (on CPU it does): lm.bench's step rows at a
+#   lm_blocks   whether a KV cache in blocks pays on the GPU (on CPU it does): tools.lm_bench's step rows at a
 #               384-position canvas with the cache in one block (the GPU's default) and in blocks of 64.
 #               At most 2.5 minutes.
 #   smoke       every experiment's size=gpu config (and the quickstart job) run briefly, all at once.
@@ -34,12 +34,12 @@ if [ -d .whl ] && ! $PY -c "import ml_collections, tensorflow_datasets, grain" 2
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} || exit 1
 fi
-echo "device: $($PY -c 'from marl_jax import throughput; print(throughput.device_name())')"
+echo "device: $($PY -c 'from marl_jax.tools import bounds; print(bounds.device_name())')"
 
 # Qwen3-0.6B's shapes: its config.json (the fixture's with the 0.6B sizes) and the fixture's tokenizer
-# grown to its 151 936 words (`marl_jax.lm.bench.write_shapes`); with random weights nothing else is read.
+# grown to its 151 936 words (`marl_jax.tools.lm_bench.write_shapes`); with random weights nothing else is read.
 QWEN=$OUT/qwen3_0.6b_shapes
-$PY -c "import sys; from marl_jax.lm import bench; bench.write_shapes('qwen3-0.6b', sys.argv[1])" "$QWEN"
+$PY -c "import sys; from marl_jax.tools import lm_bench; lm_bench.write_shapes('qwen3-0.6b', sys.argv[1])" "$QWEN"
 
 run_job() {  # name, time limit (s), config, flags...: a main job, its exit status and wall time
   local name=$1 limit=$2 config=$3 start=$SECONDS
@@ -74,11 +74,11 @@ word_problems() {  # name, time limit (s), protocol
 }
 
 part_lm() {
-  echo "== lm.bench, Qwen3-0.6B's shapes, bfloat16, against transformers"
-  timeout -k 10 270 $PY -m marl_jax.lm.bench --shapes=qwen3-0.6b --batch=32 --prompt=160 --answer=160 \
+  echo "== tools.lm_bench, Qwen3-0.6B's shapes, bfloat16, against transformers"
+  timeout -k 10 270 $PY -m marl_jax.tools.lm_bench --shapes=qwen3-0.6b --batch=32 --prompt=160 --answer=160 \
       --dtype=bfloat16 --microbatch=8 --rows prefill decode update step --peer=transformers \
       --out="$OUT/lm_bench.json" > "$OUT/lm_bench.log" 2>&1
-  echo "lm.bench rc=$?"
+  echo "tools.lm_bench rc=$?"
   grep -v -E "^[IWE][0-9]{4}|xla_bridge|Warning|warn" "$OUT/lm_bench.log" | tail -14
   echo "== the word-problem job, size=gpu, single"
   word_problems wp_single 170 single
@@ -89,10 +89,10 @@ part_lm_sv() {
 }
 part_lm_blocks() {
   for block in 384 64; do
-    echo "== lm.bench step rows, Qwen3-0.6B's shapes, bfloat16, batch 32, KV cache in blocks of $block"
-    timeout -k 10 70 $PY -m marl_jax.lm.bench --shapes=qwen3-0.6b --batch=32 --prompt=7 --answer=376 \
+    echo "== tools.lm_bench step rows, Qwen3-0.6B's shapes, bfloat16, batch 32, KV cache in blocks of $block"
+    timeout -k 10 70 $PY -m marl_jax.tools.lm_bench --shapes=qwen3-0.6b --batch=32 --prompt=7 --answer=376 \
         --dtype=bfloat16 --rows step --repeats=5 --cache_block=$block > "$OUT/lm_blocks_$block.log" 2>&1
-    echo "lm.bench rc=$?"
+    echo "tools.lm_bench rc=$?"
     grep -E "^\| step|costs" "$OUT/lm_blocks_$block.log"
   done
 }
@@ -113,7 +113,7 @@ part_smoke() {
 row() {  # name, time limit (s), throughput flags...
   local name=$1 limit=$2
   shift 2
-  timeout -k 10 "$limit" $PY -m marl_jax.throughput --json="$OUT/throughput_$name.json" "$@" \
+  timeout -k 10 "$limit" $PY -m marl_jax.tools.throughput --json="$OUT/throughput_$name.json" "$@" \
       > "$OUT/throughput_$name.log" 2>&1
   echo "== throughput $name rc=$?"
   grep -v -E "^[IWE][0-9]{4}|xla_bridge" "$OUT/throughput_$name.log" | tail -6

@@ -35,9 +35,9 @@ for seed in ${SEEDS:-0 1000}; do
         --config.model.d_model="$width" --config.model.d_ff=$((4 * width)) > /dev/null
     done
     echo "## seeds $seed.., d_model $width"
-    python -m marl_jax.report $(for run in $runs; do echo "$dir/$run"; done)
+    python -m marl_jax.tools.report $(for run in $runs; do echo "$dir/$run"; done)
     for run in $runs; do
-      [[ $run == single ]] || python -m marl_jax.report --compare "$dir/single" "$dir/$run"
+      [[ $run == single ]] || python -m marl_jax.tools.report --compare "$dir/single" "$dir/$run"
     done
   done
 done

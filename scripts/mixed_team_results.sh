@@ -13,6 +13,6 @@ for seed in ${SEEDS:-0 1000}; do
       --workdir="$out/seed$seed/$team" --config.seed=$seed
   done
   echo "## seeds $seed.."
-  python -m marl_jax.report "$out/seed$seed/uniform" "$out/seed$seed/mixed"
-  python -m marl_jax.report --compare "$out/seed$seed/uniform" "$out/seed$seed/mixed"
+  python -m marl_jax.tools.report "$out/seed$seed/uniform" "$out/seed$seed/mixed"
+  python -m marl_jax.tools.report --compare "$out/seed$seed/uniform" "$out/seed$seed/mixed"
 done

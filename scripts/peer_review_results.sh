@@ -167,8 +167,8 @@ for seed in $seeds; do
     [[ -n $name && -d $dir/$name ]] && runs+=("$dir/$name")
   done <<< "$cells"
   echo "## seeds $seed.."
-  python -m marl_jax.report --rates="$dir/rates.png" "${runs[@]}"
+  python -m marl_jax.tools.report --rates="$dir/rates.png" "${runs[@]}"
   for run in "${runs[@]}"; do
-    [[ $run == */checker || ! -d $dir/checker ]] || python -m marl_jax.report --compare "$dir/checker" "$run"
+    [[ $run == */checker || ! -d $dir/checker ]] || python -m marl_jax.tools.report --compare "$dir/checker" "$run"
   done
 done

@@ -19,12 +19,12 @@ for run in "${runs[@]}"; do
 done
 for seed in 0 1000; do
   echo "## seeds $seed.."
-  python -m marl_jax.report "${runs[@]/#/$out/seed$seed/}"
+  python -m marl_jax.tools.report "${runs[@]/#/$out/seed$seed/}"
   for run in sv_shared_team sv_shared_difference sv_isolated_team sv_shared_per_role; do
-    python -m marl_jax.report --compare "$out/seed$seed/single" "$out/seed$seed/$run"
+    python -m marl_jax.tools.report --compare "$out/seed$seed/single" "$out/seed$seed/$run"
   done
-  python -m marl_jax.report --compare "$out/seed$seed/sv_shared_team" "$out/seed$seed/sv_shared_difference"
-  python -m marl_jax.report --compare "$out/seed$seed/sv_shared_team" "$out/seed$seed/sv_shared_per_role"
-  python -m marl_jax.report --compare "$out/seed$seed/sv_isolated_team" "$out/seed$seed/sv_shared_team"
-  python -m marl_jax.report --split "$out/seed$seed/single" "$out/seed$seed/sv_shared_team"
+  python -m marl_jax.tools.report --compare "$out/seed$seed/sv_shared_team" "$out/seed$seed/sv_shared_difference"
+  python -m marl_jax.tools.report --compare "$out/seed$seed/sv_shared_team" "$out/seed$seed/sv_shared_per_role"
+  python -m marl_jax.tools.report --compare "$out/seed$seed/sv_isolated_team" "$out/seed$seed/sv_shared_team"
+  python -m marl_jax.tools.report --split "$out/seed$seed/single" "$out/seed$seed/sv_shared_team"
 done

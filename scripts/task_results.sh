@@ -35,9 +35,9 @@ run multi_chain_orchestrator_per_role multi_chain orchestrator --config.credit.n
 run multi_chain_orchestrator_difference multi_chain orchestrator --config.credit.name=difference
 for seed in 0 1000; do
   echo "## seeds $seed.."
-  python -m marl_jax.report "${names[@]/#/$out/seed$seed/}"
+  python -m marl_jax.tools.report "${names[@]/#/$out/seed$seed/}"
   for name in "${names[@]}"; do
     task=$(sed -E 's/_(single|sv.*|exchange|orchestrator.*|two_players)$//' <<< "$name")
-    [[ $name == "${task}_single" ]] || python -m marl_jax.report --compare "$out/seed$seed/${task}_single" "$out/seed$seed/$name"
+    [[ $name == "${task}_single" ]] || python -m marl_jax.tools.report --compare "$out/seed$seed/${task}_single" "$out/seed$seed/$name"
   done
 done

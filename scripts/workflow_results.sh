@@ -67,22 +67,22 @@ for seed in 0 1000; do
   echo "## seeds $seed.."
   dirs=("$tasks/seed$seed/subset_sum_single" "$tasks/seed$seed/subset_sum_sv" "$results/seed$seed/single"
         "$results/seed$seed/sv_shared_team" "${names[@]/#/$out/seed$seed/}")
-  python -m marl_jax.report "${dirs[@]}"
+  python -m marl_jax.tools.report "${dirs[@]}"
   for name in arithmetic_vote arithmetic_vote_isolated arithmetic_best_of_n arithmetic_debate \
       arithmetic_debate_plain; do
-    python -m marl_jax.report --compare "$results/seed$seed/single" "$out/seed$seed/$name"
+    python -m marl_jax.tools.report --compare "$results/seed$seed/single" "$out/seed$seed/$name"
   done
   for name in subset_sum_vote subset_sum_best_of_n subset_sum_debate subset_sum_debate_plain; do
-    python -m marl_jax.report --compare "$tasks/seed$seed/subset_sum_single" "$out/seed$seed/$name"
+    python -m marl_jax.tools.report --compare "$tasks/seed$seed/subset_sum_single" "$out/seed$seed/$name"
   done
   for task_dir in "$results/seed$seed/sv_shared_team:$out/seed$seed/arithmetic" \
       "$tasks/seed$seed/subset_sum_sv:$out/seed$seed/subset_sum"; do
-    python -m marl_jax.report --compare "${task_dir%%:*}" "${task_dir#*:}_vote"      # complementary vs voting
-    python -m marl_jax.report --compare "${task_dir#*:}_debate_plain" "${task_dir#*:}_debate"  # influence
+    python -m marl_jax.tools.report --compare "${task_dir%%:*}" "${task_dir#*:}_vote"      # complementary vs voting
+    python -m marl_jax.tools.report --compare "${task_dir#*:}_debate_plain" "${task_dir#*:}_debate"  # influence
   done
-  python -m marl_jax.report --compare "$out/seed$seed/subset_sum_debate" "$out/seed$seed/subset_sum_debate_verifier"
-  python -m marl_jax.report --compare "$out/seed$seed/arithmetic_vote" "$out/seed$seed/arithmetic_vote_isolated"
-  python -m marl_jax.report --compare "$out/seed$seed/delegate_none" "$out/seed$seed/delegate_annealed"
-  python -m marl_jax.report --compare "$out/seed$seed/delegate_never" "$out/seed$seed/delegate_annealed"
-  python -m marl_jax.report --compare "$out/seed$seed/delegate_single" "$out/seed$seed/delegate_annealed"
+  python -m marl_jax.tools.report --compare "$out/seed$seed/subset_sum_debate" "$out/seed$seed/subset_sum_debate_verifier"
+  python -m marl_jax.tools.report --compare "$out/seed$seed/arithmetic_vote" "$out/seed$seed/arithmetic_vote_isolated"
+  python -m marl_jax.tools.report --compare "$out/seed$seed/delegate_none" "$out/seed$seed/delegate_annealed"
+  python -m marl_jax.tools.report --compare "$out/seed$seed/delegate_never" "$out/seed$seed/delegate_annealed"
+  python -m marl_jax.tools.report --compare "$out/seed$seed/delegate_single" "$out/seed$seed/delegate_annealed"
 done

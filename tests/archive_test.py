@@ -9,8 +9,8 @@ import jax
 import numpy as np
 import pytest
 
-from marl_jax import archive as archive_lib
-from marl_jax import checkpoint, datasets, experiment, state, tasks, text
+from marl_jax.tools import archive as archive_lib
+from marl_jax import checkpoint, datasets, experiment, loop, state, tasks, text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -81,7 +81,7 @@ def test_archived_rewards_and_credit_are_the_protocols(tmp_path):
   # A warm-started team plays actions (a random one writes no joint action: every value below 0),
   # and the matrix game's payoffs vary between them.
   exp = tiny_experiment("matrix_game", eval_size=32, warm_steps=150)
-  archive_lib.archive(exp, state.initial_state(exp).params, str(tmp_path), "sampled")
+  archive_lib.archive(exp, loop.initial_state(exp).params, str(tmp_path), "sampled")
   arrays = archive_lib.load_transcripts(str(tmp_path), "sampled").arrays
   problems = {k[len("problem_"):]: v for k, v in arrays.items() if k.startswith("problem_")}
   rewards = exp.protocol.rewards(exp.task, exp.layout, problems, arrays["tokens"])
@@ -115,7 +115,7 @@ def test_archive_cli(tmp_path):
   del saved["seeds_at_once"], saved["rl"]["microbatch_size"]
   with open(os.path.join(workdir, "config.json"), "w") as f:
     json.dump(saved, f)
-  proc = subprocess.run([sys.executable, "-m", "marl_jax.archive", f"--workdir={workdir}"],
+  proc = subprocess.run([sys.executable, "-m", "marl_jax.tools.archive", f"--workdir={workdir}"],
                         cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
                         text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -125,12 +125,12 @@ def test_archive_cli(tmp_path):
   assert archive.metadata["config"]["task"]["name"] == "subset_sum"
   assert json.loads(json.dumps(archive.metadata)) == archive.metadata
   # Again: the archive is kept, and the refusal is one line (it was a FileExistsError traceback).
-  again = subprocess.run([sys.executable, "-m", "marl_jax.archive", f"--workdir={workdir}"],
+  again = subprocess.run([sys.executable, "-m", "marl_jax.tools.archive", f"--workdir={workdir}"],
                          cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
                          text=True, timeout=300)
   assert again.returncode == 1 and "Traceback" not in again.stderr
   assert again.stderr.strip().splitlines()[-1] == (
-      f"python -m marl_jax.archive: {workdir}/transcripts/marl_transcripts/step0-sampled/1.0.0 exists; "
+      f"python -m marl_jax.tools.archive: {workdir}/transcripts/marl_transcripts/step0-sampled/1.0.0 exists; "
       "choose another output directory or name")
 
 
@@ -145,9 +145,9 @@ def test_archive_cli_names_a_config_json_it_cannot_read(tmp_path, config_json, m
   workdir.mkdir()
   if config_json is not None:
     (workdir / "config.json").write_text(config_json)
-  proc = subprocess.run([sys.executable, "-m", "marl_jax.archive", f"--workdir={workdir}"],
+  proc = subprocess.run([sys.executable, "-m", "marl_jax.tools.archive", f"--workdir={workdir}"],
                         cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
                         text=True, timeout=300, check=False)
   assert proc.returncode == 1 and "Traceback" not in proc.stderr
-  assert proc.stderr.strip().splitlines()[-1] == f"python -m marl_jax.archive: {workdir}/config.json {message}"
+  assert proc.stderr.strip().splitlines()[-1] == f"python -m marl_jax.tools.archive: {workdir}/config.json {message}"
   assert not (workdir / "transcripts").exists()

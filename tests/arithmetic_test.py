@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from marl_jax import text
-from marl_jax.tasks import Arithmetic, base, eval_problems
+from marl_jax.tasks import base, eval_problems
+from marl_jax.tasks.arithmetic import Arithmetic
 
 D = lambda *digits: [text.DIGIT0 + d for d in digits]  # digit tokens
 EOS, PAD = text.EOS, text.PAD

@@ -12,7 +12,8 @@ import sys
 import numpy as np
 import pytest
 
-from marl_jax import benchmark, configs, credit, experiment
+from marl_jax import configs, credit, experiment
+from marl_jax.tools import credit_benchmark as benchmark
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BENCH = REPO / "experiments" / "credit_benchmark.py"
@@ -196,24 +197,11 @@ def test_a_finished_cell_without_its_wall_time_reads_nan(tmp_path, monkeypatch):
   # A kill between a cell's last checkpoint and its wall_seconds.json once broke every later report.
   config = _config()
   config.estimators, config.learning.scenarios = "team", "penalty"
-  monkeypatch.setattr(benchmark, "finished", lambda run, steps: True)
+  monkeypatch.setattr(benchmark.runs, "finished", lambda run, steps: True)
   _write_cell(tmp_path / "learning" / "penalty" / "team", [[.5, .5], [.9, .9]], [1.0, 1.0])
   (tmp_path / "learning" / "penalty" / "team" / "wall_seconds.json").unlink()
   (row,) = benchmark.learning_rows(config, str(tmp_path))
   assert math.isnan(row["wall_seconds"])
-
-
-def test_steps_to_target_reads_the_per_step_training_accuracy(tmp_path):
-  # Two seeds: seed 0 first reaches 0.9 at step 2, seed 1 never; eval rows (every 2 steps) do not count.
-  rows = [{"step": 0, "accuracy/seed0": 0.5, "accuracy/seed1": 0.2, "eval_accuracy/seed0": 1.0,
-           "eval_accuracy/seed1": 1.0},
-          {"step": 1, "accuracy/seed0": 0.89, "accuracy/seed1": 0.3},
-          {"step": 2, "accuracy/seed0": 0.9, "accuracy/seed1": 0.8},
-          {"step": 3, "accuracy/seed0": 0.7, "accuracy/seed1": 0.85}]
-  for r in rows:  # the trainer logs the mean beside the per-seed values
-    r["accuracy"] = (r["accuracy/seed0"] + r["accuracy/seed1"]) / 2
-  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-  np.testing.assert_array_equal(benchmark.steps_to_target(str(tmp_path), 0.9), [2.0, np.inf])
 
 
 def _write_cell(folder, accuracy_NxS, eval_accuracy_S, members=None):
@@ -236,7 +224,7 @@ def _write_cell(folder, accuracy_NxS, eval_accuracy_S, members=None):
 def test_learning_rows_pair_each_estimator_with_team_seed_by_seed(tmp_path, monkeypatch):
   config = _config()
   config.estimators, config.learning.scenarios, config.learning.target = "team,shapley", "penalty", 0.9
-  monkeypatch.setattr(benchmark, "finished", lambda run, steps: True)
+  monkeypatch.setattr(benchmark.runs, "finished", lambda run, steps: True)
   # Steps to 0.9 per seed: team [1, 2, never], shapley [3, 1, 0]; final eval team [1, .5, 0],
   # shapley [.5, .5, 1].
   _write_cell(tmp_path / "learning" / "penalty" / "team",
@@ -255,7 +243,7 @@ def test_learning_rows_pair_each_estimator_with_team_seed_by_seed(tmp_path, monk
 def test_each_team_and_its_members_are_compared_with_the_single_agent_on_its_task(tmp_path, monkeypatch):
   config = _config("tiny", "workflows")
   config.estimators, config.learning.scenarios = "team,difference", "single_subset_sum,vote,delegate"
-  monkeypatch.setattr(benchmark, "finished", lambda run, steps: os.path.exists(os.path.join(run, "metrics.jsonl")))
+  monkeypatch.setattr(benchmark.runs, "finished", lambda run, steps: os.path.exists(os.path.join(run, "metrics.jsonl")))
   steps = [[.5, .5, .5], [.9, .9, .9]]
   _write_cell(tmp_path / "learning" / "single_subset_sum" / "team", steps, [.2, .3, .4])
   _write_cell(tmp_path / "learning" / "vote" / "team", steps, [.3, .3, .3],
@@ -271,7 +259,7 @@ def test_each_team_and_its_members_are_compared_with_the_single_agent_on_its_tas
   assert rows["vote", "team"]["member_vs_reference"] == pytest.approx(0.4 / 3 - 0.3)
   assert rows["vote", "team"]["final_vs_reference"] == pytest.approx(0.0)
   # Both against the single agent's `team` cell: Welch, unequal spreads.
-  diff, half, _ = benchmark.report.welch_diff([.2, .3, .4], [.4, .5, .6])
+  diff, half, _ = benchmark.intervals.welch_diff([.2, .3, .4], [.4, .5, .6])
   assert (rows["vote", "difference"]["final_vs_reference"], rows["vote", "difference"]["final_vs_reference_ci"]) \
       == pytest.approx((diff, half))
   assert rows["vote", "difference"]["member_vs_reference"] == pytest.approx(0.0)
@@ -308,7 +296,7 @@ def test_every_estimator_is_in_the_cpu_grid():
 def test_tiny_benchmark_end_to_end_and_resume(tmp_path):
   workdir = tmp_path / "bench"
   # One estimator keeps it short: every estimator's cost and config are checked above.
-  cmd = [sys.executable, "-m", "marl_jax.benchmark", f"--config={BENCH}:size=tiny", f"--workdir={workdir}",
+  cmd = [sys.executable, "-m", "marl_jax.tools.credit_benchmark", f"--config={BENCH}:size=tiny", f"--workdir={workdir}",
          "--config.estimators=shapley"]
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   first = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
@@ -338,7 +326,7 @@ def test_tiny_workflow_grid_end_to_end(tmp_path):
   # Every workflow scenario's tiny variant through the benchmark command; the team reward alone keeps it
   # short (every estimator runs on every workflow in end_to_end_test).
   config = _config("tiny", "workflows")
-  cmd = [sys.executable, "-m", "marl_jax.benchmark", f"--config={BENCH}:size=tiny,grid=workflows",
+  cmd = [sys.executable, "-m", "marl_jax.tools.credit_benchmark", f"--config={BENCH}:size=tiny,grid=workflows",
          f"--workdir={tmp_path}", "--config.estimators=team"]
   done = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
                         text=True, timeout=1500)
@@ -385,7 +373,7 @@ def test_the_fidelity_curve_grades_after_each_count_of_adaptation_batches(tmp_pa
 
 def test_an_unknown_benchmark_key_is_refused_on_one_line(tmp_path):
   # It was an AttributeError traceback: the benchmark parses its flags as main does.
-  cmd = [sys.executable, "-m", "marl_jax.benchmark", f"--config={BENCH}:size=tiny",
+  cmd = [sys.executable, "-m", "marl_jax.tools.credit_benchmark", f"--config={BENCH}:size=tiny",
          f"--workdir={tmp_path / 'bench'}", "--config.fidelity.rolez=2"]
   result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, JAX_PLATFORMS="cpu"))

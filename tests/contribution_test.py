@@ -8,7 +8,9 @@ import pytest
 from marl_jax import protocols, tasks, text
 from marl_jax.credit import exact
 from marl_jax.protocols import engine
-from marl_jax.tasks import Contribution, HiddenSum, MatrixGame
+from marl_jax.tasks.contribution import Contribution
+from marl_jax.tasks.hidden_sum import HiddenSum
+from marl_jax.tasks.matrix_game import MatrixGame
 
 
 # Jitted once per game (a task is hashable): much faster than op-by-op on a CPU.

@@ -12,7 +12,7 @@ import pytest
 import scipy.stats
 
 from marl_jax import credit, protocols, train
-from marl_jax.tasks import Arithmetic
+from marl_jax.tasks.arithmetic import Arithmetic
 
 # Two groups of G=4 samples of one problem each.
 R_B = jnp.array([1., 0., 0., 1., 1., 1., 1., 0.])

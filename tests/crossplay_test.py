@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from archive_test import ROOT, tiny_experiment, write_run
 
-from marl_jax import crossplay, experiment
+from marl_jax import experiment
+from marl_jax.tools import crossplay
 
 
 @pytest.fixture(scope="module")
@@ -62,11 +63,11 @@ def _shared(config):
 @pytest.mark.slow
 def test_crossplay_cli(signalling_run, tmp_path):
   out = str(tmp_path / "cross.json")
-  proc = subprocess.run([sys.executable, "-m", "marl_jax.crossplay", f"--workdirs={signalling_run},{signalling_run}",
+  proc = subprocess.run([sys.executable, "-m", "marl_jax.tools.crossplay", f"--workdirs={signalling_run},{signalling_run}",
                          f"--out={out}"], cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
                         text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "self-play" in proc.stdout and os.path.exists(out)
-  lonely = subprocess.run([sys.executable, "-m", "marl_jax.crossplay", f"--workdirs={tmp_path}/nowhere"], cwd=ROOT,
+  lonely = subprocess.run([sys.executable, "-m", "marl_jax.tools.crossplay", f"--workdirs={tmp_path}/nowhere"], cwd=ROOT,
                           env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True, timeout=600)
   assert lonely.returncode == 1 and "Traceback" not in lonely.stderr

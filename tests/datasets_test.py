@@ -8,6 +8,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from marl_jax import array_records, datasets, tasks, text
+from marl_jax.tasks.arithmetic import Arithmetic
 
 
 # Free-text tasks read a file and a checkpoint's tokenizer: tests/word_task_test.py archives theirs.
@@ -57,7 +58,7 @@ def test_a_name_tfds_cannot_read_back_is_refused_before_anything_is_written(tmp_
 
 
 def test_unregistered_task_is_refused_with_its_name():
-  class Custom(tasks.Arithmetic):
+  class Custom(Arithmetic):
     pass
   with pytest.raises(ValueError, match="Custom is not a registered task"):
     datasets.eval_set_name(Custom(), 1234, 4)
@@ -68,19 +69,19 @@ def test_unregistered_task_is_refused_with_its_name():
 
 
 def test_arithmetic_question_by_hand():
-  task = tasks.Arithmetic(num_ops=3, max_operand=12, modulus=10)
+  task = Arithmetic(num_ops=3, max_operand=12, modulus=10)
   problem = {"prompt": np.array(text.encode("<bos>03+04*12-05=")),
              "answer": np.array(text.encode("1<eos><pad>"))}  # ((3 + 4) * 12 - 5) mod 10 = 1
   assert datasets.arithmetic_question(task, problem) == (
       "Start with 3, add 4, multiply by 12, then subtract 5, taking the result modulo 10 after each step "
       "(so it stays between 0 and 9). What is the final result?", "1")
   problem = {"prompt": np.array(text.encode("<bos>7*5=")), "answer": np.array(text.encode("5<eos>"))}
-  assert datasets.arithmetic_question(tasks.Arithmetic(num_ops=1), problem)[0].startswith(
+  assert datasets.arithmetic_question(Arithmetic(num_ops=1), problem)[0].startswith(
       "Start with 7, multiply by 5, taking")
 
 
 def test_eval_set_in_words_poses_the_eval_set_in_words():
-  task = tasks.Arithmetic(num_ops=2, modulus=7)
+  task = Arithmetic(num_ops=2, modulus=7)
   problems = datasets.eval_set_in_words(task, seed=3, size=8)
   assert problems.source == datasets.eval_set_name(task, 3, 8)  # the same problems as that dataset
   # Each answer is what the question says, worked out from its words.

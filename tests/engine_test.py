@@ -5,7 +5,7 @@ import pytest
 
 from marl_jax import protocols, tasks, text
 from marl_jax.protocols import engine
-from marl_jax.tasks import Arithmetic
+from marl_jax.tasks.arithmetic import Arithmetic
 
 TASK = Arithmetic(num_ops=2)  # prompt '<bos>a+b*c=' is 7 tokens; an answer 'd<eos>' is 2
 ENV, AGENT, SOLVER, VERIFIER = engine.ENV, 0, 0, 1
@@ -160,7 +160,7 @@ def test_error_unknown_protocol_key_and_name():
     protocols.make("solver_verifier", TASK, roundz=2)
   with pytest.raises(ValueError, match=r"keys \['rounds'\] that protocol 'single'"):
     protocols.make("single", TASK, rounds=2)
-  with pytest.raises(ValueError, match=r"config.protocol.name='nope' is unknown; known protocols: \[.*'single'"):
+  with pytest.raises(ValueError, match=r"config.protocol.name='nope' is unknown; allowed: \[.*'single'"):
     protocols.make("nope", TASK)
   with pytest.raises(ValueError, match=r"config.protocol.rounds=0; allowed: an integer >= 1"):
     protocols.make("solver_verifier", TASK, rounds=0)

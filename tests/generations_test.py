@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from marl_jax import archive, array_records, configs, experiment, generations, loop, rollout, sampling, sft, state, tasks, text
+from marl_jax import array_records, configs, experiment, loop, rollout, sampling, sft, state, tasks, text
+from marl_jax.tools import archive, generations
 from marl_jax import transcripts
 from marl_jax.protocols import engine
 
@@ -121,7 +122,7 @@ def test_an_archive_of_training_problems_is_not_the_evaluation_set():
 
 
 def generations_cli(workdir: str, *flags: str, arg: str = "size=tiny"):
-  return subprocess.run([sys.executable, "-m", "marl_jax.generations", f"--config=experiments/generations.py:{arg}",
+  return subprocess.run([sys.executable, "-m", "marl_jax.tools.generations", f"--config=experiments/generations.py:{arg}",
                          f"--workdir={workdir}", *flags], cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"},
                         capture_output=True, text=True, timeout=900)
 

@@ -20,8 +20,8 @@ import pytest
 from marl_jax import checkpoint as checkpoint_lib, configs, experiment, loop, model as model_lib
 from marl_jax import state as state_lib, text, train
 from marl_jax.lm import agent as lm_agent
-from marl_jax.lm import checkpoint as lm_checkpoint
-from marl_jax.lm import export as lm_export
+from marl_jax.lm import hf_checkpoint
+from marl_jax.tools import lm_export
 from marl_jax.lm import lora as lora_lib
 from marl_jax.lm import model as lm_model
 from marl_jax.lm import tokenizer as lm_tokenizer
@@ -103,13 +103,13 @@ def test_every_seed_and_set_starts_from_the_checkpoint():
   config.sft.steps = 0
   config.num_seeds = 2
   exp = experiment.build(config)
-  params_S = state_lib.to_host(state_lib.initial_state(exp).params)
-  _, loaded = lm_checkpoint.load(str(FIXTURES / "qwen3"))
+  params_S = state_lib.to_host(loop.initial_state(exp).params)
+  _, loaded = hf_checkpoint.load(str(FIXTURES / "qwen3"))
   for got, want in zip(jax.tree.leaves(params_S), jax.tree.leaves(loaded)):
     assert got.shape == (2, 2) + want.shape  # seeds x parameter sets (isolated solver, verifier)
     np.testing.assert_array_equal(got, np.broadcast_to(want, got.shape))
   config.model.random_weights = True
-  random_S = state_lib.to_host(state_lib.initial_state(experiment.build(config)).params)
+  random_S = state_lib.to_host(loop.initial_state(experiment.build(config)).params)
   assert not np.allclose(jax.tree.leaves(random_S)[0], jax.tree.leaves(params_S)[0])
 
 
@@ -119,7 +119,7 @@ def test_a_run_of_the_per_layer_decoder_is_refused_saying_why(tmp_path):
   config = _config("qwen3")
   config.sft.steps = 0
   exp = experiment.build(config)
-  state_S = state_lib.initial_state(exp)
+  state_S = loop.initial_state(exp)
   params_S = dict(state_lib.to_host(state_S.params))
   layers = params_S.pop("layers")
   assert jax.tree.leaves(layers)[0].shape[:3] == (1, 2, 2)  # seeds x parameter sets x layers
@@ -188,7 +188,7 @@ def test_lora_agent_is_the_adapted_decoder():
   assert agent.lora == lora_lib.LoRAConfig(rank=2, alpha=4.0, targets=("q_proj", "down_proj"))
   # Three sets share one base (not stacked) and stack their adapters.
   params_R = agent.pretrained_stack(3)
-  assert jax.tree.map(np.shape, params_R["base"]) == jax.tree.map(np.shape, lm_checkpoint.load(
+  assert jax.tree.map(np.shape, params_R["base"]) == jax.tree.map(np.shape, hf_checkpoint.load(
       str(FIXTURES / "llama"), max_len=24)[1])
   assert {p.shape[0] for p in jax.tree.leaves(params_R["adapter"])} == {3}
   adapted = {path[-2].key for path, _ in jax.tree_util.tree_leaves_with_path(params_R["adapter"])}
@@ -233,8 +233,8 @@ def test_lora_team_holds_one_base():
   config.update(sft=dict(config.sft, steps=0), steps_per_call=1, num_seeds=1)
   config.rl.entropy_coef = 0.01  # a gradient even when every reward of the untrained team ties
   exp = experiment.build(config)
-  state_S = state_lib.initial_state(exp)
-  _, base = lm_checkpoint.load(str(FIXTURES / "llama"), max_len=exp.model.max_len)
+  state_S = loop.initial_state(exp)
+  _, base = hf_checkpoint.load(str(FIXTURES / "llama"), max_len=exp.model.max_len)
   assert jax.tree.map(lambda p: p.shape[1:], state_S.params["base"]) == jax.tree.map(np.shape, base)
   assert {p.shape[:2] for p in jax.tree.leaves(state_S.params["adapter"])} == {(1, 2)}
   adapter_size = sum(p.size for p in jax.tree.leaves(state_S.params["adapter"]))
@@ -304,7 +304,7 @@ def test_tiny_solver_verifier_through_the_cli_and_export(family, lora, verifier,
   trained = [m for m in lines if "verifier/loss" in m]
   assert trained and all(np.isfinite(m["verifier/loss"]) and m["tokens"] > 0 for m in trained)
   assert any("eval_accuracy" in m for m in lines)
-  export = subprocess.run([sys.executable, "-m", "marl_jax.lm.export", f"--workdir={workdir}",
+  export = subprocess.run([sys.executable, "-m", "marl_jax.tools.lm_export", f"--workdir={workdir}",
                            "--role=verifier", f"--out={out}"], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
   assert export.returncode == 0, export.stderr[-3000:]
@@ -315,17 +315,17 @@ def test_tiny_solver_verifier_through_the_cli_and_export(family, lora, verifier,
                            "--role='judge' is not a role of this run; allowed: ['solver', 'verifier']"),
                           (["--role=verifier", f"--out={out}"], f"--out={out} holds ['config.json', "),
                           (["--role=verifier", f"--out={workdir}"], f"--out={workdir} holds ['checkpoints', ")]:
-      refused = subprocess.run([sys.executable, "-m", "marl_jax.lm.export", f"--workdir={workdir}", *args],
+      refused = subprocess.run([sys.executable, "-m", "marl_jax.tools.lm_export", f"--workdir={workdir}", *args],
                                cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
       assert refused.returncode == 1 and "Traceback" not in refused.stderr
-      assert refused.stderr.strip().splitlines()[-1].startswith(f"python -m marl_jax.lm.export: {refusal}")
-  _, exported = lm_checkpoint.load(str(out))
-  _, base = lm_checkpoint.load(str(FIXTURES / (verifier or family)))
+      assert refused.stderr.strip().splitlines()[-1].startswith(f"python -m marl_jax.tools.lm_export: {refusal}")
+  _, exported = hf_checkpoint.load(str(out))
+  _, base = hf_checkpoint.load(str(FIXTURES / (verifier or family)))
   exported_config = json.loads((out / "config.json").read_text())
   source_config = json.loads((FIXTURES / (verifier or family) / "config.json").read_text())
   # What a server reads beside the weights (without the token ids transformers falls back to its
   # class defaults) is the source's.
-  for key in ("model_type", *lm_checkpoint.SERVING_KEYS):
+  for key in ("model_type", *hf_checkpoint.SERVING_KEYS):
     assert exported_config.get(key) == source_config.get(key), key
   changed = {"/".join(str(k.key) for k in path): not np.allclose(a, b) for (path, a), b in
              zip(jax.tree_util.tree_leaves_with_path(exported), jax.tree.leaves(base))}

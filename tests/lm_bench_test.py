@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from marl_jax.lm import bench
+from marl_jax.tools import lm_bench as bench
 
 QWEN3 = "tests/fixtures/lm/qwen3"
 

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 from marl_jax import model as model_lib
-from marl_jax import protocols, sampling, team as team_lib, text
+from marl_jax import mixed_teams, protocols, sampling, text
 from marl_jax.lm import agent as lm_agent
-from marl_jax.lm import checkpoint as lm_checkpoint
+from marl_jax.lm import hf_checkpoint
 from marl_jax.lm import model as lm_model
 from marl_jax.protocols import engine
-from marl_jax.tasks import Arithmetic
+from marl_jax.tasks.arithmetic import Arithmetic
 
 from sampling_test import whole_canvas_policy
 
@@ -80,7 +80,7 @@ def test_greedy_decoding_where_views_hold_only_the_blocks_they_see():
 
 
 def test_a_views_cache_holds_the_blocks_of_the_positions_it_sees():
-  cfg = lm_model.LMConfig.from_hf_config(lm_checkpoint.read_hf_config(str(FIXTURES / "llama")))
+  cfg = lm_model.LMConfig.from_hf_config(hf_checkpoint.read_hf_config(str(FIXTURES / "llama")))
   visible_T = np.zeros(12, bool)
   visible_T[[0, 1, 2, 11]] = True  # blocks of 5: [0, 5) and [10, 12) hold one; [5, 10) none
   cache = lm_model.empty_cache(cfg, 2, 12, 5, visible_T)
@@ -102,13 +102,13 @@ def test_greedy_decoding_with_lora():
 def test_greedy_decoding_in_a_mixed_team():
   # Qwen3 solves, Llama verifies: each view's cache and calls are its own model's.
   qwen, llama = _agent("qwen3"), _agent("llama")
-  team = team_lib.Team(("qwen", "llama"), (qwen, llama), (0, 1))
+  team = mixed_teams.Team(("qwen", "llama"), (qwen, llama), (0, 1))
   _assert_greedy_is_the_whole_canvas_mode(team, jax.tree.map(jnp.asarray, team.pretrained_stack(2)))
 
 
 @pytest.mark.parametrize("family,block", [("qwen3", None), ("llama", None), ("qwen3", 5)])
 def test_cache_after_a_message_equals_a_fresh_prefill(family, block):
-  cfg, params = lm_checkpoint.load(str(FIXTURES / family), max_len=16)
+  cfg, params = hf_checkpoint.load(str(FIXTURES / family), max_len=16)
   T, P = 12, 7  # with blocks of 5: the prompt ends inside the second block, the message fills the third
   tokens_BxT = jax.random.randint(jax.random.PRNGKey(1), (B, T), 0, cfg.vocab_size)
   key_ok_BxT = jnp.ones((B, T), bool).at[0, :2].set(False)  # a left-padded row
@@ -133,7 +133,7 @@ def test_cache_after_a_message_equals_a_fresh_prefill(family, block):
 def test_a_decode_step_reads_only_the_blocks_written_so_far():
   # Blocks past the step's position hold NaN: weighed at all, even with weight 0, they would make the
   # logits NaN.  The step at the same position reads the same with a whole-canvas cache of one block.
-  cfg, params = lm_checkpoint.load(str(FIXTURES / "qwen3"), max_len=16)
+  cfg, params = hf_checkpoint.load(str(FIXTURES / "qwen3"), max_len=16)
   T, P = 15, 7
   tokens_BxT = jax.random.randint(jax.random.PRNGKey(1), (B, T), 0, cfg.vocab_size)
   key_ok_BxT = jnp.ones((B, T), bool)
@@ -154,7 +154,7 @@ def test_decode_loop_memory_does_not_grow_with_the_cache(block):
   """A loop of decode steps over a donated cache (the message loop's carry) writes it in place: its
   temporary memory at an 8x longer canvas grows by a small fraction of the cache's growth (the
   layer scan handing out a new stacked cache copied all of it every token: at least 1x)."""
-  cfg = lm_model.LMConfig.from_hf_config(lm_checkpoint.read_hf_config(str(FIXTURES / "qwen3")))
+  cfg = lm_model.LMConfig.from_hf_config(hf_checkpoint.read_hf_config(str(FIXTURES / "qwen3")))
   params = jax.eval_shape(lambda: lm_model.init_stack(cfg, jax.random.key(0), 1))
   params = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape[1:], p.dtype), params)
 

@@ -18,7 +18,7 @@ import optax
 import pytest
 
 from marl_jax import checkpoint as checkpoint_lib, configs, experiment, loop, sft, state as state_lib, train
-from marl_jax.lm import checkpoint, sharding
+from marl_jax.lm import hf_checkpoint, sharding
 from marl_jax.lm import model as lm_model
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -30,7 +30,7 @@ BAD_RULES = ((r"k_proj/kernel$", (None, sharding.MODEL, None)), *sharding.DEFAUL
 
 
 def _load(family):
-  return checkpoint.load(str(FIXTURES / family), max_len=40)
+  return hf_checkpoint.load(str(FIXTURES / family), max_len=40)
 
 
 def _batch_of_8(family):
@@ -99,7 +99,7 @@ def _train_split_and_whole() -> dict:
   for name, overrides in (("split", dict(num_devices=8, model_shards=4)),
                           ("model_only", {"num_devices": 4, "model_shards": 4}), ("whole", dict(num_devices=1))):
     exp = experiment.build(_step_config(**overrides))
-    state_S = state_lib.initial_state(exp)
+    state_S = loop.initial_state(exp)
     start = state_lib.to_host(state_S.params)
     state_S, _ = train.make_train_call(exp)(state_S)
     params[name] = jax.device_get(state_S.params)

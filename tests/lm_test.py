@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from marl_jax.lm import checkpoint
+from marl_jax.lm import hf_checkpoint
 from marl_jax.lm import model as lm_model
 from marl_jax.lm import tokenizer as lm_tokenizer
 
@@ -25,7 +25,7 @@ _apply = jax.jit(lm_model.apply, static_argnums=0)
 
 @functools.cache
 def _load(family: str, dtype=jnp.float32):
-  return checkpoint.load(str(FIXTURES / family), max_len=40, dtype=dtype)
+  return hf_checkpoint.load(str(FIXTURES / family), max_len=40, dtype=dtype)
 
 
 @functools.cache
@@ -127,8 +127,8 @@ def test_init_stack_matches_checkpoint_layout_and_vmaps_over_sets(family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_save_load_round_trips_exactly(family, tmp_path):
   cfg, params = _load(family)
-  checkpoint.save(str(tmp_path / "out"), cfg, params)
-  cfg2, params2 = checkpoint.load(str(tmp_path / "out"), max_len=cfg.max_len)
+  hf_checkpoint.save(str(tmp_path / "out"), cfg, params)
+  cfg2, params2 = hf_checkpoint.load(str(tmp_path / "out"), max_len=cfg.max_len)
   assert cfg2 == cfg
   chex.assert_trees_all_equal(params2, params)
   # transformers picks the class and activation by these keys, which `load` does not read back: the
@@ -143,7 +143,7 @@ def test_save_load_round_trips_exactly(family, tmp_path):
   assert written["rope_theta"] == rope["rope_theta"]
   assert written.get("rope_scaling", {"rope_type": "default"}) == {k: v for k, v in rope.items() if k != "rope_theta"}
   with pytest.raises(FileExistsError, match="already holds"):  # never over an existing checkpoint
-    checkpoint.save(str(tmp_path / "out"), cfg, params)
+    hf_checkpoint.save(str(tmp_path / "out"), cfg, params)
 
 
 def test_save_refuses_stacked_parameter_sets(tmp_path):
@@ -151,7 +151,7 @@ def test_save_refuses_stacked_parameter_sets(tmp_path):
   params_R = jax.tree.map(lambda p: np.stack([p, p]), params)
   with pytest.raises(ValueError, match=r"params\[embed_tokens/embedding\] has shape \(2, 384, 64\), expected "
                                        r"\(384, 64\) \(one parameter set: index a stack params_R\[r\] first\)"):
-    checkpoint.save(str(tmp_path / "out"), cfg, params_R)
+    hf_checkpoint.save(str(tmp_path / "out"), cfg, params_R)
   assert not list((tmp_path / "out").iterdir())  # refused before anything is written
 
 
@@ -165,8 +165,8 @@ def test_sharded_checkpoint_loads_like_one_file(tmp_path):
     shard = f"model-{i + 1:05d}-of-00002.safetensors"
     save_file({n: tensors[n] for n in part}, tmp_path / shard, metadata={"format": "pt"})
     weight_map |= dict.fromkeys(part, shard)
-  (tmp_path / checkpoint.INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-  chex.assert_trees_all_equal(checkpoint.load(str(tmp_path), max_len=40)[1], _load("llama")[1])
+  (tmp_path / hf_checkpoint.INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+  chex.assert_trees_all_equal(hf_checkpoint.load(str(tmp_path), max_len=40)[1], _load("llama")[1])
 
 
 def test_flops_per_token_counts_every_matmul_weight():
@@ -230,7 +230,7 @@ def _edit_tensors(tmp_path, edit):
 
 def _index_of_absent_shard(tmp_path):
   index = {"weight_map": {"model.norm.weight": "model-00001-of-00002.safetensors"}}
-  (_copy(tmp_path, files=["config.json"]) / checkpoint.INDEX).write_text(json.dumps(index))
+  (_copy(tmp_path, files=["config.json"]) / hf_checkpoint.INDEX).write_text(json.dumps(index))
   return tmp_path
 
 
@@ -246,7 +246,7 @@ def _truncated_weights(tmp_path):
 
 
 def _index_without_weight_map(tmp_path):
-  (_copy(tmp_path, files=["config.json"]) / checkpoint.INDEX).write_text('{"metadata": {}}')
+  (_copy(tmp_path, files=["config.json"]) / hf_checkpoint.INDEX).write_text('{"metadata": {}}')
   return tmp_path
 
 
@@ -308,7 +308,7 @@ BAD_CHECKPOINTS = {  # name -> (make the bad directory in tmp_path, error, what 
 @pytest.mark.parametrize("dtype", [np.float64, np.float16])
 def test_unquantised_stored_dtypes_load(dtype, tmp_path):
   _edit_tensors(tmp_path, lambda t: t.update({k: v.astype(dtype) for k, v in t.items()}))
-  _, params = checkpoint.load(str(tmp_path), max_len=40)
+  _, params = hf_checkpoint.load(str(tmp_path), max_len=40)
   _, params32 = _load("qwen3")
   chex.assert_trees_all_close(params, jax.tree.map(lambda p: np.asarray(p, dtype).astype(np.float32), params32))
 
@@ -317,7 +317,7 @@ def test_unquantised_stored_dtypes_load(dtype, tmp_path):
 def test_bad_checkpoint_errors_name_the_file_or_key(case, tmp_path):
   make, error, message = BAD_CHECKPOINTS[case]
   with pytest.raises(error, match=message):
-    checkpoint.load(str(make(tmp_path)))
+    hf_checkpoint.load(str(make(tmp_path)))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -369,7 +369,7 @@ def test_qwen3_architecture_with_llama3_tokens_loads_in_the_llama3_layout(tmp_pa
   _copy(tmp_path, "llama", ("tokenizer.json",))
   tok = lm_tokenizer.load(str(tmp_path))
   assert tok.layout == lm_tokenizer.LAYOUTS["llama3"] and tok.end_of_turn_id == tok.tok.token_to_id("<|eot_id|>")
-  assert checkpoint.load(str(tmp_path), max_len=40)[0].model_type == "qwen3"
+  assert hf_checkpoint.load(str(tmp_path), max_len=40)[0].model_type == "qwen3"
 
 
 CHATML_TEMPLATE = "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' }}"

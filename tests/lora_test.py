@@ -11,7 +11,7 @@ import optax
 import pytest
 from flax import traverse_util
 
-from marl_jax.lm import checkpoint
+from marl_jax.lm import hf_checkpoint
 from marl_jax.lm import lora
 from marl_jax.lm import model as lm_model
 
@@ -24,7 +24,7 @@ _apply_stacked = jax.jit(lora.apply_stacked, static_argnums=(0, 1))
 @functools.cache
 def _setup(family: str):
   """(cfg, base, fresh adapters_R of 2 roles, tokens_BxP, key_ok_BxP)."""
-  cfg, base = checkpoint.load(str(FIXTURES / family), max_len=40)
+  cfg, base = hf_checkpoint.load(str(FIXTURES / family), max_len=40)
   ref = np.load(FIXTURES / family / "reference.npz")
   adapters_R = lora.init_adapters(jax.random.key(0), cfg, LORA, base, 2)
   return cfg, base, adapters_R, ref["tokens_BxP"], ref["mask_BxP"]
@@ -103,12 +103,12 @@ def test_merged_weights_equal_low_rank_path_and_roles_differ(family):
 def test_saved_merged_role_loads_as_that_model(family, tmp_path):
   cfg, base, _, tokens_BxP, ok_BxP = _setup(family)
   adapters_R = _trained_like(family)
-  source = checkpoint.read_hf_config(str(FIXTURES / family))
+  source = hf_checkpoint.read_hf_config(str(FIXTURES / family))
   lora.save_merged(str(tmp_path / "role1"), cfg, LORA, base, _role(adapters_R, 1), source)
-  cfg2, loaded = checkpoint.load(str(tmp_path / "role1"), max_len=cfg.max_len)
+  cfg2, loaded = hf_checkpoint.load(str(tmp_path / "role1"), max_len=cfg.max_len)
   assert cfg2 == cfg
-  saved = checkpoint.read_hf_config(str(tmp_path / "role1"))
-  assert all(saved[k] == source[k] for k in checkpoint.SERVING_KEYS)  # what a server reads beside them
+  saved = hf_checkpoint.read_hf_config(str(tmp_path / "role1"))
+  assert all(saved[k] == source[k] for k in hf_checkpoint.SERVING_KEYS)  # what a server reads beside them
   merged_R = _stack(*(lora.merged_params(LORA, base, _role(adapters_R, r)) for r in range(2)))
   chex.assert_trees_all_equal(loaded, _role(merged_R, 1))  # float32 written, float32 read
   logits_RxBxPxV, _ = _apply_stacked(cfg, LORA, base, adapters_R, tokens_BxP, 0, ok_BxP)

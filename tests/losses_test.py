@@ -17,7 +17,7 @@ def policy_loss_BxT(name, logp_BxT, old_logp_BxT, adv_BxT):
   x = losses.LossInput(logp_BxT=logp_BxT, old_logp_BxT=old_logp_BxT, ref_logp_BxT=None,
                        adv_BxT=adv_BxT, role_mask_RxBxT=jnp.ones((1,) + logp_BxT.shape, bool),
                        group_B=jnp.arange(logp_BxT.shape[0]))
-  return losses.get(name)(x, RL)
+  return losses.REGISTRY.lookup(name)(x, RL)
 # (ratio, advantage) -> PPO-clip loss -min(ratio A, clip(ratio, 0.8, 1.2) A), and d loss / d logp.
 PPO_CASES = [
     (1.1, 2.0, -2.2, -2.2),  # inside the range: -ratio A, gradient -ratio A
@@ -87,4 +87,4 @@ def test_every_registered_loss_keeps_the_contract(name):
 
 def test_unknown_loss_is_refused_with_the_allowed_names():
   with pytest.raises(ValueError, match=r"config.rl.algorithm='dpo' is unknown; allowed: \['ppo', 'reinforce'\]"):
-    losses.get("dpo")
+    losses.REGISTRY.lookup("dpo")

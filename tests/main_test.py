@@ -50,7 +50,7 @@ def _check_rejected(result, expected):
 def test_every_module_the_package_imports_is_an_install_requirement():
   # `pip install marl_jax` without the dev extras must run every command line: matplotlib, which the
   # credit benchmark imports, once came only with the extras.  An import inside a function (one flag's
-  # code, as lm.bench's --peer=transformers) may instead come from the optional `peer` extra.
+  # code, as tools.lm_bench's --peer=transformers) may instead come from the optional `peer` extra.
   imported, imported_in_functions = set(), set()
   for path in (REPO / "marl_jax").rglob("*.py"):
     tree = ast.parse(path.read_text())

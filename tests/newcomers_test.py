@@ -11,7 +11,8 @@ import pytest
 from archive_test import tiny_experiment, write_run
 from generations_test import hand_made_archive
 
-from marl_jax import checkpoint, experiment, loop, newcomer_report, newcomers, sft, state, transcripts
+from marl_jax import checkpoint, experiment, loop, newcomers, sft, state, transcripts
+from marl_jax.tools import newcomer_report
 
 
 def two_seeds(**settings):

@@ -104,7 +104,7 @@ def one_call_on_one_and_two_devices(name: str, arg: str) -> dict:
   config = configs.sibling(os.path.join(ROOT, "experiments", "x.py"), name).get_config(arg)
   config.rl.entropy_coef, config.rl.batch_size, config.rl.minibatches = 0.01, 64, 2
   config.sft.steps, config.steps_per_call, config.num_devices = 60, 2, 1
-  start = state.to_host(state.initial_state(experiment.build(config)))
+  start = state.to_host(loop.initial_state(experiment.build(config)))
   ends, metrics_of = [], []
   for devices in (1, 2):
     config.num_devices = devices

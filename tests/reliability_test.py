@@ -165,7 +165,7 @@ def test_sigterm_then_kill_during_a_save_resume_exactly(tmp_path):
   assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["0", "2", "4"]
   assert _steps(workdir) == [0, 2, 4]
   exp = experiment.build(tiny_config(**CRITIC_OVERRIDES))
-  straight_S, train_call = state.initial_state(exp), train.make_train_call(exp)
+  straight_S, train_call = loop.initial_state(exp), train.make_train_call(exp)
   straight_rows = []
   for _ in range(2):
     straight_S, metrics_SxN = train_call(straight_S)
@@ -303,7 +303,7 @@ def _workdir_of_a_run(workdir):
   config = tiny_config(**OVERRIDES)
   exp = experiment.build(config)
   mngr = checkpoint.manager(str(workdir))
-  state_S = state.initial_state(exp)
+  state_S = loop.initial_state(exp)
   for step in (0, 2):
     checkpoint.save(mngr, step, state_S.replace(step=state_S.step + step))
   mngr.wait_until_finished()

@@ -13,7 +13,7 @@ from marl_jax import model as model_lib
 from marl_jax import protocols, sampling, text
 from marl_jax.lm import agent as lm_agent
 from marl_jax.protocols import engine
-from marl_jax.tasks import Arithmetic
+from marl_jax.tasks.arithmetic import Arithmetic
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures" / "lm"
 TASK = Arithmetic(num_ops=1)

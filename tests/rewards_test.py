@@ -16,7 +16,7 @@ import re
 
 from jax.sharding import PartitionSpec as P
 
-from marl_jax import cli, codes, configs, credit, experiment, judging, parallel, protocols, rewards, state, tasks, text, train
+from marl_jax import cli, codes, configs, credit, experiment, judging, loop, parallel, protocols, rewards, state, tasks, text, train
 from marl_jax.protocols import engine
 from marl_jax.rewards import audited, audited_balanced, audited_team, peer_prediction, reputation
 
@@ -522,7 +522,7 @@ def test_a_rotating_step_is_the_step_then_the_judges_moved_on():
     config = _config("peer_review", f"size=tiny,cross={cross}")
     config.num_seeds, config.steps_per_call = 2, 1
     exp = experiment.build(config)
-    return exp, train.make_train_call(exp)(state.place(exp, state.initial_state(exp)))[0]
+    return exp, train.make_train_call(exp)(state.place(exp, loop.initial_state(exp)))[0]
   exp, rotated = run("rotate")
   _, plain = run("other_set")
   judge_sets = tuple(sorted({exp.role_set_R[r] for r in exp.protocol.judge_roles}))

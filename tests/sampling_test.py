@@ -11,7 +11,7 @@ import pytest
 from marl_jax import model as model_lib
 from marl_jax import evaluate, protocols, sampling, text
 from marl_jax.protocols import engine
-from marl_jax.tasks import Arithmetic
+from marl_jax.tasks.arithmetic import Arithmetic
 
 TASK = Arithmetic(num_ops=1)  # prompt '<bos>a+b=' (5 tokens), answer 'd<eos>' (2 tokens)
 CFG = model_lib.ModelConfig(d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=24)

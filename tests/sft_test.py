@@ -10,7 +10,7 @@ import pytest
 from sampling_test import CFG, _layout, _params, _prompts, _token_log_probs
 from train_test import tiny_config
 
-from marl_jax import experiment, sft, state, text
+from marl_jax import experiment, loop, sft, state, text
 from marl_jax.protocols import engine
 
 
@@ -62,7 +62,7 @@ def test_a_warm_start_in_calls_is_one_scan_and_resumes_where_it_stopped():
   chex.assert_trees_all_close(leaves(resumed), leaves(whole), rtol=1e-5, atol=1e-7)
   counts = [np.asarray(c) for c in jax.tree.leaves(resumed.opt_state) if c.dtype == jnp.int32]
   assert counts and all((c == 8).all() for c in counts)
-  initial = state.initial_state(experiment.build(tiny_config(**{"num_seeds": 2, "sft.steps": 0})))
+  initial = loop.initial_state(experiment.build(tiny_config(**{"num_seeds": 2, "sft.steps": 0})))
   assert not np.allclose(whole.params["embed"]["embedding"][0], initial.params["embed"]["embedding"][0])
 
 

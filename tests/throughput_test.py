@@ -10,7 +10,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from marl_jax import configs, credit, experiment, sampling, state as state_lib, throughput
+from marl_jax import configs, credit, experiment, loop, sampling
+from marl_jax.tools import throughput
 
 
 def test_workflow_table_has_every_workflow_and_the_minimum_is_a_floor(capsys):
@@ -69,7 +70,7 @@ def test_a_wider_relay_job_keeps_its_shape_and_counts_its_own_flops():
 def _refusal(*flags: str) -> str:
   """The last stderr line of the throughput CLI given `flags`, which it must refuse: exit status 1, no
   traceback, nothing printed to stdout (no row began: its header line comes before any timing)."""
-  done = subprocess.run([sys.executable, "-m", "marl_jax.throughput", *flags], capture_output=True, text=True,
+  done = subprocess.run([sys.executable, "-m", "marl_jax.tools.throughput", *flags], capture_output=True, text=True,
                         check=False, timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert done.returncode == 1, done.stderr[-2000:]
   assert "Traceback" not in done.stderr and done.stdout == ""
@@ -116,7 +117,7 @@ def test_a_row_that_does_not_fit_the_device_is_refused_before_its_state_is_made(
   # The 0.6B-parameter row was killed on this 2-core CPU without a message; a row is now compiled from
   # its state's shapes and refused when it needs more than the device allows (here: 1 MiB).
   code = ("import runpy; from marl_jax import memory; memory.device_limit = lambda: 1 << 20; "
-          "runpy.run_module('marl_jax.throughput', run_name='__main__')")
+          "runpy.run_module('marl_jax.tools.throughput', run_name='__main__')")
   done = subprocess.run([sys.executable, "-c", code, "--grid=1/1", "--credits=team", "--batch_size=8",
                          "--calls=1"], capture_output=True, text=True, check=False, timeout=600,
                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
@@ -137,7 +138,7 @@ def test_an_earlier_json_file_stays_until_a_row_replaces_it(tmp_path):
   # were; the old script emptied the file to `[]` before timing anything.
   rows = tmp_path / "rows.json"
   rows.write_text('[{"completions_per_s": 1.0}]')
-  with subprocess.Popen([sys.executable, "-m", "marl_jax.throughput", "--grid=1/1", "--credits=team",
+  with subprocess.Popen([sys.executable, "-m", "marl_jax.tools.throughput", "--grid=1/1", "--credits=team",
                          "--batch_size=8", f"--json={rows}"], stdout=subprocess.PIPE, text=True,
                         env={**os.environ, "JAX_PLATFORMS": "cpu"}) as run:
     try:
@@ -158,7 +159,7 @@ def test_a_row_times_the_step_and_its_rollout(sharing):
   config.num_devices = 1
   # The rollout program samples steps x seeds x batch episodes of two agents writing 1 to 4 tokens.
   exp = experiment.build(config)
-  tokens = float(throughput.make_rollout_call(exp)(state_lib.initial_state(exp).params, jax.random.PRNGKey(0)))
+  tokens = float(throughput.make_rollout_call(exp)(loop.initial_state(exp).params, jax.random.PRNGKey(0)))
   episodes = 2 * 2 * 8
   assert 2 * episodes <= tokens <= 8 * episodes
   row = throughput.measure(config, calls=1, profile=True)
@@ -180,7 +181,8 @@ def test_the_rollout_alone_is_split_over_devices_as_the_step_is():
   code = textwrap.dedent("""
       import jax
       jax.config.update("jax_num_cpu_devices", 2)
-      from marl_jax import experiment, state as state_lib, throughput
+      from marl_jax import experiment, loop
+      from marl_jax.tools import throughput
       config = throughput.relay_config(2, 2, "team", batch_size=8, steps_per_call=2)
       config.model.update(d_model=16, n_layers=1, n_heads=2, d_ff=32)
       config.rl.group_size = 4
@@ -189,7 +191,7 @@ def test_the_rollout_alone_is_split_over_devices_as_the_step_is():
         config.num_devices = devices
         exp = experiment.build(config)
         call = throughput.make_rollout_call(exp)
-        params_S = state_lib.initial_state(exp).params
+        params_S = loop.initial_state(exp).params
         tokens.append(float(call(params_S, jax.random.PRNGKey(0))))
       shardings = call.lower(params_S, jax.random.PRNGKey(0)).compile().input_shardings
       print(*tokens, len(jax.tree.leaves(shardings)[0].device_set))
@@ -198,108 +200,6 @@ def test_the_rollout_alone_is_split_over_devices_as_the_step_is():
   assert result.returncode == 0, result.stderr[-2000:]
   one_device, two_devices, devices_used = map(float, result.stdout.split()[-3:])
   assert one_device == two_devices and devices_used == 2
-
-
-# A compiled module's text as XLA:CPU prints it: a dot fused for the matmul library, a transpose
-# fusion, an elementwise fusion around a reduction, a bare dot, and a loop (its body's thunks are
-# traced themselves).
-HLO = """HloModule jit_f, entry_computation_layout={(f32[4,4]{1,0})->f32[4,4]{1,0}}
-
-%fused_dot (param_0: f32[3,5], param_1: f32[5,7]) -> f32[3,7] {
-  %param_0 = f32[3,5]{1,0} parameter(0)
-  %param_1 = f32[5,7]{1,0} parameter(1)
-  ROOT %dot.0 = f32[3,7]{1,0} dot(%param_0, %param_1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
-}
-
-%fused_transpose (param_0.1: f32[4,4]) -> f32[4,4] {
-  %param_0.1 = f32[4,4]{1,0} parameter(0)
-  %transpose.0 = f32[4,4]{0,1} transpose(%param_0.1), dimensions={1,0}
-  ROOT %copy.0 = f32[4,4]{1,0} copy(%transpose.0)
-}
-
-%fused_tanh (param_0.2: f32[4,4]) -> f32[4] {
-  %param_0.2 = f32[4,4]{1,0} parameter(0)
-  %tanh.0 = f32[4,4]{1,0} tanh(%param_0.2)
-  %constant.0 = f32[] constant(0)
-  ROOT %reduce.0 = f32[4]{0} reduce(%tanh.0, %constant.0), dimensions={1}, to_apply=%add
-}
-
-ENTRY %main.9 (a.1: f32[4,4]) -> f32[4,4] {
-  %a.1 = f32[4,4]{1,0} parameter(0)
-  %ynn_fusion = f32[4,4]{1,0} fusion(%a.1, %a.1), kind=kCustom, calls=%fused_dot
-  %copy_fusion = f32[4,4]{1,0} fusion(%ynn_fusion), kind=kLoop, calls=%fused_transpose, backend_config={"outer_dimension_partitions":["2","3"]}
-  %tanh_reduce_fusion = f32[4]{0} fusion(%copy_fusion), kind=kLoop, calls=%fused_tanh
-  %dot.1 = f32[4,4]{1,0} dot(%copy_fusion, %a.1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
-  %tuple.1 = (f32[4,4]{1,0}, s32[]) tuple(%dot.1, %c)
-  %while.1 = (f32[4,4]{1,0}, s32[]) while(%tuple.1), condition=%cond, body=%body
-  ROOT %get-tuple-element.1 = f32[4,4]{1,0} get-tuple-element(%while.1), index=0
-}
-"""
-
-
-def test_thunk_kinds_sort_the_instructions_that_run_as_thunks():
-  kinds = throughput.thunk_kinds(HLO)
-  assert kinds["ynn_fusion"] == kinds["dot.1"] == "matmul"
-  assert kinds["copy_fusion"] == "data movement"
-  assert kinds["tanh_reduce_fusion"] == "compute"
-  assert "while.1" not in kinds
-
-
-def test_thunk_parts_read_the_split_of_each_loop():
-  assert throughput.thunk_parts(HLO) == {"copy_fusion": 2 * 3}
-
-
-def test_dot_flops_count_each_dot_from_its_shapes():
-  # The fused dot is [3, 5] x [5, 7]: 2 x 21 outputs x 5 contracted, counted for the fusion (its
-  # thunk); the bare one [4, 4] x [4, 4] for itself.  (The fixture's shapes are chosen for the count:
-  # the fusion's declared output does not match its computation's.)
-  flops = throughput.dot_flops(HLO)
-  assert flops["ynn_fusion"] == 2 * 21 * 5 and flops["dot.1"] == 2 * 16 * 4
-  assert "copy_fusion" not in flops and "tanh_reduce_fusion" not in flops
-
-
-def test_ceiling_packs_the_other_thunks_onto_the_cores():
-  # 100 FLOPs of dots at a bound of 10 FLOP/s take 10 s.  Of the other thunks, 2 s split in two keep
-  # both cores busy (2 s), 4 s of single tasks pack onto 2 cores (2 s), and 4 s split in eight still
-  # use only the 2 cores (4 s): 10 / 18 of the bound.  With the slow dot (5 FLOPs in 10 s, under a
-  # tenth of the bound) kept at its time, packed as a single task: 9.5 s + 8 s + 10 / 2 s.
-  row = {"thunk_s": {"matmul": 15.0, "data movement": 2.0, "compute": 8.0},
-         "matmul_thunks": [[5.0, 95.0], [10.0, 5.0]], "other_thunks": [[2.0, 2], [4.0, 1], [4.0, 8]]}
-  every_dot, slow_kept = throughput.ceiling(row, bound=10.0, cores=2)
-  assert every_dot == pytest.approx(10 / 18)
-  assert slow_kept == pytest.approx(10 / (9.5 + 8 + 5))
-
-
-def test_profile_call_times_a_compiled_matmul():
-  a = jax.numpy.ones((256, 256))
-  compiled = jax.jit(lambda x: jax.numpy.tanh(x @ x).T @ x).lower(a).compile()
-  summary = throughput.profile_summary(throughput.profile_call(compiled, (a,)), compiled.as_text())
-  assert summary["thunk_s"]["matmul"] > 0
-  assert sum(flops for _, flops in summary["matmul_thunks"]) == 2 * 2 * 256 ** 3
-
-
-def test_the_reference_matmul_fills_the_machine_it_runs_on(monkeypatch):
-  # On a CPU the issue's float32 1024 x 1024; on an accelerator bfloat16 (model.dtype 'auto' there)
-  # at 8192, which a float32 1024 x 1024 leaves mostly idle.
-  assert throughput.reference_matmul() == (1024, jax.numpy.float32)
-  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  assert throughput.reference_matmul() == (8192, jax.numpy.bfloat16)
-
-
-def test_huge_pages_are_read_from_glibc_tunables_and_the_kernel(tmp_path):
-  # glibc reads GLIBC_TUNABLES once at start: the header says whether this process got huge pages,
-  # which also takes a kernel that grants them when asked.
-  madvise, never = tmp_path / "madvise", tmp_path / "never"
-  madvise.write_text("always [madvise] never\n")
-  never.write_text("always madvise [never]\n")
-  on = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
-  assert throughput.huge_pages(on, madvise)
-  assert throughput.huge_pages({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0:glibc.malloc.hugetlb=1"}, madvise)
-  assert not throughput.huge_pages(on, never)
-  assert not throughput.huge_pages(on, tmp_path / "missing")
-  assert not throughput.huge_pages({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, madvise)
-  assert not throughput.huge_pages({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=10"}, madvise)
-  assert not throughput.huge_pages({}, madvise)
 
 
 def test_each_view_counts_the_flops_of_its_own_model():

@@ -14,7 +14,7 @@ import pytest
 from marl_jax import checkpoint, configs, credit, experiment, loop, metrics, protocols, rollout, state
 from marl_jax import evaluate, sampling, text, train, update
 from marl_jax.protocols import engine
-from marl_jax.tasks import Arithmetic
+from marl_jax.tasks.arithmetic import Arithmetic
 
 EXPERIMENTS = pathlib.Path(__file__).resolve().parents[1] / "experiments"
 
@@ -330,7 +330,7 @@ def test_step_compiles_once_and_wires_the_group_baseline(monkeypatch):
 
   monkeypatch.setattr(update, "apply", spy)
   train_call = train.make_train_call(exp)
-  state_S = state.initial_state(exp)
+  state_S = loop.initial_state(exp)
   for _ in range(3):
     state_S, metrics_SxN = train_call(state_S)
   jax.block_until_ready(state_S)
@@ -366,7 +366,7 @@ def test_frozen_parameter_set_stays_unchanged():
                           "rl.entropy_coef": 0.01})  # entropy: a gradient even when no reward varies
   exp = experiment.build(config)
   assert exp.trainable_R == (True, False)
-  state_S = state.initial_state(exp)
+  state_S = loop.initial_state(exp)
   before = jax.tree.map(np.asarray, state_S.params)  # state_S is donated to the call below
   train_call = train.make_train_call(exp)
   for _ in range(2):
@@ -422,7 +422,7 @@ def test_same_parameters_as_before_credit_became_plugins(sharing, credit_name, a
   config = module.get_config(f"size=tiny,sharing={sharing},credit={credit_name}")
   config.num_devices, config.num_seeds, config.rl.entropy_coef = 1, 2, 0.01
   exp = experiment.build(config)
-  state_S = state.initial_state(exp)
+  state_S = loop.initial_state(exp)
   train_call = train.make_train_call(exp)
   for _ in range(2):
     state_S, metrics_SxN = train_call(state_S)
@@ -507,7 +507,7 @@ def test_checkpoint_from_before_the_credit_state(tmp_path):
   init_from still reads its parameters."""
   config = tiny_config(**{"sft.steps": 0})
   exp = experiment.build(config)
-  old_state = jax.tree.map(np.asarray, state.initial_state(exp)).replace(credit=None)
+  old_state = jax.tree.map(np.asarray, loop.initial_state(exp)).replace(credit=None)
   old_layout = {k: v for k, v in vars(old_state).items() if k != "credit"}  # the fields it had then
   workdir = str(tmp_path / "old")
   mngr = checkpoint.manager(workdir)
@@ -527,9 +527,9 @@ def test_the_base_model_is_kept_only_for_a_kl_penalty_and_older_checkpoints_resu
   kl_coef=0 (commit d3c0371 and earlier) resumes with every other part as it was saved."""
   config = tiny_config(**{"sft.steps": 0})
   exp = experiment.build(config)
-  new_state = state.initial_state(exp)
+  new_state = loop.initial_state(exp)
   assert new_state.ref_params == ()
-  with_kl = state.initial_state(experiment.build(tiny_config(**{"sft.steps": 0, "rl.kl_coef": 0.1})))
+  with_kl = loop.initial_state(experiment.build(tiny_config(**{"sft.steps": 0, "rl.kl_coef": 0.1})))
   chex.assert_trees_all_equal(with_kl.ref_params, with_kl.params)
   old_state = jax.tree.map(np.asarray, new_state).replace(ref_params=jax.tree.map(np.asarray, new_state.params))
   old_state = old_state.replace(step=np.full_like(old_state.step, 7))
@@ -551,7 +551,7 @@ def test_a_checkpoint_from_before_the_payment_rules_state_resumes(tmp_path):
   """A state written before TrainState.reward existed (commit 9e63ee3 and earlier) resumes into a run
   whose payment rule keeps no state, every part as it was saved."""
   exp = experiment.build(tiny_config(**{"sft.steps": 0}))
-  new_state = jax.tree.map(np.asarray, state.initial_state(exp))
+  new_state = jax.tree.map(np.asarray, loop.initial_state(exp))
   workdir = str(tmp_path / "old")
   mngr = checkpoint.manager(workdir)
   checkpoint.save(mngr, 0, {k: v for k, v in vars(new_state).items() if k != "reward"})
@@ -566,7 +566,7 @@ def test_init_from_reads_one_seed_or_as_many_and_refuses_other_runs(tmp_path):
   what is wrong."""
   def saved_run(name, **overrides):
     config = tiny_config(**{"sft.steps": 0, **overrides})
-    params_S = jax.tree.map(np.asarray, state.initial_state(experiment.build(config)).params)
+    params_S = jax.tree.map(np.asarray, loop.initial_state(experiment.build(config)).params)
     mngr = checkpoint.manager(str(tmp_path / name))
     checkpoint.save(mngr, 0, {"params": params_S})  # no eval_accuracy: never a best checkpoint
     mngr.wait_until_finished()
@@ -599,7 +599,7 @@ def test_seeds_at_once_computes_the_same_seeds():
   for at_once in (0, 2):
     config = tiny_config(num_seeds=3, seeds_at_once=at_once)
     exp = experiment.build(config)
-    state_S, metrics_SxN = train.make_train_call(exp)(state.initial_state(exp))
+    state_S, metrics_SxN = train.make_train_call(exp)(loop.initial_state(exp))
     runs[at_once] = (state_S.params, metrics_SxN, evaluate.make_evaluate(exp)(state_S.params))
   (params_0, metrics_0, eval_0), (params_2, metrics_2, eval_2) = runs[0], runs[2]
   flat = lambda params_S: np.concatenate([np.asarray(p).reshape(3, -1) for p in jax.tree.leaves(params_S)], 1)
@@ -622,7 +622,7 @@ def test_evaluation_in_row_chunks_is_the_evaluation_in_one_pass():
   for rows in (0, 8):
     exp = experiment.build(tiny_config(**{"protocol.name": "solver_verifier", "task.num_ops": 1, "sft.steps": 30,
                                           "eval.size": 32, "eval.batch_size": rows}))
-    params_S = state.initial_state(exp).params
+    params_S = loop.initial_state(exp).params
     metrics[rows] = {k: np.asarray(v) for k, v in
                      evaluate.make_evaluate(exp)(params_S, greedy=False, divergence=True).items()}
   assert {"solver/next_token_js", "verifier/next_token_js", "false_accept"} <= set(metrics[0])
@@ -643,7 +643,7 @@ def test_the_diagnosed_evaluation_adds_the_role_divergence_of_its_transcripts():
   the program lacks it."""
   config = {"protocol.name": "solver_verifier", "task.num_ops": 1, "sft.steps": 30, "eval.size": 32}
   exp = experiment.build(tiny_config(**config))
-  params_S = state.initial_state(exp).params
+  params_S = loop.initial_state(exp).params
   evaluator = evaluate.make_evaluate(exp)
   plain, diagnosed = evaluator(params_S), evaluator(params_S, divergence=True)
   js = {"solver/next_token_js", "verifier/next_token_js"}
@@ -687,7 +687,7 @@ def test_a_rollout_in_row_chunks_samples_the_same_episodes():
   one it gets in one pass (its keys are its own), log-probs to float rounding."""
   exp = experiment.build(tiny_config(**{"protocol.name": "solver_verifier", "task.num_ops": 1, "sft.steps": 30,
                                         "rl.batch_size": 32}))
-  params_R = jax.tree.map(lambda p: p[0], state.initial_state(exp).params)
+  params_R = jax.tree.map(lambda p: p[0], loop.initial_state(exp).params)
   problems = jax.vmap(exp.task.sample)(jax.random.split(jax.random.PRNGKey(3), 32))
   keys_B = jax.random.split(jax.random.PRNGKey(4), 32)
   sample = jax.jit(lambda rows: rollout.sample(exp, params_R, problems, keys_B, rows_per_pass=rows),

@@ -59,12 +59,12 @@ def test_role_losses_add_kl_and_entropy_per_role():
     assert mask_BxT.sum() > 0
     mean = lambda v: float(np.asarray(v)[mask_BxT].mean())
     np.testing.assert_allclose(loss_R[r], mean(per_token_BxT), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(aux["kl_to_base"][r], mean(losses.kl_to_reference(logp_BxT, ref_logp_BxT)),
+    np.testing.assert_allclose(aux.kl_to_base_R[r], mean(losses.kl_to_reference(logp_BxT, ref_logp_BxT)),
                                rtol=1e-5)
-    np.testing.assert_allclose(aux["entropy"][r], mean(entropy_BxT), rtol=1e-5)
-    np.testing.assert_allclose(aux["approx_kl"][r], mean(batch.old_logp_BxT - logp_BxT), rtol=1e-5, atol=1e-7)
-  assert float(aux["kl_to_base"].min()) > 0  # two different models: the KL term is not vacuous
-  assert float(jnp.abs(aux["approx_kl"]).min()) > 1e-3  # off-policy: approx_kl is not vacuous
+    np.testing.assert_allclose(aux.entropy_R[r], mean(entropy_BxT), rtol=1e-5)
+    np.testing.assert_allclose(aux.approx_kl_R[r], mean(batch.old_logp_BxT - logp_BxT), rtol=1e-5, atol=1e-7)
+  assert float(aux.kl_to_base_R.min()) > 0  # two different models: the KL term is not vacuous
+  assert float(jnp.abs(aux.approx_kl_R).min()) > 1e-3  # off-policy: approx_kl is not vacuous
 
   # The gradient too: the KL and entropy terms pull the parameters (a stop_gradient on either keeps
   # every value above but trains only the surrogate).
@@ -94,9 +94,9 @@ def test_entropy_roles_give_the_bonus_to_the_named_roles_only():
   every_R, _ = on_one_device(lambda b: update.role_losses(experiment.build(config), params_R, b,
                                                          update.token_counts(b, 1)))(batch)
   # The solver's loss is its surrogate alone; the verifier's keeps its bonus (0.1 x its mean entropy).
-  np.testing.assert_allclose(loss_R[0], every_R[0] + 0.1 * aux["entropy"][0], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(loss_R[0], every_R[0] + 0.1 * aux.entropy_R[0], rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(loss_R[1], every_R[1], rtol=1e-6)
-  assert float(aux["entropy"][0]) > 0.1  # an untrained policy: the term is not vacuous
+  assert float(aux.entropy_R[0]) > 0.1  # an untrained policy: the term is not vacuous
 
 
 def test_an_entropy_role_that_is_not_a_role_is_refused_with_the_roles():
@@ -126,8 +126,8 @@ def test_microbatches_sum_to_the_minibatch_gradient():
   for g_whole, g_total in zip(jax.tree.leaves(whole), jax.tree.leaves(total)):
     np.testing.assert_allclose(g_whole, g_total, rtol=1e-4, atol=1e-5 * scale)
   np.testing.assert_allclose(parts_loss_R, whole_loss_R, rtol=1e-5, atol=1e-7)
-  for key in ("entropy", "kl_to_base", "approx_kl"):
-    np.testing.assert_allclose(parts_aux[key], whole_aux[key], rtol=1e-5, atol=1e-6)  # approx_kl ~ 0
+  for key in ("entropy_R", "kl_to_base_R", "approx_kl_R"):
+    np.testing.assert_allclose(getattr(parts_aux, key), getattr(whole_aux, key), rtol=1e-5, atol=1e-6)  # approx_kl ~ 0
 
 
 def test_a_microbatch_size_of_the_whole_minibatch_or_more_is_one_pass():
@@ -174,19 +174,21 @@ def test_apply_runs_epochs_of_minibatch_steps_and_reports_the_last():
     for _ in range(2):
       for rows in (np.array([0, 2, 4, 6]), np.array([1, 3, 5, 7])):
         mb = jax.tree.map(lambda x, rows=rows: x[rows], batch)
-        grads, loss_R, aux = update.minibatch_gradient(exp, params, mb, 1)
+        grads, loss_R, means = update.minibatch_gradient(exp, params, mb, 1)
         updates, opt_state = exp.optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-    return params, {**aux, "loss": loss_R}
+    return params, (loss_R, means)
 
   params, _, aux = on_one_device(lambda p, o, b: update.apply(exp, p, o, b, 1))(params_R, opt_state, batch)
-  expected, expected_aux = on_one_device(by_hand)(params_R, opt_state, batch)
+  expected, (expected_loss_R, expected_means) = on_one_device(by_hand)(params_R, opt_state, batch)
   flat = lambda tree: jnp.concatenate([x.ravel() for x in jax.tree.leaves(tree)])
   moved = float(jnp.linalg.norm(flat(expected) - flat(params_R)))
   assert moved > 1e-2  # four steps of 1e-2 moved the parameters: the comparison is not vacuous
   # Rounding only (scan against unrolled steps): 0.4% measured, as Adam turns near-zero gradients into
   # whole steps; one epoch, or other minibatches, end tens of percent away.
   assert float(jnp.linalg.norm(flat(params) - flat(expected))) < 2e-2 * moved
-  for key in ("loss", "entropy", "kl_to_base", "approx_kl"):
-    np.testing.assert_allclose(aux[key], expected_aux[key], rtol=1e-4, atol=1e-6, err_msg=key)
-  assert bool(aux["finite_loss_R"].all()) and bool(aux["finite_grad_S"].all())
+  np.testing.assert_allclose(aux.loss_R, expected_loss_R, rtol=1e-4, atol=1e-6)
+  for key in ("entropy_R", "kl_to_base_R", "approx_kl_R"):
+    np.testing.assert_allclose(getattr(aux.means, key), getattr(expected_means, key), rtol=1e-4, atol=1e-6,
+                               err_msg=key)
+  assert bool(aux.finite_loss_R.all()) and bool(aux.finite_grad_S.all())

@@ -1,4 +1,4 @@
-"""Word problems in the step (`tasks.WordProblems`, `lm.agent.canvas_ids`): the free-text canvas table of
+"""Word problems in the step (`tasks.word_problems.WordProblems`, `lm.agent.canvas_ids`): the free-text canvas table of
 each fixture tokenizer, the agent's whole-vocabulary logits against the decoder's, problems that decode
 back to the file's questions and solutions, final answers scored inside a jitted function by hand-worked
 cases, sampled tokens that are all the policy's to write, bad input refused before compiling, and tiny
@@ -18,14 +18,15 @@ import ml_collections
 import numpy as np
 import pytest
 
-from marl_jax import archive, configs, datasets, experiment, rollout, sampling, state as state_lib, tasks, text
+from marl_jax import configs, datasets, experiment, loop, rollout, sampling, tasks, text
+from marl_jax import word_problem_sets as wp
 from marl_jax import workdir as workdir_lib
 from marl_jax.lm import agent as lm_agent
-from marl_jax.lm import checkpoint as lm_checkpoint
+from marl_jax.lm import hf_checkpoint
 from marl_jax.lm import model as lm_model
 from marl_jax.lm import tokenizer as lm_tokenizer
-from marl_jax.lm import word_problems as wp
 from marl_jax.protocols import vote
+from marl_jax.tools import archive
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -50,7 +51,7 @@ def test_canvas_ids(family):
   """Symbols first (role markers on control characters), then every ordinary token once, then the
   special tokens that are not symbols, which no policy may write."""
   tok = lm_tokenizer.load(str(FIXTURES / "lm" / family))
-  vocab_size = lm_checkpoint.read_hf_config(str(FIXTURES / "lm" / family))["vocab_size"]
+  vocab_size = hf_checkpoint.read_hf_config(str(FIXTURES / "lm" / family))["vocab_size"]
   ids_W, num_writable = lm_agent.canvas_ids(tok, vocab_size)
   symbols = lm_agent.symbol_ids(tok, free_text=True)
   assert ids_W[:text.VOCAB_SIZE] == symbols
@@ -182,7 +183,7 @@ def test_sampled_tokens_are_the_policys():
   """Free text over the whole vocabulary: nothing sampled is a role marker, padding, BOS, <absent> or a
   special token of the tail, and some of it lies beyond the engine's symbols."""
   exp = experiment.build(_config(**{"sft.steps": 0}))
-  state = state_lib.initial_state(exp)
+  state = loop.initial_state(exp)
   problems = jax.vmap(exp.task.sample)(jax.random.split(jax.random.PRNGKey(3), 64))
   params_R = jax.tree.map(lambda p: p[0], state.params)
   episodes = jax.jit(lambda p, k: rollout.sample(exp, p, problems, k, False))(
@@ -204,9 +205,9 @@ def test_eval_set_archived_as_a_tfds_dataset(tmp_path):
 
 
 def test_transcripts_archived_read_back_as_text(tmp_path):
-  """`marl_jax.archive` of a free-text run: transcripts decode through the checkpoint's tokenizer."""
+  """`marl_jax.tools.archive` of a free-text run: transcripts decode through the checkpoint's tokenizer."""
   exp = experiment.build(_config(**{"sft.steps": 0}))
-  params_S = state_lib.initial_state(exp).params
+  params_S = loop.initial_state(exp).params
   name = archive.archive(exp, params_S, str(tmp_path), "wp", greedy=True, with_credit=False)
   transcripts = archive.load_transcripts(str(tmp_path), name.split("/")[1].split(":")[0])
   first = transcripts.text(0)

@@ -13,10 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from marl_jax import checkpoint, configs, experiment, protocols, sampling, state, tasks, text, train
+from marl_jax import checkpoint, configs, experiment, judging, loop, protocols, sampling, state, tasks, text, train
 from marl_jax import model as model_lib
 from marl_jax.protocols import debate, engine, vote
-from marl_jax.tasks import Arithmetic
+from marl_jax.tasks.arithmetic import Arithmetic
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TASK = Arithmetic(num_ops=1)  # prompt '<bos>0+d=' (5 tokens), answers 'd<eos>'
@@ -130,8 +130,8 @@ def test_same_message_rate_by_hand():
 
 def test_a_rate_over_an_empty_subset_is_undefined():
   hits, among = jnp.array([True, False, True]), jnp.array([True, True, False])
-  np.testing.assert_allclose(engine.rate(hits, among), 1 / 2)  # the third hit is outside the subset
-  assert np.isnan(engine.rate(hits, jnp.zeros(3, bool)))  # not 0: no case to count
+  np.testing.assert_allclose(judging.rate(hits, among), 1 / 2)  # the third hit is outside the subset
+  assert np.isnan(judging.rate(hits, jnp.zeros(3, bool)))  # not 0: no case to count
 
 
 # ---------------------------------------------------------------------------------------------
@@ -525,7 +525,7 @@ def test_the_step_hands_the_protocols_turn_rewards_to_the_update(monkeypatch):
     return update_batch(exp, state, episodes, adv_xB, turn_NxB)
 
   monkeypatch.setattr(train, "update_batch", spy)
-  jax.eval_shape(train.make_train_call(exp), state.initial_state(exp))
+  jax.eval_shape(train.make_train_call(exp), loop.initial_state(exp))
   assert len(turn_rewards) == 1 and turn_rewards[0] is not None
   assert turn_rewards[0].shape == (len(exp.layout.turn_slices), exp.config.rl.batch_size)
 

@@ -29,8 +29,8 @@ registry.import_modules(__name__, __path__)
 
 def knobs(name: str) -> dict:
   """An estimator's settings and their defaults."""
-  return registry.settings(REGISTRY, "credit.name", name)
+  return REGISTRY.settings(name)
 
 
 def make(name: str, **kwargs) -> Estimator:
-  return registry.make(REGISTRY, "credit.name", name, "estimator", **kwargs)
+  return REGISTRY.make(name, **kwargs)

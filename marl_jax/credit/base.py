@@ -17,19 +17,19 @@ name with `@register("name")`.  In the step it:
 The step never names an estimator: a new one is one file in `credit/` and its test.
 """
 import dataclasses
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import flax
 import jax
 
 from marl_jax import registry
 from marl_jax.credit import baselines
-from marl_jax.protocols import engine
 
-REGISTRY: dict[str, type["Estimator"]] = {}
+if TYPE_CHECKING:  # the hint alone: importing the engine at run time would load every workflow and task
+  from marl_jax.protocols import engine
 
-
-register = registry.registrar(REGISTRY)
+REGISTRY = registry.Registry("credit.name", "estimator")
+register = REGISTRY.register
 
 
 @flax.struct.dataclass
@@ -82,7 +82,7 @@ class Estimator:
   def reruns(self, num_roles: int) -> Reruns | None:
     return None
 
-  def init(self, key: jax.Array, layout: engine.Layout) -> Any:
+  def init(self, key: jax.Array, layout: "engine.Layout") -> Any:
     return ()
 
   def advantages(self, state, outcome: Outcome, counterfactuals: Counterfactuals | None

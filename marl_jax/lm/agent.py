@@ -8,7 +8,7 @@ is the language model restricted to the task's alphabet: what it may write is ex
 read, with the model's own end-of-turn token closing every message.  Roles stay engine-assigned: each
 role marker is a token the policy can never write (`sampling.policy_log_probs` masks it).
 
-A free-text task (`tasks.WordProblems`) needs the whole vocabulary: with `free_text` the canvas values
+A free-text task (`tasks.word_problems.WordProblems`) needs the whole vocabulary: with `free_text` the canvas values
 are the 96 engine symbols followed by every other ordinary token of the tokenizer (`canvas_ids`), so
 the policy is the whole language model (its special tokens aside) and the engine still reads its own
 symbols (EOS, digits, accept/reject) where it needs them.
@@ -23,7 +23,7 @@ import optax
 
 from marl_jax import model as model_lib
 from marl_jax import text
-from marl_jax.lm import checkpoint as lm_checkpoint
+from marl_jax.lm import hf_checkpoint
 from marl_jax.lm import lora as lora_lib
 from marl_jax.lm import model as lm_model
 from marl_jax.lm import tokenizer as lm_tokenizer
@@ -101,7 +101,7 @@ def free_text_canvas(directory: str) -> tuple[lm_tokenizer.Tokenizer, np.ndarray
   would refuse is refused here too (a missing `vocab_size` named, not a KeyError)."""
   try:
     tok = _load_tokenizer(directory)
-    vocab_size = lm_model.LMConfig.from_hf_config(lm_checkpoint.read_hf_config(directory)).vocab_size
+    vocab_size = lm_model.LMConfig.from_hf_config(hf_checkpoint.read_hf_config(directory)).vocab_size
   except (OSError, ValueError) as e:
     raise ValueError(f"config.model.checkpoint={directory!r}: {e}") from e
   return tok, np.asarray(canvas_ids(tok, vocab_size)[0])
@@ -173,7 +173,7 @@ class LMAgent(model_lib.SetStack):
     """In blocks of `cache_block` positions, by default `CPU_CACHE_BLOCK` on CPU, so that a decode step
     reads the keys written so far rather than the whole canvas's (`lm.model.attend`), and one block
     elsewhere: each block's `lax.cond` may make a GPU wait on its predicate (not measured there;
-    `python -m marl_jax.lm.bench --cache_block` measures it).  Only the blocks holding a position of
+    `python -m marl_jax.tools.lm_bench --cache_block` measures it).  Only the blocks holding a position of
     `visible_T` (the view's) are kept."""
     block = self.cache_block or (CPU_CACHE_BLOCK if jax.default_backend() == "cpu" else None)
     return lm_model.empty_cache(self.lm, batch, length, block, visible_T)
@@ -225,7 +225,7 @@ class LMAgent(model_lib.SetStack):
     return optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
 
   def servable(self, params):
-    """One parameter set as the plain decoder's parameters (LoRA merged in), for `lm.checkpoint.save`."""
+    """One parameter set as the plain decoder's parameters (LoRA merged in), for `lm.hf_checkpoint.save`."""
     if self.lora is None:
       return params
     return jax.tree.map(np.asarray, lora_lib.merged_params(self.lora, params["base"], params["adapter"]))
@@ -244,7 +244,7 @@ def _load_tokenizer(directory: str) -> lm_tokenizer.Tokenizer:
 
 @functools.lru_cache(maxsize=2)
 def _load_params(directory: str, max_len: int):
-  return lm_checkpoint.load(directory, max_len=max_len)[1]
+  return hf_checkpoint.load(directory, max_len=max_len)[1]
 
 
 def from_config(model_config, free_text: bool = False, key: str = "config.model") -> LMAgent:
@@ -253,7 +253,7 @@ def from_config(model_config, free_text: bool = False, key: str = "config.model"
   `config.model.checkpoint` (`key`.checkpoint), before anything is compiled."""
   directory = model_config.checkpoint
   try:
-    lm = lm_model.LMConfig.from_hf_config(lm_checkpoint.read_hf_config(directory),
+    lm = lm_model.LMConfig.from_hf_config(hf_checkpoint.read_hf_config(directory),
                                           max_len=model_config.max_len,
                                           dtype=model_lib.compute_dtype(model_config.dtype),
                                           remat=model_config.get("remat", False))

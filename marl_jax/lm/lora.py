@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from marl_jax.lm import checkpoint
+from marl_jax.lm import hf_checkpoint
 from marl_jax.lm import model as lm_model
 
 # The names lm.model gives its projection kernels (also the checkpoint's).
@@ -149,7 +149,7 @@ def merged_params(lora_cfg: LoRAConfig, base, adapter):
 
 def save_merged(directory: str, cfg: lm_model.LMConfig, lora_cfg: LoRAConfig, base, adapter,
                 source: dict | None = None) -> None:
-  """Writes the base with one role's adapter merged in as a Hugging Face checkpoint (`checkpoint.save`:
-  a new directory only), which `checkpoint.load` and transformers read as a plain model; `source`, the
+  """Writes the base with one role's adapter merged in as a Hugging Face checkpoint (`hf_checkpoint.save`:
+  a new directory only), which `hf_checkpoint.load` and transformers read as a plain model; `source`, the
   base's config.json, gives it the token ids and context length a server reads."""
-  checkpoint.save(directory, cfg, merged_params(lora_cfg, base, adapter), source)
+  hf_checkpoint.save(directory, cfg, merged_params(lora_cfg, base, adapter), source)

@@ -10,7 +10,7 @@ import os
 
 import tokenizers
 
-from marl_jax.lm import checkpoint
+from marl_jax import files
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,7 +137,7 @@ def read_chat_template(directory: str) -> str | None:
   config_path = os.path.join(directory, "tokenizer_config.json")
   if not os.path.isfile(config_path):
     return None
-  tokenizer_config = checkpoint.read_json(config_path)
+  tokenizer_config = files.read_json(config_path)
   if not isinstance(tokenizer_config, dict):
     raise ValueError(f"{config_path} is a JSON {type(tokenizer_config).__name__}; allowed: a JSON object")
   template = tokenizer_config.get("chat_template")

@@ -10,31 +10,21 @@ __all__ = ["REGISTRY", "Layout", "Protocol", "Scored", "Turn", "defaults", "knob
 registry.import_modules(__name__, __path__)
 
 
-def _check_name(name: str) -> type[Protocol]:
-  if name not in REGISTRY:
-    raise ValueError(f"config.protocol.name={name!r} is unknown; known protocols: {sorted(REGISTRY)}")
-  return REGISTRY[name]
-
-
 def knobs(name: str) -> dict:
   """A protocol's settable fields and their defaults (the schedule and visibility come from `build`)."""
-  return {f.name: f.default for f in dataclasses.fields(_check_name(name))
+  return {f.name: f.default for f in dataclasses.fields(REGISTRY.lookup(name))
           if f.name not in ("roles", "turns", "hidden") and f.metadata.get("knob", True)}
 
 
 def defaults(name: str) -> dict:
   """Every setting of workflow `name` that has a default, at it: its knobs and `build`'s arguments."""
-  build = inspect.signature(_check_name(name).build).parameters.values()
+  build = inspect.signature(REGISTRY.lookup(name).build).parameters.values()
   return {**knobs(name), **{p.name: p.default for p in build if p.default is not inspect.Parameter.empty}}
 
 
 def make(name: str, task, **kwargs) -> Protocol:
-  cls = _check_name(name)
+  cls = REGISTRY.lookup(name)
   allowed = {p for p in inspect.signature(cls.build).parameters if p not in ("task", "kwargs")}
-  allowed |= {"hidden"} | set(knobs(name))
-  unknown = sorted(set(kwargs) - allowed)
-  if unknown:
-    raise ValueError(f"config.protocol has keys {unknown} that protocol {name!r} does not take; "
-                     f"allowed: {sorted(allowed)}")
+  REGISTRY.refuse_unknown(name, kwargs, allowed | {"hidden"} | set(knobs(name)))
   tasks.check_rates("protocol", kwargs)
   return cls.build(task, **kwargs)

@@ -18,7 +18,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from marl_jax import text
+from marl_jax import judging, text
 from marl_jax.protocols import engine, vote
 
 
@@ -71,7 +71,7 @@ class BestOfN(engine.Protocol):
         "candidate_accuracy": right_KxB.mean(),
         "oracle": oracle_B.mean(),  # some candidate is right
         # Picked right | one right: an unreadable pick is no pick, though its fallback may be right.
-        "judge_precision": engine.rate(readable_B & (team_B > 0), oracle_B > 0),
+        "judge_precision": judging.rate(readable_B & (team_B > 0), oracle_B > 0),
         "readable_pick": readable_B.mean(),
         "same_message_rate": engine.same_message_rate(answers_KxBxA),
         **engine.member_accuracy(self.roles[:self.candidates], right_KxB),  # candidate_accuracy's terms

@@ -40,7 +40,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from marl_jax import checks, text
+from marl_jax import checks, judging, text
 from marl_jax.protocols import engine, vote
 
 SCORERS = ("checker", "verifier")
@@ -115,15 +115,15 @@ class Debate(engine.Protocol):
       agree_B = (accepted_JxKxB != wrong_JxKxB).mean((0, 1))
       role_RxB = jnp.concatenate([role_RxB, agree_B[None]])
       judged = {"verdict_accuracy": agree_B.mean(),
-                "false_accept": engine.rate(accepted_JxKxB, wrong_JxKxB),  # accepted among wrong answers
-                "false_reject": engine.rate(~accepted_JxKxB, ~wrong_JxKxB)}  # rejected among right ones
+                "false_accept": judging.rate(accepted_JxKxB, wrong_JxKxB),  # accepted among wrong answers
+                "false_reject": judging.rate(~accepted_JxKxB, ~wrong_JxKxB)}  # rejected among right ones
     turn_NxB = influence_bonus(judged_JxKxB, self.alpha, self.beta).reshape(J * K, B)
     # The verifier's own turn (when there is one) earns no bonus.
     turn_NxB = jnp.concatenate([turn_NxB, jnp.zeros((len(layout.turn_roles) - J * K, B))])
     metrics = {
         "accuracy": team_B.mean(),
-        "fix_rate": engine.rate(delta_J1xKxB > 0, before_J1xKxB == 0),  # revisions of wrong answers now right
-        "break_rate": engine.rate(delta_J1xKxB < 0, before_J1xKxB > 0),  # revisions of right answers now wrong
+        "fix_rate": judging.rate(delta_J1xKxB > 0, before_J1xKxB == 0),  # revisions of wrong answers now right
+        "break_rate": judging.rate(delta_J1xKxB < 0, before_J1xKxB > 0),  # revisions of right answers now wrong
         # Last-round answers that are one vote (the task's vote_key), as the majority counts them.
         "agreement": engine.same_message_rate(answers_JxKxBxA[-1], self.vote_key),
         "same_message_rate": engine.same_message_rate(answers_JxKxBxA[0]),  # independent messages

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from marl_jax import checks, tasks, text
+from marl_jax import checks, judging, tasks, text
 from marl_jax.protocols import engine
 from marl_jax.protocols.orchestrator import number_B
 from marl_jax.tasks import base
@@ -149,9 +149,9 @@ class Delegate(engine.Protocol):
         "accuracy": team_B.mean(),
         "r_parallel": r_parallel_B.mean(),
         "r_finish": r_finish_B.mean(),
-        "worker_accuracy": engine.rate(right_WxB, ok_WxB),  # right reports among well-formed assignments
+        "worker_accuracy": judging.rate(right_WxB, ok_WxB),  # right reports among well-formed assignments
         "workers_used": used_WxB.sum(0).mean(),
-        "spurious_parallelism": engine.rate(~distinct_WxB, used_WxB),
+        "spurious_parallelism": judging.rate(~distinct_WxB, used_WxB),
         "serial_collapse": serial_B.mean(),
         "critical_steps": critical_B.mean(),
         "coverage": covered_CxB.mean(),

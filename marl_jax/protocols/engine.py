@@ -174,8 +174,8 @@ class Scored:
   judgments: Judgments | None = None
 
 
-REGISTRY: dict[str, type["Protocol"]] = {}
-register = registry.registrar(REGISTRY)
+REGISTRY = registry.Registry("protocol.name", "protocol")
+register = REGISTRY.register
 
 
 @dataclasses.dataclass(frozen=True)
@@ -372,18 +372,12 @@ def same_messages(messages_KxBxL, key=canonical):
   return jnp.all(key_KxBxN[:, None] == key_KxBxN[None], -1)
 
 
-def rate(hits, among):
-  """The share of `among` that `hits`: a diagnostic over a subset, NaN when the subset is empty
-  (undefined, not 0: `report` averages the seeds that define it)."""
-  return jnp.sum(hits & among) / jnp.sum(among)
-
-
 def member_accuracy(roles, right_KxB, among_KxB=None) -> dict:
   """`ROLE/member_accuracy` of K members who answer (`roles`, their names): the mean of each one's own
   answer's score by the task's checker (right_KxB), or with `among_KxB` the share of the rows where
-  it had something to answer (`rate`'s NaN where it had nothing).  Logged beside the team's `accuracy`,
-  so a report shows each member against the team and against a single agent (whose only member is
-  itself)."""
+  it had something to answer (`judging.rate`'s NaN where it had nothing).  Logged beside the team's
+  `accuracy`, so a report shows each member against the team and against a single agent (whose only
+  member is itself)."""
   among_KxB = jnp.ones(right_KxB.shape, bool) if among_KxB is None else among_KxB
   return {f"{role}/member_accuracy": jnp.sum(jnp.where(among_B, right_B, 0)) / jnp.sum(among_B)
           for role, right_B, among_B in zip(roles, right_KxB, among_KxB, strict=True)}

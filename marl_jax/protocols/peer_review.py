@@ -102,8 +102,8 @@ class PeerReview(engine.Protocol):
         "accuracy": right_B.mean(),
         "accept_rate": accept_JxB.mean(),
         # Accepted among wrong answers, and not accepted among right ones, over every judge's verdicts.
-        "false_accept": engine.rate(accept_JxB, jnp.broadcast_to(wrong_B, accept_JxB.shape)),
-        "false_reject": engine.rate(~accept_JxB, jnp.broadcast_to(~wrong_B, accept_JxB.shape)),
+        "false_accept": judging.rate(accept_JxB, jnp.broadcast_to(wrong_B, accept_JxB.shape)),
+        "false_reject": judging.rate(~accept_JxB, jnp.broadcast_to(~wrong_B, accept_JxB.shape)),
         "verdict_accuracy": verdict_ok_JxB.mean(),
         **engine.member_accuracy(("solver",), right_B[None]),
     }

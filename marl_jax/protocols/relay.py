@@ -1,6 +1,6 @@
 """Relay: a chain of agents.  Each agent but the last reads the prompt and every earlier message and
 writes a message of `message_len` tokens; the last agent writes the final answer.  With one agent it
-is the single-agent workflow; it is the throughput benchmark's job (`python -m marl_jax.throughput`).
+is the single-agent workflow; it is the throughput benchmark's job (`python -m marl_jax.tools.throughput`).
 """
 import dataclasses
 

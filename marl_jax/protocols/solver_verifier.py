@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from marl_jax import checks, text
+from marl_jax import checks, judging, text
 from marl_jax.protocols import engine
 
 SOLVER, VERIFIER = 0, 1
@@ -71,8 +71,8 @@ class SolverVerifier(engine.Protocol):
         "accuracy": team_B.mean(),
         "solver_accuracy": first_right_B.mean(),
         "accept_rate": accept_B.mean(),
-        "false_accept": engine.rate(accept_B, wrong_B),  # accepted among wrong first answers
-        "false_reject": engine.rate(~accept_B, ~wrong_B),  # rejected among right first answers
+        "false_accept": judging.rate(accept_B, wrong_B),  # accepted among wrong first answers
+        "false_reject": judging.rate(~accept_B, ~wrong_B),  # rejected among right first answers
         "verdict_accuracy": verdict_ok_B.mean(),
         **engine.member_accuracy(("solver",), first_right_B[None]),  # its first answer, before review
     }

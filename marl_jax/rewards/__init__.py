@@ -22,8 +22,8 @@ registry.import_modules(__name__, __path__)
 
 def knobs(pay: str) -> dict:
   """A payment rule's settings, the shared ones (source, audit_rate, penalty) first, and their defaults."""
-  return registry.settings(REGISTRY, "reward.pay", pay)
+  return REGISTRY.settings(pay)
 
 
 def make(pay: str, **kwargs) -> PayRule:
-  return registry.make(REGISTRY, "reward.pay", pay, "payment rule", **kwargs)
+  return REGISTRY.make(pay, **kwargs)

@@ -29,8 +29,8 @@ from marl_jax import checks, judging, losses, parallel, registry
 from marl_jax.credit import Outcome
 from marl_jax.protocols import engine
 
-REGISTRY: dict[str, type["PayRule"]] = {}
-register = registry.registrar(REGISTRY)
+REGISTRY = registry.Registry("reward.pay", "payment rule")
+register = REGISTRY.register
 
 SOURCES = ("checker", "peer")
 # What the judged roles' reward reads of a judge: `sampled`, the statement it wrote; `expected`, the
@@ -347,8 +347,8 @@ def monitor(reviewed: Reviewed, judgments: engine.Judgments, reported_A, draw_ke
   metrics = {"true_accuracy": truth_A.mean(), "reported_accuracy": reported_A.mean(),
              "distortion": reported_A.mean() - truth_A.mean(),
              "labels_per_episode": reviewed.labelled_A.mean() * K,
-             "false_accept": jax.vmap(engine.rate, (0, None))(accept_JxA, wrong_A),
-             "false_reject": jax.vmap(engine.rate, (0, None))(~accept_JxA, ~wrong_A),
+             "false_accept": jax.vmap(judging.rate, (0, None))(accept_JxA, wrong_A),
+             "false_reject": jax.vmap(judging.rate, (0, None))(~accept_JxA, ~wrong_A),
              "balanced_accuracy": judging.balanced_accuracy(accept_JxA, truth_A),
              "auroc": judging.auroc(reviewed.stated_JxA, truth_A)}
   if judgments.level_logp_JxKxBxL is not None:

@@ -13,13 +13,12 @@ import jax.numpy as jnp
 
 from marl_jax import checks, registry, text
 
-REGISTRY: dict[str, type["Task"]] = {}
-_register = registry.registrar(REGISTRY)
+REGISTRY = registry.Registry("task.name", "task")
 
 
 def register(cls):
   """Registers a task class under its `name` (`config.task.name`)."""
-  return _register(cls.name)(cls)
+  return REGISTRY.register(cls.name)(cls)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """Word problems in free text, for a language-model agent (`config.model.checkpoint`).
 
-Questions and answers come from a local jsonl file or TFDS directory (`lm.word_problems.load`); each
+Questions and answers come from a local jsonl file or TFDS directory (`word_problem_sets.load`); each
 question is posed as the user turn of the checkpoint's chat layout, left-padded to `max_prompt_len`
 tokens, and the agent answers in free text over its whole vocabulary (`lm.agent.canvas_ids`) within
 `answer_len` tokens.  The reward is 1 when the final answer read from the message (GSM8K's
-conventions, `lm.word_problems.extract_final_answer`) equals the reference: the message is decoded
+conventions, `word_problem_sets.extract_final_answer`) equals the reference: the message is decoded
 with the tokenizer and scored on the host (`jax.pure_callback`) by the same function the tests check,
 not by a second parser written in JAX.  Demonstrations are the answer fields as written (a worked
 solution, or the number); a wrong one is the same text with its final answer one too high.
@@ -22,10 +22,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from marl_jax import checks, text
+from marl_jax import checks, text, word_problem_sets
 from marl_jax.lm import agent as lm_agent
-from marl_jax.lm import word_problems
-from marl_jax.tasks.base import Task, register
+from marl_jax.tasks import base
 
 
 class _Data(NamedTuple):
@@ -47,9 +46,9 @@ class _Data(NamedTuple):
     return lm_agent.decode(self.tokenizer, self.canvas_ids_W, values)
 
 
-@register
+@base.register
 @dataclasses.dataclass(frozen=True)
-class WordProblems(Task):
+class WordProblems(base.Task):
   name: ClassVar[str] = "word_problems"
   free_text: ClassVar[bool] = True  # needs a language-model agent over its whole vocabulary
 
@@ -95,9 +94,9 @@ class WordProblems(Task):
                        "config.model.checkpoint to a local Qwen3/Llama checkpoint directory")
     checks.integer("task.max_prompt_len", self.max_prompt_len, 1)
     checks.integer("task.max_answer_len", self.max_answer_len, 2)
-    if self.answer_style not in word_problems.ANSWER_STYLES:
+    if self.answer_style not in word_problem_sets.ANSWER_STYLES:
       raise ValueError(f"config.task.answer_style={self.answer_style!r}; allowed: "
-                       f"{list(word_problems.ANSWER_STYLES)}")
+                       f"{list(word_problem_sets.ANSWER_STYLES)}")
     tok, canvas_ids_W = lm_agent.free_text_canvas(self.tokenizer)
     value_of_id = np.full(max(tok.vocab_size, int(canvas_ids_W.max()) + 1), -1)
     value_of_id[canvas_ids_W] = np.arange(len(canvas_ids_W))
@@ -109,7 +108,7 @@ class WordProblems(Task):
 
     def read(key, path, split):
       try:
-        return word_problems.load(path, answer_style=self.answer_style, question_key=self.question_key,
+        return word_problem_sets.load(path, answer_style=self.answer_style, question_key=self.question_key,
                                   answer_key=self.answer_key, split=split)
       except (OSError, ValueError) as e:
         raise ValueError(f"config.task.{key}={path!r}: {e}") from e
@@ -125,14 +124,14 @@ class WordProblems(Task):
                              "a special token of the tokenizer or one past the model's vocabulary; allowed: "
                              "text without them")
       try:
-        prompts = word_problems.encode_prompts(tok, problems.questions, self.max_prompt_len,
+        prompts = word_problem_sets.encode_prompts(tok, problems.questions, self.max_prompt_len,
                                                drop_long=True, next_role=None)
       except ValueError as e:  # not one question fits
         raise ValueError(f"config.task.{key}: {e}; raise config.task.max_prompt_len") from e
       solutions = [ids + [tok.end_of_turn_id] for ids in solution_ids]
       # A wrong demonstration (Task.demonstrate, at demo_error_rate > 0) may be a token longer than the
       # right one (99 -> 100): it must fit only when demonstrations use it, and is the right one if not.
-      wrongs = [tok.encode(word_problems.wrong_solution(s)) + [tok.end_of_turn_id]
+      wrongs = [tok.encode(word_problem_sets.wrong_solution(s)) + [tok.end_of_turn_id]
                 for s in problems.solutions] if self.demo_error_rate else solutions
       fits = {int(i) for i in prompts.index_N} & {
           i for i, (s, w) in enumerate(zip(solutions, wrongs)) if max(len(s), len(w)) <= self.answer_len}
@@ -211,7 +210,7 @@ class WordProblems(Task):
 
   def score(self, problem: dict, message_A) -> jax.Array:
     """1.0 when the message's final answer is the reference's, on the host (see the module's doc)."""
-    return self._on_host(lambda data, said, index: word_problems.score(said, data.reference_N[int(index)]),
+    return self._on_host(lambda data, said, index: word_problem_sets.score(said, data.reference_N[int(index)]),
                          jax.ShapeDtypeStruct((), jnp.float32), message_A, problem["index"])
 
   def turn_headers(self, turn_roles: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
@@ -236,7 +235,7 @@ class WordProblems(Task):
 
     def digest(data, said):
       del data
-      final = word_problems.extract_final_answer(said)
+      final = word_problem_sets.extract_final_answer(said)
       said_key = f"answer:{final}" if final is not None else f"text:{said}"
       return np.frombuffer(hashlib.blake2b(said_key.encode(), digest_size=8).digest(), np.int32)
 

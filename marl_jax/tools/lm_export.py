@@ -1,9 +1,9 @@
 """Writes one trained role of a language-model run back as a Hugging Face checkpoint, to serve elsewhere.
 
-  python -m marl_jax.lm.export --workdir=DIR --role=verifier --out=OUT [--seed=0] [--best]
+  python -m marl_jax.tools.lm_export --workdir=DIR --role=verifier --out=OUT [--seed=0] [--best]
 
 OUT gets `config.json` (with the source's token ids and context length) and `model.safetensors`
-(float32) from `lm.checkpoint.save`, and the source checkpoint's tokenizer files (`TOKENIZER_FILES`
+(float32) from `lm.hf_checkpoint.save`, and the source checkpoint's tokenizer files (`TOKENIZER_FILES`
 it has: the chat template and generation settings a server reads): the role's parameter set of seed
 `--seed` at the run's latest checkpoint (or its best-evaluated one with `--best`), with its LoRA
 adapters merged into the weights.
@@ -18,7 +18,7 @@ import numpy as np
 from marl_jax import cli, configs, experiment, loop
 from marl_jax import model as model_lib
 from marl_jax.lm import agent as lm_agent
-from marl_jax.lm import checkpoint as lm_checkpoint
+from marl_jax.lm import hf_checkpoint
 
 # Newer transformers write the chat template to a file of its own (named variants to a folder).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
@@ -45,7 +45,7 @@ def export(workdir: str, role: str, out: str, seed: int = 0, best: bool = False)
   params_S = loop.load_params(exp, workdir + (":best" if best else ""),
                              flag=f"--workdir={workdir}{' --best' if best else ''}")
   params = model_lib.take_sets(exp.model, jax.tree.map(lambda p: np.asarray(p[seed]), params_S), role_set)
-  lm_checkpoint.save(out, model.lm, model.servable(params), lm_checkpoint.read_hf_config(model.checkpoint))
+  hf_checkpoint.save(out, model.lm, model.servable(params), hf_checkpoint.read_hf_config(model.checkpoint))
   copy_tokenizer_files(model.checkpoint, out)
 
 
@@ -60,7 +60,7 @@ def copy_tokenizer_files(checkpoint: str, out: str) -> None:
 
 
 def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(prog="python -m marl_jax.lm.export", description=__doc__.split("\n")[0])
+  parser = argparse.ArgumentParser(prog="python -m marl_jax.tools.lm_export", description=__doc__.split("\n")[0])
   parser.add_argument("--workdir", required=True, help="a language-model run (config.json, checkpoints)")
   parser.add_argument("--role", required=True, help="the role whose parameter set to write")
   parser.add_argument("--out", required=True, help="a new directory for the Hugging Face checkpoint")

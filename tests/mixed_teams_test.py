@@ -1,4 +1,4 @@
-"""Mixed teams (`config.roles.models`, `marl_jax.team`): each model group's sets called at their own
+"""Mixed teams (`config.roles.models`, `marl_jax.mixed_teams`): each model group's sets called at their own
 model, a team of one model twice training exactly as the uniform team, a small solver and a larger
 verifier trained in one step (a frozen set still), the CLI, and bad teams refused before compiling."""
 import dataclasses
@@ -15,7 +15,7 @@ import numpy as np
 import optax
 import pytest
 
-from marl_jax import configs, experiment, loop, state, team as team_lib, text, train
+from marl_jax import configs, experiment, loop, mixed_teams, text, train
 from marl_jax import model as model_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -36,7 +36,7 @@ def test_each_set_runs_at_its_groups_model():
   small = model_lib.ModelConfig(d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=8)
   large = model_lib.ModelConfig(d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=8)
   # Sets 0 and 2 are small, set 1 large: the groups are {small: [0, 2], large: [1]}.
-  team = team_lib.Team(("small", "large"), (small, large), (0, 1, 0))
+  team = mixed_teams.Team(("small", "large"), (small, large), (0, 1, 0))
   params = team.init_stack(jax.random.PRNGKey(0), 3)
   assert jax.tree.leaves(params["small"])[0].shape[0] == 2 and jax.tree.leaves(params["large"])[0].shape[0] == 1
   tokens_BxT = jax.random.randint(jax.random.PRNGKey(1), (2, 8), text.DIGIT0, text.DIGIT0 + 10)
@@ -77,13 +77,13 @@ def test_team_of_one_model_twice_trains_as_the_uniform_team():
   uniform.num_seeds, uniform.sft.steps, uniform.rl.entropy_coef = 2, 0, 0.01
   exp_u = experiment.build(uniform)
   # The same model as two groups of one set each: every per-set operation goes through the team.
-  twins = team_lib.Team(("model", "twin"), (exp_u.model, exp_u.model), (0, 1))
+  twins = mixed_teams.Team(("model", "twin"), (exp_u.model, exp_u.model), (0, 1))
   tx = experiment.make_optimizer(uniform.optim, uniform.total_steps * uniform.rl.epochs * uniform.rl.minibatches)
   exp_t = dataclasses.replace(exp_u, model=twins, optimizer=model_lib.per_set(twins, tx, exp_u.trainable_R))
-  state_u = state.initial_state(exp_u)
+  state_u = loop.initial_state(exp_u)
   params_S = jax.tree.map(np.asarray, state_u.params)
   split = {"model": jax.tree.map(lambda p: p[:, :1], params_S), "twin": jax.tree.map(lambda p: p[:, 1:], params_S)}
-  state_t = state.initial_state(exp_t, split)
+  state_t = loop.initial_state(exp_t, split)
   for _ in range(2):
     state_u, metrics_u = train.make_train_call(exp_u)(state_u)
     state_t, metrics_t = train.make_train_call(exp_t)(state_t)
@@ -107,7 +107,7 @@ def test_small_solver_and_larger_verifier_train_in_one_step():
   exp = experiment.build(config)
   assert exp.model.names == ("model", "verifier")
   assert exp.model.set_model(1).d_model == 2 * exp.model.set_model(0).d_model
-  state_S = state.initial_state(exp)
+  state_S = loop.initial_state(exp)
   before = jax.device_get(state_S.params)
   assert before["verifier"]["block1"]["query"]["kernel"].shape == (2, 1, 64, 2, 32)  # 2 layers, d 64
   train_call = train.make_train_call(exp)

@@ -3,7 +3,7 @@ role from team i with the other roles from team j (j = i: the team itself) plays
 greedily; a code shared by every team plays as well across teams as within one, a private convention
 does not.
 
-  python -m marl_jax.crossplay --workdirs=DIR[,DIR...] [--role=sender] [--out=FILE.json]
+  python -m marl_jax.tools.crossplay --workdirs=DIR[,DIR...] [--role=sender] [--out=FILE.json]
 
 The teams are every seed of every run given (independently trained teams: the seeds of one run, or
 runs with other seeds), all of one task, workflow and model.  It prints the N x N matrix of evaluation
@@ -73,7 +73,7 @@ def self_and_cross(value_NxN) -> dict[str, float]:
 
 
 def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(prog="python -m marl_jax.crossplay",
+  parser = argparse.ArgumentParser(prog="python -m marl_jax.tools.crossplay",
                                    description="Evaluate every pairing of a role from one team with the rest of another.")
   parser.add_argument("--workdirs", required=True, help="run directories, comma-separated; every seed is a team")
   parser.add_argument("--role", default="", help="the role taken from the row's team (default: the first role)")

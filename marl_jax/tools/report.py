@@ -1,12 +1,12 @@
 """Results tables from finished runs, with 95% confidence intervals over seeds.
 
-  python -m marl_jax.report DIR [DIR ...]           one row per run: mean ± CI half-width, then std
-  python -m marl_jax.report --compare A B           B − A with a Welch interval: established or not
-  python -m marl_jax.report --compare A B --paired  B − A per seed (same config.seed and num_seeds)
-  python -m marl_jax.report --split SINGLE MULTI    gain split: base → single-agent RL → multi-agent RL
-  python -m marl_jax.report --seeds DIR             one row per seed, diverged seeds and the spread
-  python -m marl_jax.report --plot DIR FILE         a run rewarded by its judges, plotted (PNG)
-  python -m marl_jax.report --rates FILE DIR [DIR ...]  runs rewarded by their judges against audit rate (PNG)
+  python -m marl_jax.tools.report DIR [DIR ...]           one row per run: mean ± CI half-width, then std
+  python -m marl_jax.tools.report --compare A B           B − A with a Welch interval: established or not
+  python -m marl_jax.tools.report --compare A B --paired  B − A per seed (same config.seed and num_seeds)
+  python -m marl_jax.tools.report --split SINGLE MULTI    gain split: base → single-agent RL → multi-agent RL
+  python -m marl_jax.tools.report --seeds DIR             one row per seed, diverged seeds and the spread
+  python -m marl_jax.tools.report --plot DIR FILE         a run rewarded by its judges, plotted (PNG)
+  python -m marl_jax.tools.report --rates FILE DIR [DIR ...]  runs rewarded by their judges against audit rate (PNG)
 
 The team's accuracy (base, final, peak, drop) stands beside each member's own (`ROLE/member_accuracy`,
 where the workflow's members answer) and the average member's (`member_accuracy`), so --compare puts a
@@ -25,77 +25,12 @@ import os
 import warnings
 
 import numpy as np
-from scipy import stats
 
 from marl_jax import cli, configs, metrics, protocols, tasks
 from marl_jax import workdir as workdir_lib
+from marl_jax.tools import intervals, runs
 
-LEVEL = 0.95
-BOOTSTRAP_DRAWS, BOOTSTRAP_SEED = 10_000, 0
 REFERENCE_SPLIT = "70 / 30 at 0.6B (Zeng et al. 2026)"  # single-agent / multi-agent share of the gain
-
-# Statistics: small pure functions of per-seed arrays.
-
-
-def t_quantile(p: float, dof: float) -> float:
-  """The p quantile of Student's t with `dof` (>= 1, possibly fractional) degrees of freedom."""
-  if not dof >= 1:
-    raise ValueError(f"t quantile needs dof >= 1, got {dof}")
-  return float(stats.t.ppf(p, dof))
-
-
-def mean_ci(values, level: float = LEVEL) -> tuple[float, float]:
-  """Mean and the half-width of its Student t interval (n − 1 dof); nan half-width with one value, nan
-  mean with none."""
-  x = np.asarray(values, dtype=np.float64).ravel()
-  if len(x) < 2:
-    return (float(x[0]) if len(x) else math.nan), math.nan
-  return float(x.mean()), t_quantile((1 + level) / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))
-
-
-def welch_diff(a, b, level: float = LEVEL) -> tuple[float, float, float]:
-  """mean(b) − mean(a), the half-width of its Welch interval, and the Welch–Satterthwaite dof.
-
-  Half-width and dof are nan when either side has one value, or neither varies (no spread to scale).
-  """
-  a, b = (np.asarray(x, dtype=np.float64).ravel() for x in (a, b))
-  if not (len(a) and len(b)):
-    return math.nan, math.nan, math.nan
-  diff = float(b.mean() - a.mean())
-  if min(len(a), len(b)) < 2:
-    return diff, math.nan, math.nan
-  va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)  # squared standard errors
-  if va + vb == 0:
-    return diff, math.nan, math.nan
-  dof = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
-  return diff, t_quantile((1 + level) / 2, dof) * math.sqrt(va + vb), float(dof)
-
-
-def bootstrap_share(part, total, level: float = LEVEL, draws: int = BOOTSTRAP_DRAWS,
-                    seed: int = BOOTSTRAP_SEED) -> tuple[float, float, float]:
-  """mean(part) / mean(total) and its percentile bootstrap interval.
-
-  `part` and `total` come from different runs, so each run's seeds are resampled independently; the
-  rng seed is fixed so that a report prints the same interval every time.  nan interval with one seed.
-  """
-  part, total = (np.asarray(x, dtype=np.float64).ravel() for x in (part, total))
-  share = float(part.mean() / total.mean())
-  if min(len(part), len(total)) < 2:
-    return share, math.nan, math.nan
-  rng = np.random.default_rng(seed)
-  resample = lambda x: x[rng.integers(0, len(x), (draws, len(x)))].mean(1)
-  with np.errstate(divide="ignore", invalid="ignore"):  # a resampled total of 0 gives ±inf or nan
-    shares = resample(part) / resample(total)
-  lo, hi = np.nanpercentile(shares, [50 * (1 - level), 50 * (1 + level)])
-  return share, float(lo), float(hi)
-
-
-# Runs.
-
-def seed_values(row: dict, name: str) -> np.ndarray:
-  """`name` per seed: `name/seedI` in seed order (seed10 after seed9), or `name` for a single seed."""
-  per_seed = sorted((k for k in row if k.startswith(f"{name}/seed")), key=lambda k: int(k.split("seed")[1]))
-  return np.array([row[k] for k in per_seed] or [row[name]])
 
 
 # Each workflow's own diagnostics at the last evaluation, where a run logs them (README, Workflows):
@@ -147,7 +82,7 @@ def summarize(workdir: str) -> dict:
   if not rows:
     raise ValueError(f"{workdir} has no evaluation yet (no eval_accuracy in its metrics.jsonl: a run "
                      f"still in its warm start, or one that stopped before step 0)")
-  acc_NxS = np.stack([seed_values(r, "eval_accuracy") for r in rows])
+  acc_NxS = np.stack([runs.seed_values(r, "eval_accuracy") for r in rows])
   after_base = acc_NxS[1:] if len(acc_NxS) > 1 else acc_NxS  # a run with only its step-0 eval
   first_seed = (read_config(workdir) or {}).get("seed", 0)
   out = {"workdir": workdir, "seeds": acc_NxS.shape[1], "first_seed": first_seed, "steps": rows[-1]["step"],
@@ -155,21 +90,21 @@ def summarize(workdir: str) -> dict:
   out["drop"] = out["peak"] - out["final"]
   members = member_names(rows[-1])
   for name in members:
-    out[name] = seed_values(rows[-1], f"eval_{name}")
+    out[name] = runs.seed_values(rows[-1], f"eval_{name}")
   if members:
     with warnings.catch_warnings():  # a seed where no member's accuracy is defined: NaN
       warnings.simplefilter("ignore", RuntimeWarning)
       out[MEMBER] = np.nanmean(np.stack([out[name] for name in members]), 0)
   for name in DIAGNOSTICS:
     if f"eval_{name}" in rows[-1]:
-      out[name] = seed_values(rows[-1], f"eval_{name}")
+      out[name] = runs.seed_values(rows[-1], f"eval_{name}")
   peer_rows = [r for r in logged if PEER[-1] in r or f"{PEER[-1]}/seed0" in r]
   for name in PEER if peer_rows else ():
-    out[name] = seed_values(peer_rows[-1], name)
+    out[name] = runs.seed_values(peer_rows[-1], name)
   if peer_rows and judge_names(peer_rows[-1]):
     out[COLLUSION] = time_to_collusion(peer_rows)
     for name in judge_columns([{k[len("eval_"):]: v for k, v in rows[-1].items() if k.startswith("eval_")}]):
-      out[name] = seed_values(rows[-1], f"eval_{name}")
+      out[name] = runs.seed_values(rows[-1], f"eval_{name}")
   return out
 
 
@@ -188,7 +123,7 @@ def time_to_collusion(rows: list[dict]) -> np.ndarray:
   """Per seed, the first step of training `rows` at which the judges' mean false accept exceeds 1/2;
   NaN for a seed where it never does."""
   judges = judge_names(rows[-1])
-  false_accept_NxS = np.stack([np.mean([seed_values(r, f"{j}/false_accept") for j in judges], 0) for r in rows])
+  false_accept_NxS = np.stack([np.mean([runs.seed_values(r, f"{j}/false_accept") for j in judges], 0) for r in rows])
   colluded_NxS = false_accept_NxS > 0.5
   steps_N = np.array([r["step"] for r in rows], np.float64)
   return np.where(colluded_NxS.any(0), steps_N[colluded_NxS.argmax(0)], np.nan)
@@ -208,9 +143,9 @@ def seed_health(rows: list[dict], num_seeds: int) -> dict:
   for r in rows:
     for name in watched:
       if name in r or f"{name}/seed0" in r:
-        nonfinite_S |= ~np.isfinite(seed_values(r, name))
+        nonfinite_S |= ~np.isfinite(runs.seed_values(r, name))
   counted = [r for r in rows if "skipped_updates" in r]
-  skipped_S = seed_values(counted[-1], "skipped_updates") if counted else np.zeros(num_seeds)
+  skipped_S = runs.seed_values(counted[-1], "skipped_updates") if counted else np.zeros(num_seeds)
   return {"skipped": np.broadcast_to(skipped_S, (num_seeds,)), "nonfinite": nonfinite_S}
 
 
@@ -233,20 +168,8 @@ def interval(mean: float, half: float, count: bool = False) -> str:
   return f"[{num(mean - half, True, count)}, {num(mean + half, True, count)}]"
 
 
-def verdict(diff: float, half: float) -> str:
-  if not math.isfinite(half):
-    return "n/a"
-  return "established" if abs(diff) > half else "not established"
-
-
 def share_pct(share: float, lo: float, hi: float) -> str:
   return f"{100 * share:.0f}% " + (f"[{100 * lo:.0f}%, {100 * hi:.0f}%]" if math.isfinite(lo) else "[n/a]")
-
-
-def defined(values_S) -> np.ndarray:
-  """The seeds' values that are defined: a diagnostic over a subset (e.g. `judge_precision` among
-  episodes with a right candidate) is NaN for a seed whose subset was empty."""
-  return values_S[np.isfinite(values_S)]
 
 
 def seed_count(k: int, n: int) -> str:
@@ -256,7 +179,7 @@ def seed_count(k: int, n: int) -> str:
 
 def of_seeds(values_S) -> str:
   """`seed_count` of a diagnostic's defined seed values."""
-  return seed_count(len(defined(values_S)), len(values_S))
+  return seed_count(len(intervals.defined(values_S)), len(values_S))
 
 
 def row(*cells) -> str:
@@ -275,16 +198,16 @@ def table(summaries: list[dict]) -> str:
   head = row("run", "seeds", "steps", *cols) + "|---" * (3 + len(cols)) + "|\n"
 
   def mean_cell(c, x):
-    return pm(*mean_ci(defined(x)), count=c in COUNTS) + of_seeds(x)
+    return pm(*intervals.mean_ci(intervals.defined(x)), count=c in COUNTS) + of_seeds(x)
 
   def std_cell(c, x):
-    x_defined = defined(x)
+    x_defined = intervals.defined(x)
     return (num(np.std(x_defined, ddof=1), count=c in COUNTS) if len(x_defined) > 1 else "n/a") + of_seeds(x)
 
   cells = lambda s, fmt: [fmt(c, s[c]) if c in s else "–" for c in cols]
   means = [row(s["workdir"], s["seeds"], s["steps"], *cells(s, mean_cell)) for s in summaries]
   stds = [row(s["workdir"], s["seeds"], s["steps"], *cells(s, std_cell)) for s in summaries]
-  return (f"Mean over seeds ± half-width of its {LEVEL:.0%} confidence interval (Student t, n − 1 dof), "
+  return (f"Mean over seeds ± half-width of its {intervals.LEVEL:.0%} confidence interval (Student t, n − 1 dof), "
           f"in % (drop = peak − final per seed, in points; {', '.join(PER_EPISODE)} per episode; effective_judges "
           f"in judges; {COLLUSION} in steps):\n" + head +
           "".join(means) + "\nStandard deviation over seeds (ddof = 1), in % (counts as they are):\n" + head +
@@ -300,7 +223,7 @@ def compare(a: dict, b: dict, paired: bool = False) -> str:
   method = ("paired by seed: Student t interval of the mean of B − A per seed (n − 1 dof)" if paired else
             "Welch interval (unequal variances, Welch–Satterthwaite dof)")
   lines = [f"B − A of the mean over seeds, A = {a['workdir']} (seeds: {a['seeds']}), "
-           f"B = {b['workdir']} (seeds: {b['seeds']}); {LEVEL:.0%} {method}; established when the "
+           f"B = {b['workdir']} (seeds: {b['seeds']}); {intervals.LEVEL:.0%} {method}; established when the "
            "interval excludes 0:\n",
            row("metric", "A", "B", "B − A", "interval", "dof", "verdict"), "|---" * 7 + "|\n"]
   # Accuracy, the members' (a team's average member against a single agent, itself its only member)
@@ -310,17 +233,17 @@ def compare(a: dict, b: dict, paired: bool = False) -> str:
     if paired:  # A, B and B − A over the seeds that both define
       both_S = np.isfinite(a[c]) & np.isfinite(b[c])
       a_S, b_S = a[c][both_S], b[c][both_S]
-      diff, half = mean_ci(b_S - a_S)
+      diff, half = intervals.mean_ci(b_S - a_S)
       dof = len(a_S) - 1 if math.isfinite(half) else math.nan
       label = c + seed_count(len(a_S), len(both_S))
     else:
-      a_S, b_S = defined(a[c]), defined(b[c])
-      diff, half, dof = welch_diff(a_S, b_S)
+      a_S, b_S = intervals.defined(a[c]), intervals.defined(b[c])
+      diff, half, dof = intervals.welch_diff(a_S, b_S)
       label = c + "".join(f", {side}{of_seeds(x)}" for side, x in (("A", a[c]), ("B", b[c])) if of_seeds(x))
     count = c in COUNTS
-    lines.append(row(label, num(mean_ci(a_S)[0], count=count), num(mean_ci(b_S)[0], count=count),
+    lines.append(row(label, num(intervals.mean_ci(a_S)[0], count=count), num(intervals.mean_ci(b_S)[0], count=count),
                      pm(diff, half, sign=True, count=count), interval(diff, half, count),
-                     f"{dof:.1f}" if math.isfinite(dof) else "n/a", verdict(diff, half)))
+                     f"{dof:.1f}" if math.isfinite(dof) else "n/a", intervals.verdict(diff, half)))
   return "".join(lines)
 
 
@@ -333,8 +256,6 @@ def roles(config: dict) -> tuple[str, ...]:
   if protocol["name"] == "single":
     return ("agent",)
   knobs = lambda group: {k: v for k, v in group.items() if k != "name"}
-  if task["name"] not in tasks.REGISTRY:
-    raise ValueError(f"config.task.name={task['name']!r} is unknown; known tasks: {sorted(tasks.REGISTRY)}")
   return protocols.make(protocol["name"], tasks.make(task["name"], **knobs(task)), **knobs(protocol)).roles
 
 
@@ -386,15 +307,15 @@ def check_split(single_dir: str, multi_dir: str) -> None:
 def split(single: dict, multi: dict) -> str:
   """base → single-agent RL (run `single`) → multi-agent RL (run `multi`), as in the published study."""
   gain_a, gain_b = single["final"] - single["base"], multi["final"] - multi["base"]  # per seed
-  total = mean_ci(gain_b)
-  stage_a = mean_ci(gain_a)
-  stage_b = welch_diff(gain_a, gain_b)[:2]  # the rest of the total gain
-  share, lo, hi = bootstrap_share(gain_a, gain_b)
+  total = intervals.mean_ci(gain_b)
+  stage_a = intervals.mean_ci(gain_a)
+  stage_b = intervals.welch_diff(gain_a, gain_b)[:2]  # the rest of the total gain
+  share, lo, hi = intervals.bootstrap_share(gain_a, gain_b)
   text = (f"Split of the gain, base → single-agent RL (A = {single['workdir']}) → multi-agent RL "
-          f"(B = {multi['workdir']}). Gains in points, mean over seeds ± {LEVEL:.0%} half-width (Student t; "
-          f"Welch for the multi-agent stage); shares with a {LEVEL:.0%} percentile bootstrap over seeds "
-          f"(each run's seeds resampled independently, {BOOTSTRAP_DRAWS} draws, "
-          f"rng seed {BOOTSTRAP_SEED}):\n" +
+          f"(B = {multi['workdir']}). Gains in points, mean over seeds ± {intervals.LEVEL:.0%} half-width (Student t; "
+          f"Welch for the multi-agent stage); shares with a {intervals.LEVEL:.0%} percentile bootstrap over seeds "
+          f"(each run's seeds resampled independently, {intervals.BOOTSTRAP_DRAWS} draws, "
+          f"rng seed {intervals.BOOTSTRAP_SEED}):\n" +
           row("stage", "gain", "share") + "|---" * 3 + "|\n" +
           row("single-agent RL (A final − A base)", pm(*stage_a, sign=True), share_pct(share, lo, hi)) +
           row("multi-agent RL (total − single-agent)", pm(*stage_b, sign=True),
@@ -402,7 +323,7 @@ def split(single: dict, multi: dict) -> str:
           row("total (B final − B base)", pm(*total, sign=True), "100%") +
           f"\nsingle / multi: {100 * share:.0f} / {100 * (1 - share):.0f} here; "
           f"reference {REFERENCE_SPLIT}\n")
-  if verdict(*total) != "established":
+  if intervals.verdict(*total) != "established":
     text += "The total gain is not established (its interval includes 0, or is n/a): shares mean little.\n"
   return text
 
@@ -423,7 +344,7 @@ def seeds_table(workdir: str) -> str:
       f"non-finite accuracy, reward or loss; {int((health['skipped'] > 0).sum())} skipped an update). "
       f"Ended below their base: {int((final < s['base']).sum())}. Final accuracy: min {num(final.min())}, "
       f"median {num(np.median(final))}, max {num(final.max())}, sd "
-      f"{num(np.std(final, ddof=1)) if len(final) > 1 else 'n/a'}, mean {pm(*mean_ci(final))} (95% CI).\n")
+      f"{num(np.std(final, ddof=1)) if len(final) > 1 else 'n/a'}, mean {pm(*intervals.mean_ci(final))} (95% CI).\n")
   return "".join(lines)
 
 
@@ -446,7 +367,7 @@ def plot_peer(workdir: str, path: str) -> None:
     kept = [r for r in from_rows if name in r or f"{name}/seed0" in r]
     with warnings.catch_warnings():  # a step no seed defines stays NaN, a gap in the line
       warnings.simplefilter("ignore", RuntimeWarning)
-      values = [scale * np.nanmean(seed_values(r, name)) for r in kept]
+      values = [scale * np.nanmean(runs.seed_values(r, name)) for r in kept]
     if kept:
       ax.plot([r["step"] for r in kept], values, label=name, **style)
 
@@ -457,7 +378,7 @@ def plot_peer(workdir: str, path: str) -> None:
   for name in ("true_accuracy", "reported_accuracy"):
     curve(axes[0], name, trained)
   curve(axes[0], "eval_accuracy", evals, marker="o")
-  for step in defined(time_to_collusion(trained)) if judges else ():
+  for step in intervals.defined(time_to_collusion(trained)) if judges else ():
     axes[0].axvline(step, color="grey", linestyle=":")
   for j in judges:
     for name in ("false_accept", "false_reject"):
@@ -512,7 +433,7 @@ def plot_rates(workdirs: list[str], path: str) -> None:
   colours = {label: f"C{i}" for i, label in enumerate(labels)}
   for ax, name in zip(axes, ("final", "reported_accuracy")):
     for (label, seed), points in sorted(lines.items()):
-      points = sorted((rate, mean_ci(defined(s[name]))) for rate, s in points if name in s)
+      points = sorted((rate, intervals.mean_ci(intervals.defined(s[name]))) for rate, s in points if name in s)
       if not points:
         continue
       rate_N = np.array([rate for rate, _ in points])
@@ -522,7 +443,7 @@ def plot_rates(workdirs: list[str], path: str) -> None:
       ax.errorbar(rate_N, mean_N, yerr=half_N, marker="o", capsize=3, label=f"{label} (seeds {seed}..)", **style)
       ax.fill_between(rate_N, mean_N - half_N, mean_N + half_N, alpha=0.15, color=colours[label])
     for i, s in enumerate(bands):
-      mean, half = (100 * x for x in mean_ci(s["final"]))
+      mean, half = (100 * x for x in intervals.mean_ci(s["final"]))
       ax.axhspan(mean - half, mean + half, color=f"C{len(labels) + i}", alpha=0.2,
                  label=f"{s['workdir']} (final)")
     ax.set(xlabel="audit rate (config.reward.audit_rate)", ylabel="accuracy (%)")
@@ -534,7 +455,7 @@ def plot_rates(workdirs: list[str], path: str) -> None:
 
 
 def main(argv: list[str] | None = None):
-  parser = argparse.ArgumentParser(prog="python -m marl_jax.report", description=__doc__,
+  parser = argparse.ArgumentParser(prog="python -m marl_jax.tools.report", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("workdirs", nargs="*", help="runs to tabulate")
   parser.add_argument("--compare", nargs=2, metavar=("A", "B"), help="print B − A with a Welch interval")

@@ -4,7 +4,7 @@ as `marl_transcripts/NAME:1.0.0` (a TFDS array_record dataset, see `array_record
 `transcripts.load_transcripts` reads them back as numpy arrays and readable text, and
 `transcripts.distillation_set` as what a warm start distils (`config.sft.transcripts`).
 
-  python -m marl_jax.archive --workdir=DIR [--out=DIR] [--greedy] [--data_dir=DIR] [--train=N]
+  python -m marl_jax.tools.archive --workdir=DIR [--out=DIR] [--greedy] [--data_dir=DIR] [--train=N]
 
 `--train=N` samples N training problems instead of the evaluation set: drawn as training draws them,
 from the run's seed (`training_problems`), so a team that learns from the archive (the next
@@ -129,7 +129,7 @@ def archive_workdir(workdir: str, out_dir: str, greedy: bool = False, data_dir: 
 
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(
-      prog="python -m marl_jax.archive",
+      prog="python -m marl_jax.tools.archive",
       description="Sample a trained team on its evaluation set and write the transcripts.")
   parser.add_argument("--workdir", required=True, help="a run directory (config.json and checkpoints)")
   parser.add_argument("--out", default="", help="output data_dir (default: WORKDIR/transcripts)")

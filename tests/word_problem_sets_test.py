@@ -9,7 +9,7 @@ import pytest
 from tensorflow_datasets.text import gsm8k
 
 from marl_jax.lm import tokenizer as lm_tokenizer
-from marl_jax.lm import word_problems as wp
+from marl_jax import word_problem_sets as wp
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures"
 GSM8K_TINY = str(FIXTURES / "word_problems" / "gsm8k_tiny.jsonl")

@@ -1,8 +1,8 @@
 """Throughput of the joint rollout-and-update step (a benchmark script, not a test).
 
-  python -m marl_jax.throughput [--json=PATH] [--batch_size=256] [--calls=3] [--cpu_devices=2]
-  python -m marl_jax.throughput --checkpoint=DIR [--random_weights] --grid=2/1 --credits=team
-  python -m marl_jax.throughput --workflows  # each workflow's sampling FLOPs against the minimum
+  python -m marl_jax.tools.throughput [--json=PATH] [--batch_size=256] [--calls=3] [--cpu_devices=2]
+  python -m marl_jax.tools.throughput --checkpoint=DIR [--random_weights] --grid=2/1 --credits=team
+  python -m marl_jax.tools.throughput --workflows  # each workflow's sampling FLOPs against the minimum
 
 The relay job: agent 1 sees `a+b=` (digits 0-9) and writes up to 4 tokens; agent 2 sees the prompt and
 agent 1's message and writes the answer (up to 4 tokens); team reward 1 when it is right; isolated
@@ -30,15 +30,10 @@ and the values allowed and exit status 1: each flag when parsed, then every row'
 (a row's config error names the flags behind it) and `--json`'s directory checked.  An earlier `--json`
 file stays as it was until the first row's measurement replaces it.
 """
-import collections
-import glob
-import gzip
 import json
 import math
 import os
-import re
 import sys
-import tempfile
 import time
 
 from absl import app, flags
@@ -49,8 +44,9 @@ import numpy as np
 
 from jax.sharding import PartitionSpec as P
 
-from marl_jax import (cli, configs, credit, experiment, memory, model as model_lib, parallel, rollout, sampling,
-                      state as state_lib, train, workdir)
+from marl_jax import (cli, configs, credit, experiment, files, loop, memory, model as model_lib, parallel, rollout,
+                      sampling, state as state_lib, train)
+from marl_jax.tools import bounds, hlo_profile
 
 _JSON = flags.DEFINE_string("json", "", "Also write the rows here as a JSON list, replaced after each row.")
 _BATCH = flags.DEFINE_integer("batch_size", 256, "Episodes per step (per seed).", lower_bound=1)
@@ -194,62 +190,6 @@ def step_flops(exp: experiment.Experiment) -> float:
   return float(rl.batch_size * np.dot(reads_V, _flops_per_token_V(exp)))
 
 
-HUGE_PAGES = "glibc.malloc.hugetlb=1"  # the setting docs/throughput.md recommends on a Linux CPU
-
-
-def device_name() -> str:
-  """What a row ran on: the accelerator's kind (`device_kind`), or on CPU the cores this process may use."""
-  if jax.default_backend() == "cpu":
-    return f"{len(os.sched_getaffinity(0))} cores"
-  return jax.devices()[0].device_kind
-
-
-def huge_pages(environ=os.environ, kernel_setting="/sys/kernel/mm/transparent_hugepage/enabled") -> bool:
-  """Whether glibc's malloc puts this process's large blocks on transparent huge pages: GLIBC_TUNABLES
-  (read by glibc when the process starts) holds `HUGE_PAGES` and the kernel's setting is not `never`.
-  XLA:CPU allocates each call's buffers afresh, and on 4 kB pages the kernel faults every page in on
-  every call."""
-  if HUGE_PAGES not in environ.get("GLIBC_TUNABLES", "").split(":"):
-    return False
-  try:
-    with open(kernel_setting) as f:
-      return "[never]" not in f.read()
-  except OSError:  # no such setting (not Linux): glibc's request goes nowhere
-    return False
-
-
-def reference_matmul() -> tuple[int, jnp.dtype]:
-  """The matmul every row is a fraction of: float32 1024 x 1024 on a CPU, and on an accelerator one
-  that fills it, 8192 x 8192 in the compute dtype of `model.dtype='auto'` there (bfloat16).  A float32
-  1024 x 1024 matmul leaves an H200 mostly idle (43 TFLOP/s, against 806 for bfloat16 at 8192, one
-  call), so the job's rows would read above 1 of it."""
-  if jax.default_backend() == "cpu":
-    return 1024, jnp.float32
-  return 8192, model_lib.compute_dtype("auto")
-
-
-def matmul_flops_per_s(reps: int = 20) -> float:
-  """FLOP/s of the jitted `reference_matmul` on this machine (the best of three timings)."""
-  n, dtype = reference_matmul()
-  # Scaled so that repeated products keep unit-sized entries (unscaled, they overflow to inf).
-  a = (jax.random.normal(jax.random.PRNGKey(0), (n, n)) / math.sqrt(n)).astype(dtype)
-  return 2 * n ** 3 / best_seconds_per_call(jax.jit(lambda x: x @ a), a, reps)
-
-
-def best_seconds_per_call(step, x, reps: int) -> float:
-  """Seconds per call of `step` chained `reps` times (x = step(x)), the best of three timings after
-  one untimed call (its compile)."""
-  x = step(x).block_until_ready()
-  best = np.inf
-  for _ in range(3):
-    start = time.perf_counter()
-    for _ in range(reps):
-      x = step(x)
-    x.block_until_ready()
-    best = min(best, (time.perf_counter() - start) / reps)
-  return best
-
-
 def rollout_flops(exp: experiment.Experiment) -> float:
   """Model FLOPs of one step's rollout of one seed (`step_flops`' rollout term)."""
   return float(exp.config.rl.batch_size * np.dot(sampling.token_reads_V(exp.layout), _flops_per_token_V(exp)))
@@ -288,7 +228,7 @@ def measure(config, calls: int, profile: bool = False) -> dict:
   """One row: the whole step (rollout, scoring, credit and update) timed over `calls` compiled calls,
   then the rollout alone in the same process; the update's rate is the step's time less the
   rollout's (so it also holds scoring and credit, with its counterfactual re-runs).  With `profile`,
-  then one more train call traced (`profile_call`, `profile_summary`): `thunk_s`, its seconds per kind
+  then one more train call traced (`hlo_profile.profile_call`, `hlo_profile.profile_summary`): `thunk_s`, its seconds per kind
   of thunk, and `matmul_thunks`, the seconds and FLOPs of each thunk that computes dots."""
   exp = experiment.build(config)
   train_call = train.make_train_call(exp)
@@ -297,7 +237,7 @@ def measure(config, calls: int, profile: bool = False) -> dict:
   # cannot fit on the device; the calls below reuse the program.
   compiled = memory.check_run(exp, state_lib.abstract_state(exp), train_call)
   compile_s = time.perf_counter() - start
-  state = state_lib.initial_state(exp)
+  state = loop.initial_state(exp)
   state, metrics = train_call(state)  # warm-up call
   jax.block_until_ready(state)
   start, tokens = time.perf_counter(), 0.0
@@ -319,7 +259,7 @@ def measure(config, calls: int, profile: bool = False) -> dict:
   rest_s = seconds - rollout_s if seconds > rollout_s else math.nan
   params_per_agent = model_lib.count_params(jax.tree.map(lambda p: p[0, 0], state.params))
   # Last: the traced call consumes (donates) the state.
-  traced = profile_summary(profile_call(train_call, (state,)), compiled.as_text()) if profile else {}
+  traced = hlo_profile.profile_summary(hlo_profile.profile_call(train_call, (state,)), compiled.as_text()) if profile else {}
   return {"job": "relay", "devices": exp.mesh.size, "roles": len(exp.layout.roles), "seeds": config.num_seeds,
           "sharing": config.roles.sharing, "d_model": config.model.d_model,
           "microbatch_size": config.rl.microbatch_size,
@@ -331,134 +271,6 @@ def measure(config, calls: int, profile: bool = False) -> dict:
           "update_flops_per_s": steps * (step_flops(exp) - rollout_flops(exp)) / rest_s,
           "compile_s": compile_s,
           "params_per_agent": params_per_agent, "call_s": seconds / calls, **traced}
-
-
-# Opcodes that only move or lay out data: a fusion of nothing else is a copy, transpose or broadcast.
-_MOVES = frozenset({"parameter", "constant", "copy", "transpose", "bitcast", "broadcast", "reshape", "slice",
-                    "concatenate", "dynamic-slice", "dynamic-update-slice", "pad", "iota", "tuple",
-                    "get-tuple-element", "bitcast-convert", "reverse"})
-_CONTROL = frozenset({"while", "conditional", "call"})  # their bodies' thunks are traced themselves
-THUNK_KINDS = ("matmul", "data movement", "compute")
-_INSTRUCTION = re.compile(r"\s*(?:ROOT\s+)?%?([\w.\-]+) = (.*?)\s([a-z][a-z0-9\-]*)\((.*)$")
-
-
-def _instructions(hlo_text: str):
-  """(computation, name, shape, opcode, the rest of the line, the computation it calls or None) of
-  each instruction of a compiled module's text."""
-  computation = None
-  for line in hlo_text.splitlines():
-    if line.rstrip().endswith("{") and " = " not in line:
-      computation = line.split()[1 if line.startswith("ENTRY") else 0].lstrip("%")
-      continue
-    match = _INSTRUCTION.match(line)
-    if match and computation is not None:
-      called = re.search(r"calls=%?([\w.\-]+)", match.group(4))
-      yield (computation, *match.groups(), called.group(1) if called else None)
-
-
-def thunk_kinds(hlo_text: str) -> dict[str, str]:
-  """Each instruction of a compiled module's text by what its thunk does (`THUNK_KINDS`): `matmul` (a
-  dot or convolution, or a fusion holding one: the matmul library's calls), `data movement` (copies,
-  transposes, broadcasts, slices and nothing else) or `compute` (every other fusion or op:
-  elementwise, reductions, gathers); control flow is left out, since its bodies' thunks are traced
-  themselves."""
-  opcodes_of, instructions = collections.defaultdict(set), {}
-  for computation, name, _, opcode, _, called in _instructions(hlo_text):
-    opcodes_of[computation].add(opcode)
-    instructions[name] = (opcode, called)
-  kind_of = {}
-  for name, (opcode, called) in instructions.items():
-    opcodes = opcodes_of[called] if opcode == "fusion" and called else {opcode}
-    if opcodes & _CONTROL:
-      continue
-    if opcodes & {"dot", "convolution"}:
-      kind_of[name] = "matmul"
-    elif opcodes <= _MOVES:
-      kind_of[name] = "data movement"
-    else:
-      kind_of[name] = "compute"
-  return kind_of
-
-
-def dot_flops(hlo_text: str) -> dict[str, int]:
-  """FLOPs of one run of each thunk that computes dots (a dot, or a fusion calling a computation that
-  holds them): 2 x output elements x contracted size per dot, from the compiled module's shapes."""
-  dims_of, flops_in, flops_of, called_by = {}, collections.Counter(), {}, {}
-  for computation, name, shape, opcode, rest, called in _instructions(hlo_text):
-    dims = re.match(r"\w+\[([\d,]*)\]", shape)
-    dims_of[name] = [int(d) for d in dims.group(1).split(",") if d] if dims else []
-    if opcode == "fusion" and called:
-      called_by[name] = called
-    elif opcode == "dot":
-      lhs = dims_of[re.search(r"%([\w.\-]+)", rest).group(1)]
-      contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", rest).group(1)
-      contracted = np.prod([lhs[int(i)] for i in contracting.split(",") if i])
-      flops_of[name] = 2 * int(np.prod(dims_of[name])) * int(contracted)
-      flops_in[computation] += flops_of[name]
-  # A fused computation may come after the fusion that calls it, so fusions are resolved last.
-  return flops_of | {name: flops_in[c] for name, c in called_by.items() if flops_in[c]}
-
-
-def thunk_parts(hlo_text: str) -> dict[str, int]:
-  """Each instruction of a compiled module's text split into more than one part
-  (`outer_dimension_partitions`, set by XLA:CPU's parallel task assigner for loop fusions over a few
-  hundred kB): the number of parts, which its thunk runs as tasks on the thread pool at once."""
-  parts_of = {}
-  for _, name, _, _, rest, _ in _instructions(hlo_text):
-    parts = re.search(r'"outer_dimension_partitions":\[([^\]]*)\]', rest)
-    count = int(np.prod([int(p.strip('" ')) for p in parts.group(1).split(",") if p.strip()])) if parts else 1
-    if count > 1:
-      parts_of[name] = count
-  return parts_of
-
-
-def profile_call(call, args) -> dict[str, tuple[float, int]]:
-  """Traced seconds and runs of each event by name in one `call(*args)`: among them each XLA thunk,
-  named after its instruction.  Thunks that run at the same time on different cores each count whole."""
-  thunks = collections.defaultdict(lambda: [0.0, 0])
-  with tempfile.TemporaryDirectory() as trace_dir:
-    with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
-      jax.block_until_ready(call(*args))
-    path, = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
-    with gzip.open(path) as f:
-      events = json.load(f)
-  for event in events["traceEvents"] if isinstance(events, dict) else events:
-    if event.get("ph") == "X":
-      thunks[event["name"]][0] += event["dur"] / 1e6
-      thunks[event["name"]][1] += 1
-  return {name: tuple(value) for name, value in thunks.items()}
-
-
-def profile_summary(thunks: dict[str, tuple[float, int]], hlo_text: str) -> dict:
-  """A traced call (`profile_call`) of a compiled module: `thunk_s`, the seconds per kind of thunk
-  (`thunk_kinds`); `matmul_thunks`, [seconds, FLOPs] of each thunk that computes dots (`dot_flops`); and
-  `other_thunks`, [seconds, parts] of every other thunk (`thunk_parts`, 1 for one task), over all its
-  runs."""
-  kinds, flops, parts = thunk_kinds(hlo_text), dot_flops(hlo_text), thunk_parts(hlo_text)
-  seconds = collections.Counter({kind: 0.0 for kind in THUNK_KINDS})
-  for name, (s, _) in thunks.items():
-    if name in kinds:
-      seconds[kinds[name]] += s
-  return {"thunk_s": dict(seconds),
-          "matmul_thunks": [[s, flops[name] * runs] for name, (s, runs) in thunks.items() if name in flops],
-          "other_thunks": [[s, parts.get(name, 1)] for name, (s, _) in thunks.items()
-                           if kinds.get(name, "matmul") != "matmul"]}
-
-
-def ceiling(row: dict, bound: float, cores: int, slow: float = 0.1) -> tuple[float, float]:
-  """The fraction of the matmul bound a profiled row's call would reach with no time lost between
-  thunks: every dot at the bound on all cores and every other thunk packed onto the cores with no gap
-  (a thunk of P parts keeps min(P, cores) cores busy for its traced time, so one split over every core
-  counts whole and a single task a core's share); and the same with the dots that ran under `slow` x
-  the bound (the attention's tiny batched products) kept at their traced time, packed as single
-  tasks."""
-  dots, others = np.reshape(row["matmul_thunks"], (-1, 2)), np.reshape(row["other_thunks"], (-1, 2))
-  flops = dots[:, 1].sum()
-  other_s = np.sum(others[:, 0] * np.minimum(others[:, 1], cores)) / cores
-  is_slow = dots[:, 1] < slow * bound * dots[:, 0]
-  best_s = flops / bound
-  return (best_s / (best_s + other_s),
-          best_s / ((flops - dots[is_slow, 1].sum()) / bound + other_s + dots[is_slow, 0].sum() / cores))
 
 
 def print_profile(row: dict, bound: float):
@@ -479,7 +291,7 @@ def print_profile(row: dict, bound: float):
         f"at the matmul's rate and every other thunk packed onto the {cores} cores with no gap (one split "
         "over the cores counts whole): "
         "{:.2f} of the matmul, {:.2f} with the dots that ran under a tenth of it at their traced "
-        "time".format(*ceiling(row, bound, cores)) +
+        "time".format(*hlo_profile.ceiling(row, bound, cores)) +
         # Several devices' split loops share the cores at once, so their traced time swells.
         (f" (a ceiling for one device; on {row['devices']} it reads low)" if row["devices"] > 1 else ""),
         flush=True)
@@ -488,7 +300,7 @@ def print_profile(row: dict, bound: float):
 def workflow_flops_table():
   """Per workflow of WORKFLOWS at its size=cpu config: canvas length, views, and the model FLOPs per
   episode of sampling (`sampling.episode_flops`) with the computed-to-minimum ratio."""
-  here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "x.py")
+  here = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "experiments", "x.py")
   print(f"{'workflow':<30} {'T':>3} {'views':>5} {'lockstep MFLOP':>14} {'computed':>9} {'minimum':>8} "
         f"{'computed/min':>12}")
   for name, module, arg in WORKFLOWS:
@@ -549,8 +361,8 @@ def main(argv):
       sys.exit(f"FATAL Flags error: --json={_JSON.value}: {problem}; allowed: a file that can be written, "
                "in a directory that exists")
   rows = []
-  matmul_n, matmul_dtype = reference_matmul()
-  on_huge_pages = huge_pages()
+  matmul_n, matmul_dtype = bounds.reference_matmul()
+  on_huge_pages = bounds.huge_pages()
   print(f"backend={jax.default_backend()} devices={jax.device_count()} batch_size={_BATCH.value} "
         f"microbatch_size={_MICRO.value} model={_CHECKPOINT.value or f'built-in, d_model {_D_MODEL.value}'} "
         f"matmul={matmul_n}x{matmul_n} {jnp.dtype(matmul_dtype).name} huge_pages={'on' if on_huge_pages else 'off'}")
@@ -558,12 +370,12 @@ def main(argv):
         f"{'tokens/s':>10} {'GFLOP/s':>8} {'of_matmul':>9} {'rollout_tok/s':>13} {'of_matmul':>9} "
         f"{'update_tok/s':>12} {'of_matmul':>9} {'compile_s':>9} {'matmul GFLOP/s':>15}")
   for (roles, seeds, sharing, credit_name), config in grid_configs:
-    bound_before = matmul_flops_per_s()
+    bound_before = bounds.matmul_flops_per_s()
     try:
       row = measure(config, _CALLS.value, _PROFILE.value)
     except memory.DoesNotFit as e:
       refuse_row((roles, seeds, sharing, credit_name), e)
-    row["matmul_flops_per_s"] = (bound_before, matmul_flops_per_s())
+    row["matmul_flops_per_s"] = (bound_before, bounds.matmul_flops_per_s())
     row["huge_pages"] = on_huge_pages
     bound = float(np.mean(row["matmul_flops_per_s"]))
     for part in ("", "rollout_", "update_"):
@@ -578,7 +390,7 @@ def main(argv):
     if "thunk_s" in row:
       print_profile(row, bound)
     if _JSON.value:  # replaced after every row, so an interrupted run keeps what it measured
-      workdir.write_atomically(_JSON.value, json.dumps(rows, indent=1))
+      files.write_atomically(_JSON.value, json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

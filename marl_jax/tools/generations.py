@@ -5,7 +5,7 @@ is distilled from generation g's archive (each role its own role's messages, the
 `config.distil.filter` keeps: `right`, `all` or `credit`; `marl_jax.sft`) and then trains with RL as
 usual.  Seed s of every generation distils seed s of the one before, so the seeds are lineages.
 
-  python -m marl_jax.generations --config=experiments/generations.py:task=signalling --workdir=DIR
+  python -m marl_jax.tools.generations --config=experiments/generations.py:task=signalling --workdir=DIR
 
 DIR/genG is generation G's run directory (config.json, metrics.jsonl, checkpoints) and DIR/genG/transcripts
 its archive.  Rerunning the command resumes: a generation trained and archived is kept as it is, an
@@ -27,9 +27,8 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from marl_jax import archive, array_records, checkpoint, checks, cli, codes, configs, evaluate, experiment, loop
-from marl_jax import metrics, report, sft, state
-from marl_jax import workdir as workdir_lib
+from marl_jax import array_records, checks, cli, codes, configs, evaluate, experiment, files, loop, metrics, sft, state
+from marl_jax.tools import archive, intervals, report, runs
 from marl_jax.transcripts import MarlTranscripts
 
 
@@ -132,20 +131,6 @@ def check(config, workdir: str) -> None:
       raise ValueError(f"generation {g}'s run (config.run, config.stages): {e}") from e
 
 
-def finished(workdir: str, total_steps: int) -> bool:
-  return os.path.isdir(workdir) and checkpoint.latest_step(workdir) == total_steps
-
-
-def steps_to_reach(workdir: str, target_S) -> np.ndarray:
-  """Per seed, the first evaluated step whose accuracy reaches target_S (inf if none does); step 0
-  is the one after the warm start."""
-  rows = [r for r in metrics.read(workdir) if "eval_accuracy" in r]
-  accuracy_NxS = np.stack([report.seed_values(r, "eval_accuracy") for r in rows])
-  steps_N = np.array([r["step"] for r in rows], np.float64)
-  reached_NxS = accuracy_NxS >= np.asarray(target_S)
-  return np.where(reached_NxS.any(0), steps_N[reached_NxS.argmax(0)], np.inf)
-
-
 def code_agreement(workdir: str, reference: str) -> dict[str, list[float]]:
   """`ROLE_agreement` per seed: the share of evaluation problems on which the final team of run
   `workdir` writes, greedily, the same messages for ROLE as the team of `reference` (a run directory,
@@ -163,28 +148,6 @@ def code_agreement(workdir: str, reference: str) -> dict[str, list[float]]:
   return out
 
 
-def final_eval(workdir: str) -> dict:
-  """The last evaluation row of a run's metrics."""
-  return [r for r in metrics.read(workdir) if "eval_accuracy" in r][-1]
-
-
-def recovery(workdir: str) -> dict:
-  """How a newcomer run (`config.newcomers`) recovered the accuracy of the team it joined, per seed:
-  the team's final evaluation accuracy (`target`), the run's accuracy at step 0 (the joined team, after
-  any distillation) and at its end, the steps it took to reach the target (inf: never), and per role
-  the share of evaluation problems on which its final team writes the team's greedy messages."""
-  config = configs.read_run_config(workdir)
-  if not str(config.newcomers.roles).strip():
-    raise ValueError(f"{workdir} is not a newcomer run (its config.newcomers.roles is empty)")
-  team = config.init_from
-  target_S = report.seed_values(final_eval(team.removesuffix(":best")), "eval_accuracy")
-  rows = [r for r in metrics.read(workdir) if "eval_accuracy" in r]
-  return {"team": team, "newcomers": config.newcomers.to_dict(), "target": target_S.tolist(),
-          "start_accuracy": report.seed_values(rows[0], "eval_accuracy").tolist(),
-          "final_accuracy": report.seed_values(rows[-1], "eval_accuracy").tolist(),
-          "steps_to_recover": steps_to_reach(workdir, target_S).tolist(), **code_agreement(workdir, team)}
-
-
 def summary(config, workdir: str) -> list[dict]:
   """Per generation: final evaluation values per seed, and from generation 1 on the steps it took to
   reach the previous generation's final accuracy (per seed), those generation 0 took, and how much of
@@ -192,14 +155,14 @@ def summary(config, workdir: str) -> list[dict]:
   out = []
   for g in range(config.generations):
     d = generation_dir(workdir, g)
-    last = final_eval(d)
-    row = {"generation": g, **{key: report.seed_values(last, f"eval_{key}").tolist()
+    last = runs.final_eval(d)
+    row = {"generation": g, **{key: runs.seed_values(last, f"eval_{key}").tolist()
                                for key in ("accuracy", "topsim", "mutual_information") if f"eval_{key}" in last}}
     if g and config.inherit == "distil" and not config.stages:
       target_S = out[-1]["accuracy"]
       row["target"] = target_S
-      row["steps_to_target"] = steps_to_reach(d, target_S).tolist()
-      row["from_scratch_steps_to_target"] = steps_to_reach(generation_dir(workdir, 0), target_S).tolist()
+      row["steps_to_target"] = runs.steps_to(d, target_S).tolist()
+      row["from_scratch_steps_to_target"] = runs.steps_to(generation_dir(workdir, 0), target_S).tolist()
     if g:
       row.update(code_agreement(d, generation_dir(workdir, g - 1)))
     if g and config.stages:
@@ -239,11 +202,6 @@ def markdown(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
-def _read_json(path: str):
-  with open(path) as f:
-    return json.load(f)
-
-
 def _censored(steps_S, budget: float) -> np.ndarray:
   """Steps with a seed that never reached its target counted at `budget` (a lower bound)."""
   return np.where(np.isfinite(steps_S), steps_S, budget)
@@ -254,19 +212,19 @@ def _row(*cells) -> str:
 
 
 def _ci(values, count: bool = True) -> str:
-  return report.pm(*report.mean_ci(values), count=count)
+  return report.pm(*intervals.mean_ci(values), count=count)
 
 
 def _steps(values_S) -> str:
-  mean, half = report.mean_ci(values_S)
+  mean, half = intervals.mean_ci(values_S)
   return f"{mean:.0f} ± {half:.0f}"
 
 
 def _paired(a_S, b_S, count: bool = True, steps: bool = False) -> str:
   """b − a per seed: its mean ± the half-width of the paired Student t interval, and the verdict."""
-  diff, half = report.mean_ci(np.asarray(b_S, np.float64) - np.asarray(a_S, np.float64))
+  diff, half = intervals.mean_ci(np.asarray(b_S, np.float64) - np.asarray(a_S, np.float64))
   shown = f"{diff:+.0f} ± {half:.0f}" if steps else report.pm(diff, half, sign=True, count=count)
-  return f"{shown} ({report.verdict(diff, half)})"
+  return f"{shown} ({intervals.verdict(diff, half)})"
 
 
 NEWCOMER_RUN = re.compile(r"newcomer_(fresh|distilled)(?:_gen(\d+))?$")
@@ -291,7 +249,7 @@ def study_tables(out: str) -> str:
   never reached its target count as the run's budget (a lower bound, marked with the seeds reached)."""
   sets = sorted((d for d in os.listdir(out) if d.startswith("seed")), key=lambda d: int(d[4:]))
   lines = []
-  generations_rows = {d: _read_json(os.path.join(out, d, "generations.json")) for d in sets
+  generations_rows = {d: files.read_json(os.path.join(out, d, "generations.json")) for d in sets
                       if os.path.isfile(os.path.join(out, d, "generations.json"))}
   if generations_rows:
     lines += ["## Generations", "", "| seeds | generation | final eval accuracy (%) | eval topsim | eval MI (bits) | "
@@ -314,7 +272,7 @@ def study_tables(out: str) -> str:
           cells += [""] * 5
         lines.append(_row(*cells))
     lines.append("")
-  crossplay = {d: _read_json(os.path.join(out, d, "crossplay.json")) for d in sets
+  crossplay = {d: files.read_json(os.path.join(out, d, "crossplay.json")) for d in sets
                if os.path.isfile(os.path.join(out, d, "crossplay.json"))}
   if crossplay:
     lines += ["## Cross-play of generation 0's teams", "",
@@ -332,7 +290,7 @@ def study_tables(out: str) -> str:
     for d, by_cell in newcomers_rows.items():
       steps = {}  # (generation, name) -> steps to recover per seed, censored at the budget
       for (g, name), run_dir in by_cell.items():
-        r = _read_json(os.path.join(run_dir, "recovery.json"))
+        r = files.read_json(os.path.join(run_dir, "recovery.json"))
         budget = configs.read_run_config(run_dir).total_steps
         reached = np.asarray(r["steps_to_recover"], np.float64)
         steps[g, name] = _censored(reached, budget)
@@ -351,7 +309,7 @@ def study_tables(out: str) -> str:
   # Retention: each order of the two arithmetic tasks (its directories' prefix, A's and B's names).
   for prefix, first, second in (("retention", "additions", "multiplications"),
                                 ("retention_mul", "multiplications", "additions")):
-    retention_rows = {d: {replay: _read_json(os.path.join(out, d, f"{prefix}_replay{replay}", "generations.json"))
+    retention_rows = {d: {replay: files.read_json(os.path.join(out, d, f"{prefix}_replay{replay}", "generations.json"))
                           for replay in ("0", "0.5")
                           if os.path.isfile(os.path.join(out, d, f"{prefix}_replay{replay}", "generations.json"))}
                       for d in sets}
@@ -385,7 +343,7 @@ def plot_study(out: str, path: str) -> None:
     while os.path.isfile(os.path.join(generation_dir(os.path.join(out, d), g), "metrics.jsonl")):
       rows = [r for r in metrics.read(generation_dir(os.path.join(out, d), g)) if "eval_accuracy" in r]
       steps = [r["step"] for r in rows]
-      stats_N = [report.mean_ci(report.seed_values(r, "eval_accuracy")) for r in rows]
+      stats_N = [intervals.mean_ci(runs.seed_values(r, "eval_accuracy")) for r in rows]
       mean_N, half_N = (np.array(x) for x in zip(*stats_N))
       label = "generation 0 (from scratch)" if g == 0 else f"generation {g} (distilled from {g - 1})"
       ax.plot(steps, mean_N, label=label)
@@ -406,14 +364,14 @@ def run(config, workdir: str) -> str:
     raise experiment.ConfigError(str(e)) from e
   for g in range(config.generations):
     d, total = generation_dir(workdir, g), stage_run(config, g).total_steps
-    if not finished(d, total):
+    if not runs.finished(d, total):
       loop.train_and_evaluate(generation_config(config, workdir, g), d)
-      if not finished(d, total):
+      if not runs.finished(d, total):
         raise SystemExit(f"stopped by a signal in {d}; run the same command again to resume")
     if not array_records.exists(MarlTranscripts, archive_name(config, g), archive_dir(workdir, g)):
       archive.archive_workdir(d, archive_dir(workdir, g), config.archive.greedy, train=config.archive.size)
   rows = summary(config, workdir)
-  workdir_lib.write_atomically(os.path.join(workdir, "generations.json"), json.dumps(rows, indent=1))
+  files.write_atomically(os.path.join(workdir, "generations.json"), json.dumps(rows, indent=1))
   return markdown(rows)
 
 

@@ -1,9 +1,9 @@
 """Speed of a language-model agent: prefill, decode and one update pass, each against a bound measured
 in the same run, optionally beside the same work through `transformers` (a benchmark script, not a test).
 
-  python -m marl_jax.lm.bench --checkpoint=DIR [--random_weights] --batch=32 --prompt=160 --answer=160
-  python -m marl_jax.lm.bench --shapes=qwen3-0.6b --batch=8 --prompt=160 --answer=160 --peer=transformers
-  python -m marl_jax.lm.bench --shapes=qwen3-0.6b --rows update   # some of the rows only
+  python -m marl_jax.tools.lm_bench --checkpoint=DIR [--random_weights] --batch=32 --prompt=160 --answer=160
+  python -m marl_jax.tools.lm_bench --shapes=qwen3-0.6b --batch=8 --prompt=160 --answer=160 --peer=transformers
+  python -m marl_jax.tools.lm_bench --shapes=qwen3-0.6b --rows update   # some of the rows only
 
 One agent over its checkpoint's whole vocabulary (`lm.agent.from_config` with `free_text`, as a
 word-problem run's) answers `--batch` prompts of `--prompt` random tokens with `--answer` sampled
@@ -23,7 +23,7 @@ tokens, on a single agent's canvas: the prompt, the turn's one-token header, the
   (`step_last`): what a token costs as the canvas fills.
 
 Bounds, measured before and after the rows (their mean): prefill and update against the matmul of
-`marl_jax.throughput` (FLOP/s; the FLOPs each row needs, `needed_flops`), decode against memory (the
+`marl_jax.tools.throughput` (FLOP/s; the FLOPs each row needs, `needed_flops`), decode against memory (the
 bytes each token must read, `decode_bytes`, at the rate of a jitted copy, `copy_bytes_per_s`).  Every
 program is compiled before it is timed (`jax.jit(...).lower(...).compile()`), and each row's time is
 the median of `--repeats` calls.
@@ -54,12 +54,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from marl_jax import (cli, configs, experiment, model as model_lib, parallel, protocols, sampling, tasks, text,
-                      throughput, update, workdir)
+from marl_jax import (cli, configs, experiment, files, model as model_lib, parallel, protocols, sampling, tasks, text,
+                      update)
 from marl_jax.lm import agent as lm_agent
-from marl_jax.lm import checkpoint as lm_checkpoint
+from marl_jax.lm import hf_checkpoint
 from marl_jax.lm import model as lm_model
 from marl_jax.protocols import engine
+from marl_jax.tools import bounds
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "tests", "fixtures",
                         "lm")
@@ -88,7 +89,7 @@ def write_shapes(name: str, directory: str) -> str:
   vocab.update({f"<unused_word_{i}>": i for i in range(len(vocab), config["vocab_size"])})
   os.makedirs(directory, exist_ok=True)
   for file, content in (("config.json", config), ("tokenizer.json", tokenizer)):
-    workdir.write_atomically(os.path.join(directory, file), json.dumps(content, indent=1))
+    files.write_atomically(os.path.join(directory, file), json.dumps(content, indent=1))
   return directory
 
 
@@ -134,7 +135,7 @@ def make_setup(checkpoint: str, random_weights: bool, batch: int, prompt: int, a
   if batch % microbatch:
     raise ValueError(f"--microbatch={microbatch} does not divide --batch={batch}; allowed: its divisors")
   try:
-    hf = lm_checkpoint.read_hf_config(checkpoint)
+    hf = hf_checkpoint.read_hf_config(checkpoint)
   except (OSError, ValueError) as e:
     raise ValueError(f"--checkpoint={checkpoint!r}: {e}") from e
   length = prompt + 1 + answer  # the prompt, the turn's header, the message
@@ -206,15 +207,6 @@ def decode_bytes(setup: Setup, weight_count: int) -> int:
 def step_positions(setup: Setup) -> dict[str, int]:
   """The canvas position each step row reads: the message's first token, the canvas's last."""
   return {"step_first": setup.prompt + 1, "step_last": setup.exp.layout.length - 1}
-
-
-def copy_bytes_per_s(mib: int = 512, reps: int = 5) -> float:
-  """Bytes read and written per second by a jitted elementwise pass over a float32 array of `mib`
-  MiB (far larger than any cache), the best of three timings: the memory bound of the decode row."""
-  x = jnp.ones(mib * 2 ** 18, jnp.float32)
-  # Donated, so each pass writes over its input: a fresh output would time the kernel's page faults.
-  step = jax.jit(lambda y: y * 1.0001, donate_argnums=0)
-  return 2 * mib * 2 ** 20 / throughput.best_seconds_per_call(step, x, reps)
 
 
 def median_seconds(call, repeats: int) -> float:
@@ -415,11 +407,11 @@ def table(rows: list[dict], header: dict) -> str:
 def measure(setup: Setup, rows: tuple[str, ...], random_weights: bool, microbatch: int, repeats: int,
             peer: str) -> tuple[list, dict]:
   """Each of `rows` (and the peer's), with the bounds measured before and after them."""
-  matmul_readings, copy_readings = [throughput.matmul_flops_per_s()], [copy_bytes_per_s()]
+  matmul_readings, copy_readings = [bounds.matmul_flops_per_s()], [bounds.copy_bytes_per_s()]
   ours, weight_count = marl_jax_rows(setup, rows, repeats)
   theirs = transformers_rows(setup, rows, random_weights, microbatch, repeats) if peer else None
-  matmul_readings.append(throughput.matmul_flops_per_s())
-  copy_readings.append(copy_bytes_per_s())
+  matmul_readings.append(bounds.matmul_flops_per_s())
+  copy_readings.append(bounds.copy_bytes_per_s())
   matmul, copy = float(np.mean(matmul_readings)), float(np.mean(copy_readings))
   flops = row_flops(setup)  # the compute-bound rows; the others are bound by the bytes they read
   work = flops | {"decode": decode_bytes(setup, weight_count)} | {
@@ -437,8 +429,8 @@ def measure(setup: Setup, rows: tuple[str, ...], random_weights: bool, microbatc
       row["ratio"] = row["tokens_per_s"] / row["peer_tokens_per_s"]
     table_rows.append(row)
   header = {"batch": setup.batch, "prompt": setup.prompt, "answer": setup.answer,
-            "dtype": jnp.dtype(setup.lm.dtype).name, "device": throughput.device_name(),
-            "huge_pages": throughput.huge_pages(), "matmul_flops_per_s": matmul,
+            "dtype": jnp.dtype(setup.lm.dtype).name, "device": bounds.device_name(),
+            "huge_pages": bounds.huge_pages(), "matmul_flops_per_s": matmul,
             "matmul_readings": matmul_readings, "copy_bytes_per_s": copy, "copy_readings": copy_readings,
             "params": weight_count, "microbatch": microbatch, "repeats": repeats, "peer": peer,
             "backend": jax.default_backend(), "cache_block": cache_block_width(setup)}
@@ -452,7 +444,7 @@ def cache_block_width(setup: Setup) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog="python -m marl_jax.lm.bench", description=__doc__.split("\n")[0])
+  p = argparse.ArgumentParser(prog="python -m marl_jax.tools.lm_bench", description=__doc__.split("\n")[0])
   source = p.add_mutually_exclusive_group(required=True)
   source.add_argument("--checkpoint", help="a local Qwen3/Llama checkpoint directory (config.json, "
                       "tokenizer.json and, without --random_weights, its weights)")
@@ -502,7 +494,7 @@ def main(argv=None) -> None:
   header["model"] = args.shapes or args.checkpoint
   print(table(rows, header), flush=True)
   if args.out:
-    workdir.write_atomically(args.out, json.dumps({"header": header, "rows": rows}, indent=1))
+    files.write_atomically(args.out, json.dumps({"header": header, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Word problems for checkpoint agents: question/answer pairs from local files, exact scoring of final
+"""Word-problem sets for checkpoint agents: question/answer pairs from local files, exact scoring of final
 answers (GSM8K conventions), and prompts encoded for a checkpoint's tokenizer.  (The word-problem task
 is `tasks.word_problems`; procedural tasks' evaluation sets in words are `datasets.eval_set_in_words`.)
 

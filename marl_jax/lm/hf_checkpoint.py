@@ -19,6 +19,7 @@ from flax import traverse_util
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
+from marl_jax import files
 from marl_jax.lm import model as lm_model
 
 CONFIG = "config.json"
@@ -35,16 +36,7 @@ def read_hf_config(directory: str) -> dict:
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{path} is missing: a checkpoint directory holds {CONFIG} and {WEIGHTS} "
                             f"(or {INDEX} and its shards)")
-  return read_json(path)
-
-
-def read_json(path: str) -> dict:
-  """A JSON file of a checkpoint; one that does not parse is a ValueError naming it."""
-  try:
-    with open(path) as f:
-      return json.load(f)
-  except json.JSONDecodeError as e:
-    raise ValueError(f"{path} is not valid JSON ({e})") from e
+  return files.read_json(path)
 
 
 @contextlib.contextmanager
@@ -98,23 +90,23 @@ def _weight_files(directory: str) -> dict[str, str]:
       return dict.fromkeys(f.keys(), single)
   if not os.path.isfile(index):
     raise FileNotFoundError(f"{directory} holds no weights: expected {WEIGHTS}, or {INDEX} and its shards")
-  index_json = read_json(index)
+  index_json = files.read_json(index)
   if "weight_map" not in index_json:
     raise ValueError(f"{index} has no weight_map (tensor name -> shard file)")
   weight_map = index_json["weight_map"]
-  files = {name: os.path.join(directory, shard) for name, shard in weight_map.items()}
-  for shard in sorted(set(files.values())):
+  file_of = {name: os.path.join(directory, shard) for name, shard in weight_map.items()}
+  for shard in sorted(set(file_of.values())):
     if not os.path.isfile(shard):
       raise FileNotFoundError(f"{shard} is missing: {index} lists it as a shard")
-  return files
+  return file_of
 
 
 def load(directory: str, *, max_len: int = 256, dtype=jnp.float32):
   """(LMConfig, params): one float32 parameter set (numpy arrays) whatever the stored dtype."""
   cfg = lm_model.LMConfig.from_hf_config(read_hf_config(directory), max_len=max_len, dtype=dtype)
-  files = _weight_files(directory)
+  file_of = _weight_files(directory)
   names = tensor_names(cfg)
-  missing = sorted(name for names_N, _ in names.values() for name in names_N if name not in files)
+  missing = sorted(name for names_N, _ in names.values() for name in names_N if name not in file_of)
   if missing:
     raise ValueError(f"{directory}: tensors {missing[:4]}{' ...' if len(missing) > 4 else ''} are missing "
                      f"({len(missing)} of {sum(len(n) for n, _ in names.values())} that model_type={cfg.model_type!r} with "
@@ -123,13 +115,13 @@ def load(directory: str, *, max_len: int = 256, dtype=jnp.float32):
   flat = {}
   with contextlib.ExitStack() as stack:
     opened = {}
-    for file in sorted(set(files.values())):
+    for file in sorted(set(file_of.values())):
       with _reading(file):
         opened[file] = stack.enter_context(safe_open(file, framework="np"))
     for path, (names_N, shape) in names.items():
       tensors_N = []
       for name in names_N:
-        file = files[name]
+        file = file_of[name]
         with _reading(file):
           tensor = opened[file].get_slice(name)
           found, dtype = tuple(tensor.get_shape()), tensor.get_dtype()

@@ -1,6 +1,6 @@
 r"""Credit-assignment benchmark: fidelity against exact contributions, and learning, for every estimator.
 
-  python -m marl_jax.benchmark --config=experiments/credit_benchmark.py:size=cpu --workdir=DIR
+  python -m marl_jax.tools.credit_benchmark --config=experiments/credit_benchmark.py:size=cpu --workdir=DIR
 
 Fidelity (`DIR/fidelity/GAME-rR.json`, one per game x number of roles): a policy warm-started on the
 `contribution` task plays a batch; every estimator credits the same episodes (stateful ones first
@@ -42,10 +42,10 @@ from absl import app, flags, logging
 from jax.sharding import PartitionSpec as P
 from ml_collections import config_flags
 
-from marl_jax import checkpoint, checks, cli, configs, credit, experiment, loop, metrics, parallel, report
+from marl_jax import checkpoint, checks, cli, configs, credit, experiment, files, loop, metrics, parallel
 from marl_jax import protocols, rollout, sampling, sft, state as state_lib, tasks, train
-from marl_jax import workdir as workdir_lib
 from marl_jax.credit import exact
+from marl_jax.tools import intervals, report, runs
 # Figures without pyplot: no GUI backend is chosen, so the benchmark runs headless and a notebook that
 # imports it keeps its inline plots.
 from matplotlib.figure import Figure
@@ -315,7 +315,7 @@ def run_fidelity_cell(config, num_roles: int, games: list[str], folder: str, est
             "adapt_batches": list(checkpoints(config.fidelity)),
             **{k: [c[k] for c in curve] for k in curve[0]},
             **{k: v_SxN.T.tolist() for k, v_SxN in metrics.items()}}
-    workdir_lib.write_atomically(fidelity_path(folder, game, num_roles), json.dumps(cell))
+    files.write_atomically(fidelity_path(folder, game, num_roles), json.dumps(cell))
 
 
 def fidelity_settings(config) -> dict:
@@ -360,7 +360,7 @@ def run_learning_cell(config, scenario: str, estimator: str, workdir: str, base:
   clock = time.perf_counter()
   loop.train_and_evaluate(c, workdir)
   seconds = wall_seconds(workdir, 0.0) + time.perf_counter() - clock
-  workdir_lib.write_atomically(wall_path(workdir), json.dumps({"seconds": seconds}))
+  files.write_atomically(wall_path(workdir), json.dumps({"seconds": seconds}))
 
 
 def wall_path(workdir: str) -> str:
@@ -397,34 +397,19 @@ def warm_start_base(config, scenario: str, base: str) -> None:
   loop.train_and_evaluate(c, base)
 
 
-def finished(workdir: str, total_steps: int) -> bool:
-  return os.path.isdir(workdir) and checkpoint.latest_step(workdir) == total_steps
-
-
-def steps_to_target(workdir: str, target: float) -> np.ndarray:
-  """Per seed, the first logged step at which the training batch's accuracy (sampled episodes, the
-  outcome the estimators are credited on) reaches `target` (inf if never).  Eval accuracy, every
-  `eval_every` steps, is too coarse: on CPU every learner crossed 50% at the first evaluation."""
-  rows = [r for r in metrics.read(workdir) if "accuracy" in r]
-  acc_NxS = np.stack([report.seed_values(r, "accuracy") for r in rows])
-  steps_N = np.array([r["step"] for r in rows], np.float64)
-  reached_NxS = acc_NxS >= target
-  return np.where(reached_NxS.any(0), steps_N[reached_NxS.argmax(0)], np.inf)
-
-
 def learning_curve(workdir: str, member: bool = False):
   """steps_N and per seed the eval accuracy acc_NxS: the team's, or (`member`) the average member's own
   (NaN where no member's is defined; None for a run whose members do not answer)."""
   rows = [r for r in metrics.read(workdir) if "eval_accuracy" in r]
   steps_N = np.array([r["step"] for r in rows])
   if not member:
-    return steps_N, np.stack([report.seed_values(r, "eval_accuracy") for r in rows])
+    return steps_N, np.stack([runs.seed_values(r, "eval_accuracy") for r in rows])
   keys = report.member_names(rows[-1])
   if not keys:
     return steps_N, None
   with warnings.catch_warnings():  # a seed where no member's accuracy is defined: NaN
     warnings.simplefilter("ignore", RuntimeWarning)
-    return steps_N, np.stack([np.nanmean([report.seed_values(r, f"eval_{k}") for k in keys], 0) for r in rows])
+    return steps_N, np.stack([np.nanmean([runs.seed_values(r, f"eval_{k}") for k in keys], 0) for r in rows])
 
 
 # The report.
@@ -432,7 +417,7 @@ def learning_curve(workdir: str, member: bool = False):
 def ci_cells(prefix: str, values) -> dict:
   values = np.asarray(values, np.float64)
   values = values[np.isfinite(values)]
-  mean, half = report.mean_ci(values) if len(values) else (math.nan, math.nan)
+  mean, half = intervals.mean_ci(values) if len(values) else (math.nan, math.nan)
   return {prefix: mean, f"{prefix}_ci": half}
 
 
@@ -493,10 +478,13 @@ def learning_rows(config, workdir: str) -> list[dict]:
     per_seed = {}  # estimator -> (final_S, steps_to_target_S, member_S or None)
     for name in names(config.estimators):
       run = os.path.join(workdir, "learning", scenario, name)
-      if not finished(run, config.learning.total_steps):
+      if not runs.finished(run, config.learning.total_steps):
         continue
       s = report.summarize(run)
-      to_target = steps_to_target(run, config.learning.target)
+      # The training batch's accuracy (sampled episodes, the outcome the estimators are credited on):
+      # eval accuracy, every `eval_every` steps, is too coarse (on CPU every learner crossed 50% at the
+      # first evaluation).
+      to_target = runs.steps_to(run, config.learning.target, metric="accuracy")
       row = {"scenario": scenario, "estimator": name, "seeds": s["seeds"],
              "reached_target": float(np.isfinite(to_target).mean()),
              **cost(experiment.build(learning_config(config, scenario, name))),
@@ -532,7 +520,7 @@ def reference_run(config, workdir: str, scenario: str) -> str | None:
   for reference in names(config.learning.reference):
     run = os.path.join(workdir, "learning", reference, "team")
     if (reference != scenario and config.runs[reference].task.name == task
-        and finished(run, config.learning.total_steps)):
+        and runs.finished(run, config.learning.total_steps)):
       return run
   return None
 
@@ -540,7 +528,7 @@ def reference_run(config, workdir: str, scenario: str) -> str | None:
 def welch_cells(prefix: str, a_S, b_S) -> dict:
   """mean(b) - mean(a) and the half-width of its Welch interval, over each side's defined seeds (a
   member's accuracy is NaN on a seed where it answered nothing)."""
-  diff, half, _ = report.welch_diff(*(report.defined(x) for x in (a_S, b_S)))
+  diff, half, _ = intervals.welch_diff(*(intervals.defined(x) for x in (a_S, b_S)))
   return {prefix: diff, f"{prefix}_ci": half}
 
 
@@ -656,7 +644,7 @@ def plot_learning(config, workdir: str, folder: str) -> None:
   task (`learning.reference`, trained with `team`) dashed in both."""
   for scenario in names(config.learning.scenarios):
     cells = {name: os.path.join(workdir, "learning", scenario, name) for name in names(config.estimators)}
-    cells = {name: run for name, run in cells.items() if finished(run, config.learning.total_steps)}
+    cells = {name: run for name, run in cells.items() if runs.finished(run, config.learning.total_steps)}
     if not cells:
       continue
     has_members = learning_curve(next(iter(cells.values())), member=True)[1] is not None
@@ -678,7 +666,7 @@ def plot_learning(config, workdir: str, folder: str) -> None:
 
 def band(ax, steps_N, acc_NxS, **style) -> None:
   """The mean over seeds of acc_NxS (fractions) in %, with its 95% band where there are several seeds."""
-  mean, half = (100 * np.array(x) for x in zip(*[report.mean_ci(report.defined(a)) for a in acc_NxS]))
+  mean, half = (100 * np.array(x) for x in zip(*[intervals.mean_ci(intervals.defined(a)) for a in acc_NxS]))
   line, = ax.plot(steps_N, mean, **style)
   if acc_NxS.shape[1] > 1:
     ax.fill_between(steps_N, mean - half, mean + half, alpha=0.15, color=line.get_color())
@@ -749,13 +737,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> str:
       bar.update()
     for scenario in scenarios:
       base = os.path.join(workdir, "learning", scenario, "base")
-      if not finished(base, 0):
+      if not runs.finished(base, 0):
         warm_start_base(config, scenario, base)
         _stop_unless_finished(base, 0)
       bar.update()
     for scenario, name in learn_cells:
       run_dir = os.path.join(workdir, "learning", scenario, name)
-      if not finished(run_dir, config.learning.total_steps):
+      if not runs.finished(run_dir, config.learning.total_steps):
         run_learning_cell(config, scenario, name, run_dir, os.path.join(workdir, "learning", scenario, "base"))
         _stop_unless_finished(run_dir, config.learning.total_steps)
       bar.update()
@@ -778,7 +766,7 @@ def _stop_unless_finished(workdir: str, total_steps: int) -> None:
   if latest is not None and latest > total_steps:
     raise SystemExit(f"{workdir} holds a checkpoint at step {latest}, past config.learning.total_steps="
                      f"{total_steps}: give that many steps, or a new --workdir")
-  if not finished(workdir, total_steps):
+  if not runs.finished(workdir, total_steps):
     raise SystemExit(f"stopped by a signal in {workdir}; run the same command again to resume")
 
 
