@@ -90,6 +90,7 @@ def _one_step(exp, start, keys_3xB):
                                     in_specs=(P(),), out_specs=P()))(start)
 
 
+@pytest.mark.slow  # three compiled training steps
 def test_the_judge_loss_trains_the_judges_alone_and_at_weight_0_changes_nothing():
   # One step of the same episodes: with judge_loss=brier at weight 0 the state is bit-identical to the
   # policy gradient alone (judge_loss=none); at weight 1 the judges' set moves and the solver's set

@@ -312,8 +312,8 @@ def _debate_rewarded_by_its_verifier(pay):
     # and without their policy gradient): labels reach the loss, none of them the checker's.
     lambda: _config("peer_review", "size=tiny,pay=audited_balanced,audit_rate=0,plant_rate=0.5,verdict=expected,"
                                    "judge_loss=brier"),
-    lambda: _config("peer_review", "size=tiny,pay=audited_balanced,audit_rate=0,plant_rate=0.5,judge_loss=log,"
-                                   "judge_pg=false"),
+    pytest.param(lambda: _config("peer_review", "size=tiny,pay=audited_balanced,audit_rate=0,plant_rate=0.5,"
+                                                "judge_loss=log,judge_pg=false"), marks=pytest.mark.slow),
 ], ids=["peer_review:team", "peer_review:peer_prediction", "debate:team", "planted+brier+expected",
         "planted+supervised"])
 def test_without_audits_the_checker_does_not_reach_the_update(config):
