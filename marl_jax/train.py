@@ -51,6 +51,11 @@ def score(exp: Experiment, problems, episodes: rollout.Episodes, step=None, para
   return scored, outcome
 
 
+def rows(B: int):
+  """rows_B: this device's rows' indices in the global batch."""
+  return jax.lax.axis_index(parallel.DATA) * B + jnp.arange(B)
+
+
 def update_batch(exp: Experiment, state: TrainState, episodes: rollout.Episodes, adv_xB,
                  turn_NxB=None, labels: rewards.Labels | None = None) -> update.Batch:
   """What the update reads: tokens, sampling and base-model log-probs, token advantages (with the
@@ -64,11 +69,10 @@ def update_batch(exp: Experiment, state: TrainState, episodes: rollout.Episodes,
   if rl.kl_coef > 0:
     ref_logp_BxT, _ = sampling.token_log_probs(exp.model, layout, state.ref_params, episodes.tokens_BxT,
                                                rl.temperature)
-  first_row = jax.lax.axis_index(parallel.DATA) * B
   adv_BxT = token_advantages(exp, adv_xB, episodes.sampled_BxT, turn_NxB)
   return update.Batch(tokens_BxT=episodes.tokens_BxT, old_logp_BxT=episodes.logp_BxT,
                       ref_logp_BxT=ref_logp_BxT, adv_BxT=adv_BxT,
-                      role_mask_BxRxT=role_mask_BxRxT, group_B=(first_row + jnp.arange(B)) // rl.group_size,
+                      role_mask_BxRxT=role_mask_BxRxT, group_B=rows(B) // rl.group_size,
                       judge_labelled_BxK=None if labels is None else labels.labelled_BxK,
                       judge_label_BxK=None if labels is None else labels.label_BxK)
 
@@ -142,11 +146,6 @@ def credit_from_reruns(exp: Experiment, credit_state, problems, outcome: credit.
   adv_xB, metrics = exp.credit.advantages(credit_state, outcome, counterfactuals)
   credit_state, update_metrics = exp.credit.update(credit_state, outcome)
   return adv_xB, credit_state, {**metrics, **update_metrics}
-
-
-def rows(B: int):
-  """rows_B: this device's rows' indices in the global batch."""
-  return jax.lax.axis_index(parallel.DATA) * B + jnp.arange(B)
 
 
 def plants(exp: Experiment, state: TrainState, B: int) -> rewards.Plants | None:
