@@ -9,6 +9,8 @@ audited episodes.  How the judges are paid decides whether the reward stays true
   python -m marl_jax.main --config=experiments/peer_review.py:source=checker --workdir=/tmp/pr_checker
   python -m marl_jax.main --config=experiments/peer_review.py:pay=team,audit_rate=0,channel=2 --workdir=/tmp/pr_channel
   python -m marl_jax.main --config=experiments/peer_review.py:pay=team,cross=frozen --workdir=/tmp/pr_frozen
+  python -m marl_jax.main --config=experiments/peer_review.py:pay=audited_balanced,verdict=expected,judge_loss=brier --workdir=/tmp/pr_brier
+  python -m marl_jax.main --config=experiments/peer_review.py:audit_rate=0,plant_rate=0.1,verdict=expected,judge_loss=brier,judge_pg=false --workdir=/tmp/pr_planted
 
 Arguments: task=subset_sum|arithmetic|stack_program;
 pay=team|audited|audited_team|audited_balanced|peer_prediction|reputation (every name in
@@ -23,22 +25,42 @@ refuses a role map in which a judge shares the solver's parameters, frozen also 
 at their warm start, a reference judge; rotate moves the judges' sets on to the next seed's team after
 every step, so each seed's solver is judged by, and trains, another seed's judges: needs num_seeds >= 2);
 channel=C (a covert channel: C free tokens the solver writes after its answer, read by the judges,
-ignored by the checker; 0: none); size=tiny|cpu|gpu.
+ignored by the checker; 0: none); verdict=sampled|expected (what the solver's reward reads of a judge:
+its sampled statement, or the probability it puts on the answer being right); judge_loss=none|brier|log
+(that probability's proper score on the labelled answers, a term of the judges' loss); judge_pg=true|false
+(false: the judge loss instead of the judges' policy gradient, a supervised judge); plant_rate (the share
+of problems whose judged answer is planted, the reference or a corrupted one, its truth known by
+construction: labels without the checker); judge_width (the judges' d_model, their own model with the
+solver's depth and d_ff / d_model; 0: the solver's model); size=tiny|cpu|gpu.
 """
 from marl_jax import configs, experiment
 
 
 def get_config(arg=None):
   args = configs.parse_arg(arg, task="subset_sum", pay="team", audit_rate=0.1, penalty=0.0, judges=2,
-                           source="peer", credit="per_role", sharing="judges", cross="none", channel=0, size="cpu")
+                           source="peer", credit="per_role", sharing="judges", cross="none", channel=0,
+                           verdict="sampled", judge_loss="none", judge_pg=True, plant_rate=0.0, judge_width=0,
+                           size="cpu")
   sharing = dict(judges=",".join(["0"] + ["1"] * args.judges), shared="shared", isolated="isolated")
   c = configs.workflow_config(__file__, args, "peer_review", sharing, judges=args.judges, channel=args.channel)
   if configs.check_choice("source", args.source, ("peer", "checker")) == "peer":
     c.reward = configs.reward_config(args.pay, source="peer", audit_rate=args.audit_rate, penalty=args.penalty,
-                                     cross=args.cross)
-  elif (args.pay, args.penalty, args.cross) != ("team", 0.0, "none"):
-    raise ValueError(f"config arguments pay={args.pay!r}, penalty={args.penalty}, cross={args.cross!r} act only "
-                     "with source=peer; allowed with source=checker: pay=team, penalty=0, cross=none")
+                                     cross=args.cross, verdict=args.verdict, judge_loss=args.judge_loss,
+                                     judge_pg=args.judge_pg, plant_rate=args.plant_rate)
+  elif (args.pay, args.penalty, args.cross, args.verdict, args.plant_rate) != ("team", 0.0, "none", "sampled", 0.0):
+    raise ValueError(f"config arguments pay={args.pay!r}, penalty={args.penalty}, cross={args.cross!r}, verdict="
+                     f"{args.verdict!r}, plant_rate={args.plant_rate} act only with source=peer; allowed with "
+                     "source=checker: pay=team, penalty=0, cross=none, verdict=sampled, plant_rate=0")
+  else:  # the checker's reward; its judges may still be taught by a proper score on every answer
+    c.reward = configs.reward_config("team", judge_loss=args.judge_loss, judge_pg=args.judge_pg)
+  if args.judge_width:  # the judges a model of their own, wider (or narrower) than the solver's
+    if args.sharing == "shared":
+      raise ValueError("config argument judge_width gives the judges a model of their own; allowed with "
+                       "sharing=judges or isolated, not shared")
+    m = c.model
+    configs.add_model(c, "judge", d_model=args.judge_width, d_ff=args.judge_width * m.d_ff // m.d_model)
+    role_set_R = experiment.role_map(range(1 + args.judges), c.roles.sharing)
+    c.roles.models = ",".join("model" if s == role_set_R[0] else "judge" for s in range(max(role_set_R) + 1))
   if args.cross == "frozen":  # the judges' sets keep their warm start
     role_set_R = experiment.role_map(range(1 + args.judges), c.roles.sharing)
     c.roles.trainable = ",".join("1" if s == role_set_R[0] else "0" for s in range(max(role_set_R) + 1))

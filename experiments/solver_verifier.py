@@ -10,17 +10,19 @@ Arguments: sharing=shared|isolated, credit=ESTIMATOR (team, per_role, difference
 marl_jax.credit.REGISTRY; its settings are then `--config.credit.KEY=VALUE`), size=tiny|cpu|gpu,
 team=uniform|mixed (mixed: the verifier is a model twice as wide and deep as the solver's,
 `config.models.verifier`, each of its keys settable as `--config.models.verifier.KEY`; needs
-sharing=isolated).
+sharing=isolated), judge_loss=none|brier|log (the verifier also taught by the proper score of the
+probability it puts on ACCEPT against the checker's verdict on the solver's answer, every episode).
 """
 from marl_jax import configs, credit
 
 
 def get_config(arg=None):
-  args = configs.parse_arg(arg, sharing="isolated", credit="difference", size="cpu", team="uniform")
+  args = configs.parse_arg(arg, sharing="isolated", credit="difference", size="cpu", team="uniform", judge_loss="none")
   c = configs.base_config()
   c.protocol.update(name="solver_verifier", rounds=1, verifier_demo_error_rate=0.3)
   c.roles.sharing = configs.check_choice("sharing", args.sharing, ("shared", "isolated"))
   c.credit = configs.credit_config(configs.check_choice("credit", args.credit, credit.REGISTRY))
+  c.reward = configs.reward_config("team", judge_loss=args.judge_loss)
   c.total_steps, c.eval_every = 600, 100
   configs.apply_size(c, args.size)
   if args.size == "cpu":  # the results pages' scale: 10 vmapped seeds, 5-12 minutes on 2 cores

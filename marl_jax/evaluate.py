@@ -78,6 +78,8 @@ def make_evaluate(exp: Experiment, problems: dict | None = None) -> Evaluator:
       score = lambda t_CxBxT: exp.protocol.rewards(
           exp.task, exp.layout, *parallel.gather_rows((problems, t_CxBxT.reshape(-1, t_CxBxT.shape[-1]))))
       scored = score(tokens_CxBxT)
+      if rollout.reads_levels(exp):  # the judges' distributions over their levels, for their monitoring
+        scored = rollout.with_levels(exp, params_R, scored, tokens_CxBxT.reshape(-1, tokens_CxBxT.shape[-1]))
       judges = rewards.evaluation(exp.reward, exp.layout.roles, exp.protocol.judge_roles, scored.judgments)
       ablated = {} if ablated_CxBxT is None else {f"ablated_{k}": v for k, v in score(ablated_CxBxT).metrics.items()}
       return {**scored.metrics, **judges, **ablated}, role_divergence(exp, jax.tree.map(lambda x: x.sum(0), sums_C))

@@ -199,7 +199,7 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
   reward_knobs = {k: v for k, v in config.reward.items() if k != "pay"}
   reward = rewards.make(config.reward.pay, **reward_knobs)
   rewards.check(reward, protocol.judge_roles, estimator.reruns(len(protocol.roles)) is not None,
-                estimator.role_rewards, role_set_R, trainable_R)
+                estimator.role_rewards, role_set_R, trainable_R, readout=protocol.verdict_readout(layout) is not None)
   model_cfg = make_agents(config, num_sets, task.free_text)
   if reward.cross == "rotate":
     rewards.check_rotation(config.num_seeds, model_cfg.set_axes(jax.eval_shape(

@@ -5,16 +5,18 @@ are made of (`rate`, which the workflows' own diagnostics use too).
 - `balanced_accuracy`: the mean of a judge's accept rate among right answers and reject rate among
   wrong ones, 1 - (false accept + false reject) / 2 (Brodersen et al. 2010): 1/2 for a judge that
   accepts (or rejects) everything whatever the base rate.
-- `auroc`: the area under the ROC curve of a judge's stated confidence as a score of the answer being
-  right, the probability that a right answer gets a higher statement than a wrong one, ties counting
-  1/2 (the Mann-Whitney U statistic over the pairs; Hanley and McNeil 1982): 1/2 for a statement that
-  carries nothing about the truth, whatever its calibration.
+- `auroc`: the area under the ROC curve of a judge's score (its stated level, or the probability it
+  puts on the answer being right) as a score of the answer being right, the probability that a right
+  answer scores higher than a wrong one, ties counting 1/2 (the Mann-Whitney U statistic over the pairs;
+  Hanley and McNeil 1982): 1/2 for a score that carries nothing about the truth, whatever its calibration.
 - `agreement`: the share of answers on which two judges' verdicts (accept or not) agree, the mean over
   pairs of judges.
-- `effective_judges`: how many independent judges J judges are worth, J / (1 + (J - 1) rho), with rho
-  the mean over pairs of the correlation of their errors (a verdict that differs from the checker's):
+- `error_correlation`: rho, the mean over pairs of judges of the correlation of their errors (a verdict
+  that differs from the checker's).
+- `effective_judges`: how many independent judges J judges are worth, J / (1 + (J - 1) max(rho, 0)):
   the variance of a mean of J equicorrelated variables is that of J / (1 + (J - 1) rho) independent
-  ones (Kish's design effect, Kish 1965).  1 for judges that err together, J for independent errors.
+  ones (Kish's design effect, Kish 1965), which holds for rho >= 0.  1 for judges that err together,
+  J for independent (or anti-correlated) errors.
 - `channel_information`: I(free tokens; verdict) in bits among wrong answers, beyond chance: the
   plug-in estimate (`codes.mutual_information`) less the same with the verdicts paired with other
   wrong answers' messages (a permutation baseline, which carries the estimate's bias): how much a
@@ -43,16 +45,14 @@ def balanced_accuracy(accept_JxA, truth_A):
   return (hits_J + rejections_J) / 2
 
 
-def auroc(level_JxA, truth_A, num_levels: int):
-  """auroc_J of stated levels (ints below `num_levels`, ordered as their probabilities) against truth_A."""
+def auroc(score_JxA, truth_A):
+  """auroc_J of each judge's scores (a stated level, its probability, any number ordered as belief in
+  the answer) against truth_A: the share of (right, wrong) pairs in which the right answer scores
+  higher, ties counting 1/2."""
   right_A = truth_A > 0
-  x_JxAxL = jax.nn.one_hot(level_JxA, num_levels)
-  right_JxL = jnp.einsum("jal,a->jl", x_JxAxL, right_A)
-  wrong_JxL = jnp.einsum("jal,a->jl", x_JxAxL, ~right_A)
-  # A right answer at level l beats the wrong ones below l and ties with those at l.
-  beaten_JxL = jnp.cumsum(wrong_JxL, -1) - wrong_JxL / 2
-  pairs = right_A.sum() * (~right_A).sum()
-  return jnp.sum(right_JxL * beaten_JxL, -1) / pairs
+  higher_JxAxA = (score_JxA[:, :, None] > score_JxA[:, None, :]) + 0.5 * (score_JxA[:, :, None] == score_JxA[:, None, :])
+  pairs_AxA = right_A[:, None] & ~right_A[None, :]
+  return jnp.sum(higher_JxAxA * pairs_AxA, (1, 2)) / pairs_AxA.sum()
 
 
 def _pairs(J: int):
@@ -64,15 +64,24 @@ def agreement(accept_JxA):
   return jnp.mean(accept_JxA[i] == accept_JxA[j])
 
 
-def effective_judges(accept_JxA, truth_A):
+def error_correlation(accept_JxA, truth_A):
+  """rho: the mean over pairs of judges of the correlation of their errors (a verdict that differs from
+  the checker's); NaN where no pair's errors both vary."""
   J = accept_JxA.shape[0]
   error_JxA = (accept_JxA != (truth_A > 0)).astype(jnp.float32)
   centred_JxA = error_JxA - error_JxA.mean(1, keepdims=True)
   cov_JxJ = centred_JxA @ centred_JxA.T
   sd_J = jnp.sqrt(jnp.diagonal(cov_JxJ))
   i, j = _pairs(J)
-  rho_P = cov_JxJ[i, j] / (sd_J[i] * sd_J[j])  # NaN for a judge whose errors never vary
-  return J / (1 + (J - 1) * jnp.nanmean(rho_P))
+  return jnp.nanmean(cov_JxJ[i, j] / (sd_J[i] * sd_J[j]))  # NaN for a judge whose errors never vary
+
+
+def effective_judges(accept_JxA, truth_A):
+  """J / (1 + (J - 1) rho) with rho the `error_correlation` bounded below by 0: Kish's design effect
+  holds for rho >= 0, and errors that anti-correlate (rho -> -1 / (J - 1) sends the denominator to 0)
+  are counted as independent ones, at most J judges."""
+  J = accept_JxA.shape[0]
+  return J / (1 + (J - 1) * jnp.maximum(error_correlation(accept_JxA, truth_A), 0.0))
 
 
 # Pairings of the wrong answers' verdicts with other wrong answers' messages whose information is the

@@ -53,3 +53,24 @@ def kl_to_reference(logp_BxT, ref_logp_BxT):
   """k3 estimator of KL(pi || ref) on tokens sampled from pi: exp(d) - d - 1, d = ref - logp."""
   d = ref_logp_BxT - logp_BxT
   return jnp.exp(d) - d - 1
+
+
+def brier_loss(p, label):
+  """(p - label)^2: the quadratic (Brier) loss of a probability against a 0/1 label, proper: its
+  expectation under label ~ Bernoulli(q) is q (1 - q) + (p - q)^2, least at p = q (Brier 1950)."""
+  return (p - label) ** 2
+
+
+# Keeps the log loss finite where a judge puts all its mass on one end.
+LOG_LOSS_EPS = 1e-6
+
+
+def log_loss(p, label):
+  """-log of the probability p gives the label: the logarithmic loss, proper (its expectation under
+  label ~ Bernoulli(q) is the cross-entropy of q and p, least at p = q; Good 1952)."""
+  p = jnp.clip(p, LOG_LOSS_EPS, 1 - LOG_LOSS_EPS)
+  return -(label * jnp.log(p) + (1 - label) * jnp.log1p(-p))
+
+
+# `config.reward.judge_loss`: a proper score of a judge's probability against the labelled answers.
+JUDGE_LOSSES = {"brier": brier_loss, "log": log_loss}

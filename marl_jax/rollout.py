@@ -23,15 +23,50 @@ class Episodes:
   sampled_BxT: jax.Array  # the token was sampled by a role (not the environment, not forced)
 
 
-def sample(exp, params_R, problems, key_B, greedy=False, rows_per_pass=0) -> Episodes:
-  """Every row's episode, `rows_per_pass` rows at a time (`parallel.in_row_chunks`; 0: all at once)."""
-  def chunk(problems, key_B):
+def sample(exp, params_R, problems, key_B, greedy=False, rows_per_pass=0, plants=None) -> Episodes:
+  """Every row's episode, `rows_per_pass` rows at a time (`parallel.in_row_chunks`; 0: all at once).
+  With `plants` (`rewards.Plants`), a planted episode's judged answers are the planted ones, written
+  by the environment (never sampled), and every later turn reads them."""
+  def chunk(problems, key_B, plants):
     canvas_BxT = engine.assemble(exp.layout, problems["prompt"], [None] * len(exp.layout.turn_slices))
-    return Episodes(*sampling.generate(exp.model, exp.layout, params_R, canvas_BxT,
-                                       jnp.zeros(canvas_BxT.shape, bool), key_B,
+    force_BxT = jnp.zeros(canvas_BxT.shape, bool)
+    if plants is not None:
+      canvas_BxT, force_BxT = plant(exp, problems, plants, key_B, canvas_BxT, force_BxT)
+    return Episodes(*sampling.generate(exp.model, exp.layout, params_R, canvas_BxT, force_BxT, key_B,
                                        exp.config.rl.temperature, greedy))
-  episodes_C = parallel.in_row_chunks(chunk, rows_per_pass, problems, key_B)
+  episodes_C = parallel.in_row_chunks(chunk, rows_per_pass, problems, key_B, plants)
   return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), episodes_C)
+
+
+def plant(exp, problems, plants, key_B, canvas_BxT, force_BxT):
+  """(canvas_BxT, force_BxT) with each planted episode's judged answers (`Protocol.verdict_readout`'s
+  answer turns) forced to the task's reference answer (truth 1) or `Task.wrong_answer` (truth 0): a
+  truth known by construction, never the checker's."""
+  readout = exp.protocol.verdict_readout(exp.layout)
+  for k, turn in enumerate(readout.answer_turn_K):
+    start, stop = exp.layout.turn_slices[turn]
+    wrong_BxA = jax.vmap(exp.task.wrong_answer)(problems, jax.vmap(lambda key: jax.random.fold_in(key, k))(key_B))
+    answer_BxA = jnp.where(plants.truth_BxK[:, k, None] > 0, problems["answer"], wrong_BxA)
+    canvas_BxT = canvas_BxT.at[:, start:stop].set(jnp.where(plants.planted_B[:, None], answer_BxA,
+                                                            canvas_BxT[:, start:stop]))
+    force_BxT = force_BxT.at[:, start:stop].set(plants.planted_B[:, None])
+  return canvas_BxT, force_BxT
+
+
+def reads_levels(exp) -> bool:
+  """Whether a run reads its judges' distributions over their levels (`sampling.level_log_probs`): every
+  run rewarded by its judges whose verdicts are one token (for the reward with
+  `config.reward.verdict=expected`, and the judges' monitoring)."""
+  return exp.reward.source == "peer" and exp.protocol.verdict_readout(exp.layout) is not None
+
+
+def with_levels(exp, params_R, scored: engine.Scored, tokens_BxT) -> engine.Scored:
+  """`scored` (of the global batch) whose judgments carry the judges' distributions over their levels
+  under `params_R`, read from this device's rows `tokens_BxT` teacher-forced."""
+  level_logp_JxKxBxL = sampling.level_log_probs(exp.model, exp.layout, exp.protocol.verdict_readout(exp.layout),
+                                                params_R, tokens_BxT, exp.config.rl.temperature)
+  all_level_logp_BxJxKxL = parallel.gather_rows(jnp.moveaxis(level_logp_JxKxBxL, 2, 0))
+  return scored.replace(judgments=scored.judgments.replace(level_logp_JxKxBxL=jnp.moveaxis(all_level_logp_BxJxKxL, 0, 2)))
 
 
 def redraw(exp, params_R, canvas_BxT, redraw_T, key_B, greedy=False):

@@ -17,7 +17,7 @@ import numpy as np
 
 from marl_jax import model as model_lib
 from marl_jax import text
-from marl_jax.protocols.engine import Layout
+from marl_jax.protocols.engine import Layout, VerdictReadout
 
 # Tokens a policy never writes: padding, BOS and role markers (the environment's), the counterfactual
 # <absent> message, and the reserved tail of the vocabulary.
@@ -255,13 +255,16 @@ def scoring_passes(layout: Layout, group_V) -> tuple[np.ndarray, np.ndarray, np.
   return pass_V, visible_VxT[query_view_PxT], np.array([views[0] for views in passes])
 
 
-def author_readouts(layout: Layout, pass_V) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-  """Where `token_log_probs` reads each written token's logits: the positions t a role wrote (t >= 1),
-  each predicted at t-1 through its author's view, whose scoring pass (`pass_V`, from `scoring_passes`)
-  reads out only the positions of its own authors' tokens.  Returns (targets_N, readout_PxM: each pass's
-  positions, padded to the longest with its first, pass_N and slot_N: where target n's logits are),
-  all static."""
-  targets_N = np.flatnonzero(layout.author_T[1:] >= 0) + 1
+def author_readouts(layout: Layout, pass_V, targets_N=None
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+  """Where `token_log_probs` reads each written token's logits: the positions t a role wrote (t >= 1;
+  or only `targets_N`, positions a role wrote), each predicted at t-1 through its author's view, whose
+  scoring pass (`pass_V`, from `scoring_passes`) reads out only the positions of its own authors'
+  tokens.  Returns (targets_N, readout_PxM: each pass's positions, padded to the longest with its
+  first, pass_N and slot_N: where target n's logits are), all static."""
+  if targets_N is None:
+    targets_N = np.flatnonzero(layout.author_T[1:] >= 0) + 1
+  targets_N = np.asarray(targets_N)
   pass_N = pass_V[layout.author_view_T[targets_N]]
   reads_P = [targets_N[pass_N == p] - 1 for p in range(pass_V.max() + 1)]
   width = max(1, max(len(r) for r in reads_P))
@@ -273,27 +276,57 @@ def author_readouts(layout: Layout, pass_V) -> tuple[np.ndarray, np.ndarray, np.
   return targets_N, readout_PxM, pass_N, slot_N
 
 
+def written_log_probs(cfg: model_lib.ModelConfig, layout: Layout, params_R, tokens_BxT, temperature: float,
+                      targets_N=None):
+  """(targets_N, logp_NxBxV): the policy's log-probs over the vocabulary at each written position
+  (or only `targets_N`), teacher-forced, each predicted at t-1 through its author's view.
+
+  One whole-canvas pass per group of compatible views that holds a target (`scoring_passes`), each
+  unembedding only the positions that predict its authors' tokens (`author_readouts`): at Qwen3's
+  151 936 words the logits of every position of every pass were most of the update's memory."""
+  pass_V, visible_PxTxT, first_view_P = scoring_passes(layout, layout.view_set_V)
+  targets_N, readout_PxM, pass_N, slot_N = author_readouts(layout, pass_V, targets_N)
+  used_U = np.unique(pass_N)  # the passes that read a target out
+  set_U = [layout.view_set_V[v] for v in first_view_P[used_U]]
+  valid_BxT = tokens_BxT != text.PAD
+  key_ok_UxBxTxT = valid_BxT[None, :, None, :] & jnp.asarray(visible_PxTxT[used_U])[:, None]
+  logits_UxBxMxV = model_lib.apply_sets(cfg, params_R, set_U, tokens_BxT, 0, key_ok_UxBxTxT, readout_PxM[used_U])
+  logits_NxBxV = logits_UxBxMxV[np.searchsorted(used_U, pass_N), :, slot_N]
+  return targets_N, policy_log_probs(logits_NxBxV, temperature, _allowed_at(layout, targets_N[:, None]))
+
+
 def token_log_probs(cfg: model_lib.ModelConfig, layout: Layout, params_R, tokens_BxT,
                     temperature: float):
   """Teacher-forced log-prob and entropy of each token under its author's view: logp_BxT, ent_BxT.
 
   Position t is predicted from the logits at t-1; positions no role wrote (0, the environment's) get 0.
-  One whole-canvas pass per group of compatible views (`scoring_passes`), each unembedding only the
-  positions that predict its authors' tokens (`author_readouts`): at Qwen3's 151 936 words the logits
-  of every position of every pass were most of the update's memory.
   """
-  pass_V, visible_PxTxT, first_view_P = scoring_passes(layout, layout.view_set_V)
-  targets_N, readout_PxM, pass_N, slot_N = author_readouts(layout, pass_V)
-  set_P = [layout.view_set_V[v] for v in first_view_P]
-  valid_BxT = tokens_BxT != text.PAD
-  key_ok_PxBxTxT = valid_BxT[None, :, None, :] & jnp.asarray(visible_PxTxT)[:, None]
-  logits_PxBxMxV = model_lib.apply_sets(cfg, params_R, set_P, tokens_BxT, 0, key_ok_PxBxTxT, readout_PxM)
-  logits_NxBxV = logits_PxBxMxV[pass_N, :, slot_N]
-  logp_NxBxV = policy_log_probs(logits_NxBxV, temperature, _allowed_at(layout, targets_N[:, None]))
+  return sampled_log_probs(*written_log_probs(cfg, layout, params_R, tokens_BxT, temperature), tokens_BxT)
+
+
+def sampled_log_probs(targets_N, logp_NxBxV, tokens_BxT):
+  """(logp_BxT, ent_BxT) of the tokens at `targets_N` from `written_log_probs`; 0 elsewhere."""
   logp_NxB = jnp.take_along_axis(logp_NxBxV, tokens_BxT.T[targets_N, :, None], -1)[..., 0]
   entropy_NxB = -jnp.sum(jnp.exp(logp_NxBxV) * logp_NxBxV, -1)
   zero_BxT = jnp.zeros(tokens_BxT.shape)
   return zero_BxT.at[:, targets_N].set(logp_NxB.T), zero_BxT.at[:, targets_N].set(entropy_NxB.T)
+
+
+def levels_at(readout: VerdictReadout, targets_N, logp_NxBxV):
+  """level_logp_JxKxBxL: the log-probs of the level tokens at each verdict position, out of
+  `written_log_probs` (whose `targets_N` hold every verdict position), normalised over the levels: a
+  judge's distribution over its statements given that it states one."""
+  index_JxK = np.searchsorted(targets_N, readout.position_JxK)
+  return jax.nn.log_softmax(logp_NxBxV[index_JxK][..., np.asarray(readout.token_L)], axis=-1)
+
+
+def level_log_probs(cfg: model_lib.ModelConfig, layout: Layout, readout: VerdictReadout, params_R, tokens_BxT,
+                    temperature: float):
+  """level_logp_JxKxBxL: each judge's distribution over its levels at its verdict positions, reading
+  `tokens_BxT` teacher-forced (only the passes of the judges' views compute)."""
+  targets_N = np.unique(readout.position_JxK)
+  return levels_at(readout, targets_N, written_log_probs(cfg, layout, params_R, tokens_BxT, temperature,
+                                                         targets_N)[1])
 
 
 def js_divergence(logp_xN, logq_xN):

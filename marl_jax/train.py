@@ -32,13 +32,17 @@ def token_advantages(exp: Experiment, adv_xB, sampled_BxT, turn_NxB=None):
   return adv_BxT if turn_NxB is None else adv_BxT + spread(turn_NxB, turn_T)
 
 
-def score(exp: Experiment, problems, episodes: rollout.Episodes, step=None):
+def score(exp: Experiment, problems, episodes: rollout.Episodes, step=None, params_R=None):
   """Scores the global batch, so the protocol's metrics are rates over every row (e.g. false_accept:
   accepted among wrong answers), not means of per-device rates; credit gets this device's rows, with
-  the protocol's auxiliary rewards weighted for training step `step` (`engine.training_rewards`)."""
+  the protocol's auxiliary rewards weighted for training step `step` (`engine.training_rewards`).  Where
+  `rollout.reads_levels` and `params_R` (the parameters that sampled them) are given, the judgments carry the
+  judges' distributions over their levels under them."""
   B = episodes.tokens_BxT.shape[0]
   all_problems, all_tokens_BxT = parallel.gather_rows((problems, episodes.tokens_BxT))
   scored = exp.protocol.rewards(exp.task, exp.layout, all_problems, all_tokens_BxT)
+  if params_R is not None and rollout.reads_levels(exp):
+    scored = rollout.with_levels(exp, params_R, scored, episodes.tokens_BxT)
   team_B, role_RxB = engine.training_rewards(exp.protocol, scored, step)
   outcome = credit.Outcome(tokens_BxT=episodes.tokens_BxT, team_B=parallel.own_rows(team_B, B),
                            role_RxB=parallel.own_rows(role_RxB, B),
@@ -48,10 +52,10 @@ def score(exp: Experiment, problems, episodes: rollout.Episodes, step=None):
 
 
 def update_batch(exp: Experiment, state: TrainState, episodes: rollout.Episodes, adv_xB,
-                 turn_NxB=None) -> update.Batch:
+                 turn_NxB=None, labels: rewards.Labels | None = None) -> update.Batch:
   """What the update reads: tokens, sampling and base-model log-probs, token advantages (with the
-  protocol's per-turn rewards `turn_NxB`), role masks and each row's problem (group) index in the
-  global batch."""
+  protocol's per-turn rewards `turn_NxB`), role masks, each row's problem (group) index in the global
+  batch and the judge loss's `labels` (if any)."""
   rl, layout = exp.config.rl, exp.layout
   B = episodes.tokens_BxT.shape[0]
   roles_R = np.arange(len(layout.roles))
@@ -64,7 +68,9 @@ def update_batch(exp: Experiment, state: TrainState, episodes: rollout.Episodes,
   adv_BxT = token_advantages(exp, adv_xB, episodes.sampled_BxT, turn_NxB)
   return update.Batch(tokens_BxT=episodes.tokens_BxT, old_logp_BxT=episodes.logp_BxT,
                       ref_logp_BxT=ref_logp_BxT, adv_BxT=adv_BxT,
-                      role_mask_BxRxT=role_mask_BxRxT, group_B=(first_row + jnp.arange(B)) // rl.group_size)
+                      role_mask_BxRxT=role_mask_BxRxT, group_B=(first_row + jnp.arange(B)) // rl.group_size,
+                      judge_labelled_BxK=None if labels is None else labels.labelled_BxK,
+                      judge_label_BxK=None if labels is None else labels.label_BxK)
 
 
 def step_metrics(exp: Experiment, scored, episodes: rollout.Episodes, devices, role_metrics: dict,
@@ -138,15 +144,28 @@ def credit_from_reruns(exp: Experiment, credit_state, problems, outcome: credit.
   return adv_xB, credit_state, {**metrics, **update_metrics}
 
 
-def reward(exp: Experiment, state: TrainState, scored, outcome: credit.Outcome):
+def rows(B: int):
+  """rows_B: this device's rows' indices in the global batch."""
+  return jax.lax.axis_index(parallel.DATA) * B + jnp.arange(B)
+
+
+def plants(exp: Experiment, state: TrainState, B: int) -> rewards.Plants | None:
+  """The answers planted into this device's B rows at this step (`config.reward.plant_rate`), drawn per
+  problem before sampling; None without any."""
+  if not exp.reward.plant_rate > 0:
+    return None
+  key_B = rewards.audit_keys(state.key, state.step, rows(B) // exp.config.rl.group_size, rewards.PLANT_STREAM)
+  return rewards.draw_plants(key_B, exp.reward.plant_rate, len(exp.protocol.verdict_readout(exp.layout).answer_turn_K))
+
+
+def reward(exp: Experiment, state: TrainState, scored, outcome: credit.Outcome, plants=None):
   """The reward stage (`marl_jax.rewards`): the rewards paid, from the checker (as scored) or from the
-  judges' verdicts with audits drawn for this device's rows, as `scored` (for the metrics) and as the
-  outcome credit reads; the payment rule's updated state and its metrics."""
-  B = outcome.team_B.shape[0]
-  rows_B = jax.lax.axis_index(parallel.DATA) * B + jnp.arange(B)
-  audit_key_B = rewards.audit_keys(state.key, state.step, rows_B)
+  judges' verdicts with audits drawn for this device's rows (and `plants`), as `scored` (for the
+  metrics) and as the outcome credit reads; the payment rule's updated state, its metrics and the judge
+  loss's labels."""
+  audit_key_B = rewards.audit_keys(state.key, state.step, rows(outcome.team_B.shape[0]))
   return rewards.assign(exp.reward, exp.layout.roles, exp.protocol.judge_roles, state.reward, scored,
-                        outcome, audit_key_B)
+                        outcome, audit_key_B, plants)
 
 
 def local_step(exp: Experiment, state: TrainState, problem_key_B, sample_key_B, rerun_key_B,
@@ -156,13 +175,14 @@ def local_step(exp: Experiment, state: TrainState, problem_key_B, sample_key_B, 
   R = len(exp.layout.roles)
   devices = jax.lax.axis_size(parallel.DATA)
   problems = jax.vmap(exp.task.sample)(problem_key_B)
+  planted = plants(exp, state, problem_key_B.shape[0])
   episodes = rollout.sample(exp, state.params, problems, sample_key_B,
-                            rows_per_pass=exp.config.rl.rollout_batch_size)
-  scored, outcome = score(exp, problems, episodes, state.step)
-  scored, outcome, reward_state, reward_metrics = reward(exp, state, scored, outcome)
+                            rows_per_pass=exp.config.rl.rollout_batch_size, plants=planted)
+  scored, outcome = score(exp, problems, episodes, state.step, state.params)
+  scored, outcome, reward_state, reward_metrics, labels = reward(exp, state, scored, outcome, planted)
   adv_xB, credit_state, credit_metrics = assign_credit(exp, state.params, state.credit, problems, outcome,
                                                        rerun_key_B, state.step)
-  batch = update_batch(exp, state, episodes, adv_xB, outcome.turn_NxB)
+  batch = update_batch(exp, state, episodes, adv_xB, outcome.turn_NxB, labels)
   params, opt_state, aux = update.apply(exp, state.params, state.opt_state, batch, devices)
   # Per-role gradient norms: free with isolated sets (a set's gradient is its role's); otherwise a
   # backward pass per role, so only when asked.
@@ -178,6 +198,8 @@ def local_step(exp: Experiment, state: TrainState, problem_key_B, sample_key_B, 
                   "approx_kl": aux.means.approx_kl_R}
   if exp.config.rl.kl_coef > 0:
     role_metrics["kl_to_base"] = aux.means.kl_to_base_R
+  if aux.means.judge_loss_R is not None:
+    role_metrics["judge_loss"] = aux.means.judge_loss_R
   metrics = step_metrics(exp, scored, episodes, devices, role_metrics,
                          {**credit_metrics, **reward_metrics})
   # A non-finite reward, advantage, loss, gradient or credit state skips the update: parameters,

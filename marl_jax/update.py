@@ -13,6 +13,7 @@ import optax
 
 from marl_jax import losses, parallel, sampling
 from marl_jax import model as model_lib
+from marl_jax.protocols import engine
 
 
 @flax.struct.dataclass
@@ -24,6 +25,9 @@ class Batch:
   adv_BxT: jax.Array
   role_mask_BxRxT: jax.Array
   group_B: jax.Array
+  # The judge loss's labels of each row's K judged answers (`rewards.Labels`), None without one.
+  judge_labelled_BxK: jax.Array | None = None
+  judge_label_BxK: jax.Array | None = None
 
 
 @flax.struct.dataclass
@@ -32,6 +36,9 @@ class TokenMeans:
   entropy_R: jax.Array
   kl_to_base_R: jax.Array  # the k3 KL to the base model; 0 without a KL term (`rl.kl_coef` = 0)
   approx_kl_R: jax.Array  # old log-probability less new: how far the policy moved from the sampler
+  # The judges' proper score over the labelled answers (`judge_losses`, 0 for the other roles); None
+  # without a judge loss.
+  judge_loss_R: jax.Array | None = None
 
 
 @flax.struct.dataclass
@@ -51,17 +58,42 @@ def token_counts(mb: Batch, devices: int):
   return parallel.sum_over_devices(mb.role_mask_BxRxT.sum((0, 2))) / devices
 
 
-def role_losses(exp, params_R, mb: Batch, count_R):
+def label_count(mb: Batch, devices: int):
+  """The labelled judged answers in the global minibatch over the devices, the judge loss's denominator
+  (as `token_counts` is the surrogate's)."""
+  return parallel.sum_over_devices(mb.judge_labelled_BxK.sum()) / devices
+
+
+def judge_losses(exp, level_logp_JxKxBxL, mb: Batch, label_count):
+  """loss_R: each judge's proper score (`config.reward.judge_loss`) of the probability it puts on each
+  labelled answer being right against the label, summed over `mb`'s labelled answers over
+  `label_count`; 0 for the other roles."""
+  rule, readout = exp.reward, exp.protocol.verdict_readout(exp.layout)
+  p_JxKxB = engine.expected_level(level_logp_JxKxBxL, readout.levels)
+  loss_JxKxB = losses.JUDGE_LOSSES[rule.judge_loss](p_JxKxB, mb.judge_label_BxK.T[None])
+  judge_J = jnp.einsum("jkb,bk->j", loss_JxKxB, mb.judge_labelled_BxK) / jnp.maximum(label_count, 1e-9)
+  return jnp.zeros(len(exp.layout.roles)).at[np.asarray(exp.protocol.judge_roles)].set(judge_J)
+
+
+def role_losses(exp, params_R, mb: Batch, count_R, label_count=None):
   """(loss_R, TokenMeans): per role the sum over its sampled tokens in `mb` of the surrogate, over
-  count_R (`token_counts` of the whole minibatch: on all of it, the mean over the global minibatch)."""
-  rl = exp.config.rl
-  logp_BxT, entropy_BxT = sampling.token_log_probs(exp.model, exp.layout, params_R, mb.tokens_BxT,
-                                                   rl.temperature)
+  count_R (`token_counts` of the whole minibatch: on all of it, the mean over the global minibatch),
+  plus the judges' weighted proper score (`judge_losses`, over `label_count`) where
+  `config.reward.judge_loss` asks for one; with `config.reward.judge_pg=False` instead of their
+  surrogate."""
+  rl, rule = exp.config.rl, exp.reward
+  targets_N, logp_NxBxV = sampling.written_log_probs(exp.model, exp.layout, params_R, mb.tokens_BxT,
+                                                     rl.temperature)
+  logp_BxT, entropy_BxT = sampling.sampled_log_probs(targets_N, logp_NxBxV, mb.tokens_BxT)
   mask_RxBxT = jnp.moveaxis(mb.role_mask_BxRxT, 1, 0)
   x = losses.LossInput(logp_BxT=logp_BxT, old_logp_BxT=mb.old_logp_BxT, ref_logp_BxT=mb.ref_logp_BxT,
                        adv_BxT=mb.adv_BxT, role_mask_RxBxT=mask_RxBxT, group_B=mb.group_B)
   entropy_coef_BxT = jnp.einsum("r,rbt->bt", losses.entropy_coef_R(rl, exp.layout.roles), mask_RxBxT)
-  per_token_BxT = exp.loss(x, rl) - entropy_coef_BxT * entropy_BxT
+  surrogate_BxT = exp.loss(x, rl)
+  if not rule.judge_pg:  # a supervised judge: no surrogate on its tokens
+    pg_R = np.array([r not in exp.protocol.judge_roles for r in range(len(exp.layout.roles))])
+    surrogate_BxT = surrogate_BxT * jnp.einsum("r,rbt->bt", pg_R, mask_RxBxT)
+  per_token_BxT = surrogate_BxT - entropy_coef_BxT * entropy_BxT
   kl_BxT = jnp.zeros_like(logp_BxT)
   if rl.kl_coef > 0:
     kl_BxT = losses.kl_to_reference(logp_BxT, mb.ref_logp_BxT)
@@ -71,7 +103,13 @@ def role_losses(exp, params_R, mb: Batch, count_R):
   total = lambda x_BxT: jnp.einsum("bt,rbt->r", x_BxT, mask_RxBxT) / jnp.maximum(count_R, 1e-9)
   means = TokenMeans(entropy_R=total(entropy_BxT), kl_to_base_R=total(kl_BxT),
                      approx_kl_R=total(mb.old_logp_BxT - logp_BxT))
-  return total(per_token_BxT), means
+  loss_R = total(per_token_BxT)
+  if rule.judge_loss != "none":
+    level_logp_JxKxBxL = sampling.levels_at(exp.protocol.verdict_readout(exp.layout), targets_N, logp_NxBxV)
+    judge_R = judge_losses(exp, level_logp_JxKxBxL, mb, label_count)
+    means = means.replace(judge_loss_R=judge_R)
+    loss_R = loss_R + rule.judge_weight * judge_R
+  return loss_R, means
 
 
 def minibatch_rows(exp, batch_size: int) -> np.ndarray:
@@ -91,9 +129,11 @@ def minibatch_gradient(exp, params_R, mb: Batch, devices: int):
   accelerator memory.  0 is one pass over the whole minibatch."""
   R = len(exp.layout.roles)
   count_R = token_counts(mb, devices)
+  labels = None if mb.judge_labelled_BxK is None else label_count(mb, devices)
 
   def part(part_mb):
-    loss_R, vjp_fn, means = jax.vjp(lambda p: role_losses(exp, p, part_mb, count_R), params_R, has_aux=True)
+    loss_R, vjp_fn, means = jax.vjp(lambda p: role_losses(exp, p, part_mb, count_R, labels), params_R,
+                                    has_aux=True)
     return vjp_fn(jnp.ones(R))[0], loss_R, means
 
   return parallel.summed_over_row_chunks(part, exp.config.rl.microbatch_size, mb)
@@ -128,6 +168,7 @@ def role_grad_norms(exp, params_R, batch: Batch, devices: int):
   R = len(exp.layout.roles)
   mb = jax.tree.map(lambda x: x[minibatch_rows(exp, batch.tokens_BxT.shape[0])[0]], batch)
   count_R = token_counts(mb, devices)
-  _, vjp_fn, _ = jax.vjp(lambda p: role_losses(exp, p, mb, count_R), params_R, has_aux=True)
+  labels = None if mb.judge_labelled_BxK is None else label_count(mb, devices)
+  _, vjp_fn, _ = jax.vjp(lambda p: role_losses(exp, p, mb, count_R, labels), params_R, has_aux=True)
   grads_R = parallel.mean_over_devices(jax.vmap(vjp_fn)(jnp.eye(R))[0])
   return jax.vmap(optax.tree_utils.tree_norm)(grads_R)

@@ -36,7 +36,17 @@ fi
 # size=cpu's, not 200); its reward settings (team pay, no audits) do not act at step 0.  cold_* cells
 # sample every role at temperature 0.3, so that the judges' sampled statements keep more of their
 # evidence (docs/results/peer_review.md, why the judges stop judging); entropy* cells give the judges
-# alone an entropy bonus (0.05 or 0.01), so their policies cannot collapse to one level.
+# alone an entropy bonus (0.05 or 0.01), so their policies cannot collapse to one level.  The last cells
+# are docs/results/judges.md's: `diagnose_*` logs every step and evaluates every 5 (the judges' AUROC of
+# sampled, greedy and expected statements at the warm start, after 5 and 100 steps); `expected*` read
+# the judges by the probability they put on right (`verdict=expected`), `*brier*`/`*log*` add that
+# probability's proper score on the labelled answers to the judges' loss, `supervised*` use it instead of
+# their policy gradient (`judge_pg=False`), `planted*` take their labels from planted answers alone
+# (`plant_rate`, no audits: the checker never reaches the loss).  What limits the judge: `*_batch256`
+# (four times the labels a step), `width*` (the judges' d_model 128 or 256, the solver's 64: bases of
+# their own), `easy_*` (subset_sum of 3 numbers, whose warm-started solver is right far more often than
+# the 7 % of 5 numbers); collusion with judges that can judge: `planted_*_team_0` (team pay, no audits,
+# labels from planted answers only) with shared parameters, the channel and cross-judging by rotation.
 cells="
 checker judges source=checker
 team_0 judges pay=team,audit_rate=0
@@ -85,13 +95,39 @@ audited_balanced_0.25 judges pay=audited_balanced,audit_rate=0.25
 audited_team_0.02 judges pay=audited_team,audit_rate=0.02 --config.reward.share=0.1
 audited_team_0.05 judges pay=audited_team,audit_rate=0.05 --config.reward.share=0.1
 audited_team_0.25 judges pay=audited_team,audit_rate=0.25 --config.reward.share=0.1
+diagnose_audited_balanced_1 judges pay=audited_balanced,audit_rate=1.0 --config.steps_per_call=1 --config.log_every=1 --config.eval_every=5
+expected_brier_0.1 judges pay=audited_balanced,audit_rate=0.1 --config.reward.verdict=expected --config.reward.judge_loss=brier
+supervised_0.1 judges pay=audited_balanced,audit_rate=0.1 --config.reward.verdict=expected --config.reward.judge_loss=brier --config.reward.judge_pg=False
+planted_supervised_0.1 judges pay=audited_balanced,audit_rate=0 --config.reward.plant_rate=0.1 --config.reward.verdict=expected --config.reward.judge_loss=brier --config.reward.judge_pg=False
+expected_0.1 judges pay=audited_balanced,audit_rate=0.1 --config.reward.verdict=expected
+expected_log_0.1 judges pay=audited_balanced,audit_rate=0.1 --config.reward.verdict=expected --config.reward.judge_loss=log
+planted_brier_0.1 judges pay=audited_balanced,audit_rate=0 --config.reward.plant_rate=0.1 --config.reward.verdict=expected --config.reward.judge_loss=brier
+supervised_1 judges pay=audited_balanced,audit_rate=1.0 --config.reward.verdict=expected --config.reward.judge_loss=brier --config.reward.judge_pg=False
+supervised_0.02 judges pay=audited_balanced,audit_rate=0.02 --config.reward.verdict=expected --config.reward.judge_loss=brier --config.reward.judge_pg=False
+supervised_0.25 judges pay=audited_balanced,audit_rate=0.25 --config.reward.verdict=expected --config.reward.judge_loss=brier --config.reward.judge_pg=False
+supervised_0.1_batch256 judges pay=audited_balanced,audit_rate=0.1 --config.reward.verdict=expected --config.reward.judge_loss=brier --config.reward.judge_pg=False --config.rl.batch_size=256
+supervised_0.02_batch256 judges pay=audited_balanced,audit_rate=0.02 --config.reward.verdict=expected --config.reward.judge_loss=brier --config.reward.judge_pg=False --config.rl.batch_size=256
+width128_checker width128 source=checker,judge_width=128
+width128_supervised_0.1 width128 pay=audited_balanced,audit_rate=0.1,verdict=expected,judge_loss=brier,judge_pg=false,judge_width=128
+width256_checker width256 source=checker,judge_width=256
+width256_supervised_0.1 width256 pay=audited_balanced,audit_rate=0.1,verdict=expected,judge_loss=brier,judge_pg=false,judge_width=256
+easy_checker easy source=checker
+easy_audited_balanced_0.1 easy pay=audited_balanced,audit_rate=0.1
+easy_supervised_0.1 easy pay=audited_balanced,audit_rate=0.1,verdict=expected,judge_loss=brier,judge_pg=false
+easy_expected_brier_0.1 easy pay=audited_balanced,audit_rate=0.1,verdict=expected,judge_loss=brier
+planted_team_0 judges pay=team,audit_rate=0,plant_rate=0.1,verdict=expected,judge_loss=brier
+planted_shared_team_0 shared pay=team,audit_rate=0,plant_rate=0.1,verdict=expected,judge_loss=brier,sharing=shared
+planted_channel_team_0 channel pay=team,audit_rate=0,plant_rate=0.1,verdict=expected,judge_loss=brier,channel=2
+planted_rotate_team_0 judges pay=team,audit_rate=0,plant_rate=0.1,verdict=expected,judge_loss=brier,cross=rotate
+rotate_team_0 judges pay=team,audit_rate=0,cross=rotate
 "
 config() {  # config BASE ARG: the --config flag of a cell (ARG '-': the single agent) or of a base (ARG '')
   case $1/$2 in
     single/*) echo "experiments/tasks.py:task=subset_sum,size=$size" ;;
     shared/) echo "experiments/peer_review.py:pay=team,audit_rate=0,sharing=shared,size=$size" ;;
     channel/) echo "experiments/peer_review.py:pay=team,audit_rate=0,channel=2,size=$size" ;;
-    judges/|clean/|long/) echo "experiments/peer_review.py:pay=team,audit_rate=0,size=$size" ;;
+    judges/|clean/|long/|easy/) echo "experiments/peer_review.py:pay=team,audit_rate=0,size=$size" ;;
+    width128/|width256/) echo "experiments/peer_review.py:pay=team,audit_rate=0,judge_width=${1#width},size=$size" ;;
     *) echo "experiments/peer_review.py:$2,size=$size" ;;
   esac
 }
@@ -99,6 +135,7 @@ base_flags() {  # base_flags BASE: the settings a layout's warm start and its ce
   case $1 in
     clean) echo "--config.protocol.judge_demo_error_rate=0" ;;
     long) echo "--config.sft.steps=600" ;;
+    easy) echo "--config.task.num_numbers=3" ;;
   esac
 }
 train() {  # train WORKDIR CONFIG [FLAGS...]

@@ -26,7 +26,7 @@ LEVELS = (0.0, 1 / 3, 2 / 3, 1.0)
 
 def _reviewed(level_JxA, audited_A, truth_A, levels=LEVELS):
   audited_A, truth_A = jnp.asarray(audited_A), jnp.asarray(truth_A, jnp.float32)
-  return rewards.Reviewed(level_JxA=jnp.asarray(level_JxA), audited_A=audited_A,
+  return rewards.Reviewed(level_JxA=jnp.asarray(level_JxA), labelled_A=audited_A,
                           label_A=jnp.where(audited_A, truth_A, 0.0), levels=levels)
 
 
@@ -259,7 +259,7 @@ def _config(experiment_name, arg):
     ({"reward.source": "checker"}, "config.reward.pay='reputation' acts only with config.reward.source='peer'"),
     ({"reward.audit_rate": 0.0, "reward.penalty": 0.5}, "config.reward.penalty acts on audited episodes"),
     ({"protocol.judges": 1, "roles.sharing": "isolated"}, "config.reward.pay='reputation' needs at least 2 judging roles; this workflow has 1"),
-    ({"reward.audit_rate": 0.0}, "config.reward.pay='reputation' learns from audits"),
+    ({"reward.audit_rate": 0.0}, "config.reward.pay='reputation' learns from labelled answers"),
     ({"reward.prior_wrong": 0.0}, "config.reward.prior_wrong=0.0; allowed: a number > 0"),
     ({"credit.name": "difference"}, "the re-runs' outcomes come from the task's checker"),
     ({"reward.cross": "seed"}, "config.reward.cross='seed' is unknown; allowed: ['none', 'other_set', 'frozen', 'rotate']"),
@@ -374,7 +374,10 @@ def test_judge_measures_by_hand():
   # 1 of 2 right ones, rejects 2 of 3 wrong ones, balanced accuracy (1/2 + 2/3) / 2.  A judge that
   # states one level for everything: 1/2 for both.
   level_JxA, truth_A = jnp.array([[3, 1, 1, 0, 2], [1, 1, 1, 1, 1]]), jnp.array([1.0, 1.0, 0.0, 0.0, 0.0])
-  np.testing.assert_allclose(judging.auroc(level_JxA, truth_A, 4), [0.75, 0.5])
+  np.testing.assert_allclose(judging.auroc(level_JxA, truth_A), [0.75, 0.5])
+  # Scores need not be levels: probabilities 0.9, 0.4 on the right answers, 0.4, 0.1, 0.6 on the wrong
+  # ones order the pairs as the first judge's levels do.
+  np.testing.assert_allclose(judging.auroc(jnp.array([[0.9, 0.4, 0.4, 0.1, 0.6]]), truth_A), [0.75])
   accept_JxA = jnp.asarray(LEVELS)[level_JxA] > 0.5
   np.testing.assert_allclose(judging.balanced_accuracy(accept_JxA, truth_A), [7 / 12, 0.5], rtol=1e-6)
   # Right answers only; judges reject (err on) answers {0, 1}, {0, 2}, {0, 3}: their errors are
@@ -393,6 +396,14 @@ def test_judge_measures_by_hand():
   rho = np.corrcoef(~np.asarray(half_JxA))[0, 1]
   np.testing.assert_allclose(judging.effective_judges(half_JxA, jnp.ones(6)), 2 / (1 + rho), rtol=1e-6)
   assert np.isnan(judging.effective_judges(jnp.ones((2, 4), bool), right_A))
+  # Errors that anti-correlate (one judge errs exactly where the other does not: rho = -1) sent
+  # 1 + (J - 1) rho to 0 and the count to infinity; they count as independent judges, J.
+  opposite_JxA = ~jnp.array([[1, 1, 0, 0], [0, 0, 1, 1]], bool)
+  np.testing.assert_allclose(judging.error_correlation(opposite_JxA, right_A), -1.0, rtol=1e-6)
+  np.testing.assert_allclose(judging.effective_judges(opposite_JxA, right_A), 2.0)
+  nearly_JxA = ~jnp.array([[1, 1, 0, 0, 0], [0, 0, 1, 1, 0]], bool)  # rho = -2/3: 2 / (1 - 2/3) = 6 before
+  assert judging.error_correlation(nearly_JxA, jnp.ones(5)) < 0
+  np.testing.assert_allclose(judging.effective_judges(nearly_JxA, jnp.ones(5)), 2.0)
 
 
 def test_channel_information_by_hand():

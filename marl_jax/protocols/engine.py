@@ -105,6 +105,27 @@ class Layout:
     return changed
 
 
+@dataclasses.dataclass(frozen=True)
+class VerdictReadout:
+  """Where a judge's verdict is written as one token (`Protocol.verdict_readout`): judge j states its
+  level on answer k at canvas position `position_JxK[j, k]`, level d as token `token_L[d]`.  The
+  judge's distribution over those L tokens there is its distribution over the levels, which state the
+  probabilities `levels` (`Judgments.levels`; `sampling.level_log_probs`)."""
+  position_JxK: np.ndarray
+  token_L: tuple[int, ...]
+  levels: tuple[float, ...]
+  answer_turn_K: tuple[int, ...]  # the turn whose message is answer k (where a planted answer goes)
+
+  def _key(self):
+    return self.position_JxK.tobytes(), self.position_JxK.shape, self.token_L, self.levels, self.answer_turn_K
+
+  def __hash__(self):
+    return hash(self._key())
+
+  def __eq__(self, other):
+    return isinstance(other, VerdictReadout) and self._key() == other._key()
+
+
 @flax.struct.dataclass
 class Judgments:
   """What the judging roles (`Protocol.judge_roles`) said of the K answers they judged in each episode,
@@ -115,11 +136,25 @@ class Judgments:
   truth_KxB: jax.Array  # the task's checker on each answer, 0 or 1: for audits and monitoring only
   levels: tuple[float, ...] = flax.struct.field(pytree_node=False)
   answer_roles: tuple[int, ...] = flax.struct.field(pytree_node=False)  # the role that wrote answer k
+  # Each judge's log-probs of the levels at its verdict position (normalised over the L levels), where
+  # the step reads them (`train.score`, a protocol with a `verdict_readout`); None elsewhere.
+  level_logp_JxKxBxL: jax.Array | None = None
 
   @property
   def stated_JxKxB(self) -> jax.Array:
     """Each judge's stated probability that each answer is right."""
     return jnp.asarray(self.levels, jnp.float32)[self.level_JxKxB]
+
+  @property
+  def expected_JxKxB(self) -> jax.Array:
+    """Each judge's expected statement, the probability it puts on the answer being right: the levels'
+    probabilities weighted by its distribution over them."""
+    return expected_level(self.level_logp_JxKxBxL, self.levels)
+
+
+def expected_level(level_logp_xL, levels: tuple[float, ...]) -> jax.Array:
+  """sum_d p_d levels[d] of log-probs over the L levels (last axis)."""
+  return jnp.exp(level_logp_xL) @ jnp.asarray(levels, jnp.float32)
 
 
 @flax.struct.dataclass
@@ -168,6 +203,10 @@ class Protocol:
                                            auxiliary terms, and per-turn rewards that do not read the
                                            checker (rewards from peers keep them as they are)
 
+  and, when each judge writes its level as one token at a fixed position (peer review, solver-verifier)::
+
+    verdict_readout(layout) -> VerdictReadout   where, and which token states each level
+
   and, for an evaluation diagnostic (peer review's covert channel replaced by noise)::
 
     ablation(layout, tokens_BxT, key_B)    (canvas_BxT, redraw_T): a message replaced, the positions to
@@ -192,6 +231,12 @@ class Protocol:
     """The roles that judge another role's answer; their verdicts come back as `Scored.judgments`, so
     the run can reward the judged roles from them (`config.reward.source=peer`).  None here."""
     return ()
+
+  def verdict_readout(self, layout: Layout) -> VerdictReadout | None:
+    """Where each judge writes its level on each answer as one token, so that its distribution over the
+    levels can be read (`config.reward.verdict=expected`, `config.reward.judge_loss`); None (the
+    default): the verdict is not one token at a fixed position."""
+    return None
 
   def ablation(self, layout: Layout, tokens_BxT, key_B):
     """An evaluation diagnostic: (canvas_BxT, redraw_T), the sampled transcripts with a message replaced

@@ -58,6 +58,13 @@ class PeerReview(engine.Protocol):
   def levels(self) -> tuple[float, ...]:
     return tuple(d / (self.confidence_levels - 1) for d in range(self.confidence_levels))
 
+  def verdict_readout(self, layout):
+    """Judge j's level is the first token of its turn, level d the digit d; the answer is turn 0's."""
+    first = len(self.turns) - self.judges
+    position_JxK = np.array([[layout.turn_slices[first + j][0]] for j in range(self.judges)])
+    return engine.VerdictReadout(position_JxK, tuple(text.DIGIT0 + d for d in range(self.confidence_levels)),
+                                 self.levels, answer_turn_K=(0,))
+
   def noise(self, key_B):
     """letters_BxC: random letters for the channel, from a key folded off each row's (so a row's other
     draws are those of a run without a channel): a message that carries no signal."""

@@ -11,6 +11,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from marl_jax import checks, judging, text
 from marl_jax.protocols import engine
@@ -34,6 +35,12 @@ class SolverVerifier(engine.Protocol):
     for _ in range(rounds):
       turns += [engine.Turn("solver", A), engine.Turn("verifier", 1 + A, ends_episode_on=(text.ACCEPT,))]
     return cls(roles=("solver", "verifier"), turns=tuple(turns), rounds=rounds, **kwargs)
+
+  def verdict_readout(self, layout):
+    """The judgment is the first token of the first verdict, REJECT (level 0) or ACCEPT (level 1), on
+    the solver's first answer (turn 0)."""
+    return engine.VerdictReadout(np.array([[layout.turn_slices[1][0]]]), (text.REJECT, text.ACCEPT), (0.0, 1.0),
+                                 answer_turn_K=(0,))
 
   def _rounds(self, layout, tokens_BxT):
     answers = [engine.message(layout, tokens_BxT, 2 * k) for k in range(self.rounds)]

@@ -10,12 +10,13 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from marl_jax import losses
 from marl_jax.rewards import base
 
 
 def brier_score(stated, label):
   """1 - (stated - label)^2: a proper scoring rule of a stated probability against a 0/1 verdict."""
-  return 1.0 - (stated - label) ** 2
+  return 1.0 - losses.brier_loss(stated, label)
 
 
 @base.register("audited")
@@ -26,4 +27,4 @@ class Audited(base.PayRule):
 
   def pay(self, state, reviewed, judged_A):
     score_JxA = brier_score(reviewed.stated_JxA, reviewed.label_A)
-    return jnp.where(reviewed.audited_A, score_JxA, 0.0), state, {}
+    return jnp.where(reviewed.labelled_A, score_JxA, 0.0), state, {}

@@ -53,11 +53,11 @@ class AuditedBalanced(base.BetaPrior):
     return jnp.array([self.prior_right, self.prior_wrong], jnp.float32)
 
   def aggregate(self, state, reviewed):
-    return at_base_rate(reviewed.stated_JxA, base_rate(state)).mean(0)
+    return at_base_rate(reviewed.read_JxA, base_rate(state)).mean(0)
 
   def pay(self, state, reviewed, judged_A):
     rate = base_rate(state)
     score_JxA = class_weight(reviewed.label_A, rate) * audited.brier_score(reviewed.stated_JxA, reviewed.label_A)
-    right = (reviewed.audited_A & (reviewed.label_A > 0)).sum()
-    counts_2 = state + jnp.stack([right, reviewed.audited_A.sum() - right])
-    return jnp.where(reviewed.audited_A, score_JxA, 0.0), counts_2, {"base_rate": rate}
+    right = (reviewed.labelled_A & (reviewed.label_A > 0)).sum()
+    counts_2 = state + jnp.stack([right, reviewed.labelled_A.sum() - right])
+    return jnp.where(reviewed.labelled_A, score_JxA, 0.0), counts_2, {"base_rate": rate}

@@ -37,4 +37,4 @@ class AuditedTeam(base.PayRule):
 
   def pay(self, state, reviewed, judged_A):
     score_JxA = audited.brier_score(reviewed.stated_JxA, reviewed.label_A)
-    return jnp.where(reviewed.audited_A, score_JxA, self.share * judged_A), state, {}
+    return jnp.where(reviewed.labelled_A, score_JxA, self.share * judged_A), state, {}

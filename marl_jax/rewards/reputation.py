@@ -37,12 +37,12 @@ class Reputation(base.BetaPrior):
     return jnp.stack([jnp.full(num_judges, self.prior_right), jnp.full(num_judges, self.prior_wrong)])
 
   def aggregate(self, state, reviewed):
-    return weights(*state) @ reviewed.stated_JxA
+    return weights(*state) @ reviewed.read_JxA
 
   def pay(self, state, reviewed, judged_A):
     agree_JxA = reviewed.accept_JxA == (reviewed.label_A > 0)
-    right_J = (agree_JxA & reviewed.audited_A).sum(1)
-    wrong_J = (~agree_JxA & reviewed.audited_A).sum(1)
+    right_J = (agree_JxA & reviewed.labelled_A).sum(1)
+    wrong_J = (~agree_JxA & reviewed.labelled_A).sum(1)
     counts_2xJ = state + jnp.stack([right_J, wrong_J])
     metrics = {"reputation": counts_2xJ[0] / counts_2xJ.sum(0), "weight": weights(*state)}
     return jnp.broadcast_to(judged_A, reviewed.level_JxA.shape), counts_2xJ, metrics

@@ -1,0 +1,198 @@
+"""Judges whose verdicts carry their evidence: the expected statement of a distribution over levels, the
+proper scores that teach it, the levels read off the policy, the judge loss in the update (only the
+judges' sets, nothing at weight 0), planted answers whose truth is the task's construction, and every
+new setting refused where it cannot work and run through the command line."""
+import dataclasses
+import re
+
+import chex
+from workflows_test import _cli_rows
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from marl_jax import experiment, losses, parallel, rewards, rollout, sampling, state, text, train, update
+from marl_jax.protocols import engine
+from rewards_test import _config
+
+LEVELS = (0.0, 1 / 3, 2 / 3, 1.0)
+
+
+def test_the_expected_level_of_a_hand_built_distribution():
+  # p = (0.1, 0.2, 0.3, 0.4) over the levels 0, 1/3, 2/3, 1: 0.2/3 + 0.6/3 + 0.4 = 2/3.  A judge sure of
+  # level 0 puts 0 on right, one sure of level 3 puts 1.
+  logp_2xL = jnp.log(jnp.array([[0.1, 0.2, 0.3, 0.4], [1.0, 1e-30, 1e-30, 1e-30]]))
+  np.testing.assert_allclose(engine.expected_level(logp_2xL, LEVELS), [2 / 3, 0.0], atol=1e-6)
+  judgments = engine.Judgments(level_JxKxB=jnp.zeros((1, 1, 2), jnp.int32), truth_KxB=jnp.zeros((1, 2)),
+                               levels=LEVELS, answer_roles=(0,), level_logp_JxKxBxL=logp_2xL[None, None])
+  np.testing.assert_allclose(judgments.expected_JxKxB, [[[2 / 3, 0.0]]], atol=1e-6)
+
+
+@pytest.mark.parametrize("loss", ["brier", "log"])
+def test_the_judge_losses_are_least_in_expectation_at_the_true_probability(loss):
+  # By hand at p = 1/2: Brier (1/2 - 1)^2 = (1/2 - 0)^2 = 1/4; log -log(1/2) = log 2 whatever the label.
+  score = losses.JUDGE_LOSSES[loss]
+  np.testing.assert_allclose([score(0.5, 1.0), score(0.5, 0.0)], [0.25, 0.25] if loss == "brier" else [np.log(2)] * 2,
+                             rtol=1e-6)
+  # An answer right with probability q = 0.3: the expected loss q L(p, 1) + (1 - q) L(p, 0) over a grid
+  # of stated p is least at p = q (Brier: q (1 - q) + (p - q)^2 = 0.21 there).
+  p_P = jnp.linspace(0.01, 0.99, 99)
+  expected_P = 0.3 * score(p_P, 1.0) + 0.7 * score(p_P, 0.0)
+  np.testing.assert_allclose(p_P[jnp.argmin(expected_P)], 0.3, atol=1e-6)
+  if loss == "brier":
+    np.testing.assert_allclose(expected_P.min(), 0.21, rtol=1e-5)
+  assert np.isfinite(score(jnp.array([0.0, 1.0]), jnp.array([1.0, 0.0]))).all()  # certain and wrong: finite
+
+
+def _peer_review(arg="size=tiny,pay=audited_balanced,audit_rate=0.5", **reward):
+  config = _config("peer_review", arg)
+  config.reward.update(reward)
+  return experiment.build(config)
+
+
+def test_the_levels_are_the_judges_policy_at_its_verdict_position_renormalised():
+  # Each judge's log-probs of its levels: the difference between two levels' is the difference between
+  # the teacher-forced log-probs of the canvas with either digit written there (an independent path,
+  # `token_log_probs`), and they sum to 1 over the levels.
+  exp = _peer_review()
+  params_R = state.init_state(exp, jax.random.PRNGKey(0)).params
+  problems = jax.vmap(exp.task.sample)(jax.random.split(jax.random.PRNGKey(1), 4))
+  tokens_BxT = rollout.sample(exp, params_R, problems, jax.random.split(jax.random.PRNGKey(2), 4)).tokens_BxT
+  readout = exp.protocol.verdict_readout(exp.layout)
+  temperature = exp.config.rl.temperature
+  level_logp_JxKxBxL = sampling.level_log_probs(exp.model, exp.layout, readout, params_R, tokens_BxT, temperature)
+  assert level_logp_JxKxBxL.shape == (2, 1, 4, 4)
+  np.testing.assert_allclose(jnp.exp(level_logp_JxKxBxL).sum(-1), 1.0, rtol=1e-5)
+  for j in range(2):
+    t = int(readout.position_JxK[j, 0])
+    writing = lambda d: sampling.token_log_probs(exp.model, exp.layout, params_R, tokens_BxT.at[:, t].set(
+        text.DIGIT0 + d), temperature)[0][:, t]
+    np.testing.assert_allclose(level_logp_JxKxBxL[j, 0, :, 3] - level_logp_JxKxBxL[j, 0, :, 1],
+                               writing(3) - writing(1), rtol=1e-4, atol=1e-5)
+
+
+def test_the_judge_loss_by_hand():
+  # Two judges, two rows, one answer each; row 0 labelled right, row 1 unlabelled.  Judge 0 puts
+  # (1/2, 0, 0, 1/2) on the levels of row 0: probability 1/2 on right, Brier (1/2 - 1)^2 = 1/4; judge 1
+  # puts all on level 2: 2/3, (2/3 - 1)^2 = 1/9.  Row 1 counts for nothing; the solver gets 0.
+  exp = _peer_review(judge_loss="brier")
+  tiny = 1e-30
+  p_JxKxBxL = jnp.array([[[[0.5, tiny, tiny, 0.5], [0.25] * 4]], [[[tiny, tiny, 1.0, tiny], [0.25] * 4]]])
+  mb = update.Batch(tokens_BxT=None, old_logp_BxT=None, ref_logp_BxT=None, adv_BxT=None, role_mask_BxRxT=None,
+                    group_B=None, judge_labelled_BxK=jnp.array([[True], [False]]), judge_label_BxK=jnp.array([[1.0], [0.0]]))
+  loss_R = update.judge_losses(exp, jnp.log(p_JxKxBxL), mb, label_count=1.0)
+  np.testing.assert_allclose(loss_R, [0.0, 0.25, 1 / 9], rtol=1e-5)
+
+
+def _one_step(exp, start, keys_3xB):
+  return jax.jit(parallel.shard_map(lambda s: train.local_step(exp, s, *keys_3xB, False), exp.mesh,
+                                    in_specs=(P(),), out_specs=P()))(start)
+
+
+def test_the_judge_loss_trains_the_judges_alone_and_at_weight_0_changes_nothing():
+  # One step of the same episodes: with judge_loss=brier at weight 0 the state is bit-identical to the
+  # policy gradient alone (judge_loss=none); at weight 1 the judges' set moves and the solver's set
+  # (its own, sharing=judges) is bit-identical, so the loss reaches the judges alone.
+  build = lambda **reward: _peer_review("size=tiny,pay=audited_balanced,audit_rate=0.5", **reward)
+  plain = build()
+  start = state.init_state(plain, jax.random.PRNGKey(0))
+  B = plain.config.rl.batch_size
+  keys_3xB = jax.random.split(jax.random.PRNGKey(1), 3 * B).reshape(3, B, -1)
+  as_np = lambda tree: jax.tree.map(np.asarray, tree)
+  plain_state, _ = _one_step(plain, start, keys_3xB)
+  zero_state, _ = _one_step(build(judge_loss="brier", judge_weight=0.0), start, keys_3xB)
+  chex.assert_trees_all_equal(as_np(plain_state.params), as_np(zero_state.params))
+  judged_state, metrics = _one_step(build(judge_loss="brier"), start, keys_3xB)
+  solver_set, judge_set = plain.role_set_R[0], plain.role_set_R[1]
+  take = lambda params, s: as_np(jax.tree.map(lambda x: x[s], params))
+  chex.assert_trees_all_equal(take(plain_state.params, solver_set), take(judged_state.params, solver_set))
+  moved = jax.tree.map(lambda a, b: np.abs(a - b).max(), take(plain_state.params, judge_set),
+                       take(judged_state.params, judge_set))
+  assert max(jax.tree.leaves(moved)) > 0
+  assert metrics["judge0/judge_loss"] > 0 and metrics["solver/judge_loss"] == 0
+
+
+def test_planted_answers_are_the_reference_or_a_corruption_by_construction():
+  exp = _peer_review("size=tiny,pay=audited_balanced,audit_rate=0", plant_rate=0.5)
+  B = 8
+  problems = jax.vmap(exp.task.sample)(jax.random.split(jax.random.PRNGKey(1), B))
+  plants = rewards.Plants(planted_B=jnp.arange(B) < 6, truth_BxK=(jnp.arange(B) % 2 == 0)[:, None].astype(jnp.float32))
+  key_B = jax.random.split(jax.random.PRNGKey(2), B)
+  params_R = state.init_state(exp, jax.random.PRNGKey(0)).params
+  episodes = rollout.sample(exp, params_R, problems, key_B, plants=plants)
+  answer_BxA = engine.message(exp.layout, episodes.tokens_BxT, 0)
+  start, stop = exp.layout.turn_slices[0]
+  for b in range(6):  # planted: never sampled; the reference where its truth is 1, a task's mistake else
+    assert not episodes.sampled_BxT[b, start:stop].any()
+    if b % 2 == 0:
+      np.testing.assert_array_equal(answer_BxA[b], problems["answer"][b])
+    else:
+      assert exp.task.score(jax.tree.map(lambda x: x[b], problems), answer_BxA[b]) == 0
+  assert episodes.sampled_BxT[6:, start].all()  # the others are the solver's own
+  # The labels are the plants' truth on planted episodes, the checker's on audited ones only.
+  labelled_KxB, label_KxB = rewards.labels(exp.reward, jnp.zeros((1, B)), jnp.zeros(B, bool), plants)
+  np.testing.assert_array_equal(labelled_KxB[0], np.arange(B) < 6)
+  np.testing.assert_array_equal(label_KxB[0], (np.arange(B) < 6) & (np.arange(B) % 2 == 0))
+
+
+@pytest.mark.parametrize("reward", [dict(plant_rate=0.5, judge_loss="brier", verdict="expected"),
+                                    dict(plant_rate=0.5, judge_loss="log", judge_pg=False)],
+                         ids=["planted+brier+expected", "planted+supervised"])
+def test_planted_labels_never_come_from_the_checker(reward):
+  # No audits, half the problems planted: one compiled step run with the task's checker and with one
+  # that says the opposite updates the state bit-identically, while labels reached the loss.
+  exp = _peer_review("size=tiny,pay=audited_balanced,audit_rate=0", **reward)
+  start = state.init_state(exp, jax.random.PRNGKey(0))
+  B = exp.config.rl.batch_size
+  keys_3xB = jax.random.split(jax.random.PRNGKey(1), 3 * B).reshape(3, B, -1)
+
+  class FlippedChecker(type(exp.protocol)):
+    def rewards(self, task, layout, problems, tokens_BxT):
+      scored = super().rewards(task, layout, problems, tokens_BxT)
+      return scored.replace(team_B=1 - scored.team_B, role_RxB=1 - scored.role_RxB,
+                            judgments=scored.judgments.replace(truth_KxB=1 - scored.judgments.truth_KxB))
+
+  flipped = dataclasses.replace(exp, protocol=FlippedChecker(
+      **{f.name: getattr(exp.protocol, f.name) for f in dataclasses.fields(exp.protocol)}))
+  (state_true, metrics), (state_flipped, _) = _one_step(exp, start, keys_3xB), _one_step(flipped, start, keys_3xB)
+  chex.assert_trees_all_equal(jax.tree.map(np.asarray, state_true), jax.tree.map(np.asarray, state_flipped))
+  assert metrics["labels_per_episode"] > 0
+
+
+@pytest.mark.parametrize("experiment_name, arg, reward, message", [
+    ("peer_review", "pay=audited", {"verdict": "mean"}, "config.reward.verdict='mean' is unknown; allowed: ['sampled', 'expected']"),
+    ("peer_review", "pay=audited", {"judge_loss": "hinge"}, "config.reward.judge_loss='hinge' is unknown; allowed: ['none', 'brier', 'log']"),
+    ("peer_review", "pay=audited", {"judge_weight": -1.0}, "config.reward.judge_weight=-1.0; allowed: a number >= 0"),
+    ("peer_review", "pay=audited", {"plant_rate": 2.0}, "config.reward.plant_rate=2.0; allowed: a probability in [0, 1]"),
+    ("peer_review", "pay=audited", {"judge_pg": False}, "config.reward.judge_pg=False leaves the judges no loss at all"),
+    ("peer_review", "pay=team,audit_rate=0", {"judge_loss": "brier"}, "config.reward.judge_loss='brier' learns from labelled answers"),
+    ("peer_review", "source=checker", {"verdict": "expected"}, "config.reward.verdict='expected' acts only with config.reward.source='peer'"),
+    ("debate", "task=subset_sum,scorer=verifier", {"source": "peer", "verdict": "expected"},
+     "config.reward.verdict='expected' reads each judge's level as one token at a fixed position, which this workflow's judges do not write"),
+])
+def test_bad_judge_settings_are_refused_naming_the_key(experiment_name, arg, reward, message):
+  config = _config(experiment_name, f"size=tiny,{arg}")
+  config.reward.update(reward)
+  with pytest.raises(ValueError, match=re.escape(message)):
+    experiment.build(config)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arg", ["peer_review.py:size=tiny,pay=audited_balanced,verdict=expected,judge_loss=brier",
+                                 "peer_review.py:size=tiny,pay=audited_balanced,audit_rate=0,plant_rate=0.25,"
+                                 "verdict=expected,judge_loss=log,judge_pg=false",
+                                 "solver_verifier.py:size=tiny,judge_loss=brier"])
+def test_judges_read_by_probability_and_taught_by_a_proper_score_train_through_the_cli(tmp_path, arg):
+  rows = _cli_rows(tmp_path, arg)
+  trained, evaluated = [r for r in rows if "verifier/judge_loss" in r or "judge0/judge_loss" in r], \
+      [r for r in rows if "eval_accuracy" in r]
+  assert rows[-1]["step"] == 4 and len(trained) == 2
+  judge = "verifier" if arg.startswith("solver") else "judge0"
+  assert all(r[f"{judge}/judge_loss"] > 0 for r in trained)
+  if judge == "judge0":
+    for name in ("auroc", "auroc_greedy", "auroc_expected", "expected"):
+      assert f"judge1/{name}" in trained[-1] and f"eval_judge1/{name}" in evaluated[-1], name
+    assert "eval_judge0/auroc_sampled" in evaluated[-1]
+    assert 0 < trained[-1]["labels_per_episode"]
