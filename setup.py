@@ -6,6 +6,7 @@ setup(
     description="Multi-agent RL of transformer agents that learn to collaborate, in JAX.",
     packages=find_packages(include=["marl_jax", "marl_jax.*"]),
     python_requires=">=3.11",
+    license="Apache-2.0",
     install_requires=[
         "jax>=0.10",
         "flax>=0.10",

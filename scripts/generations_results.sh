@@ -2,7 +2,7 @@
 # Reproduces docs/results/generations.md: generations, newcomers, cross-play and retention on the
 # signalling game (experiments/generations.py:task=signalling, k = 2 attributes x v = 4 values, the
 # sender's alphabet 4 letters), 10 vmapped seeds per cell on two disjoint seed sets (0 and 1000).
-# Shrunk to fit a shared 2-core CPU (docs/results/generations.md gives the wall times): 100 RL steps a
+# Shrunk to fit a shared 2-core CPU: 100 RL steps a
 # generation at rl.batch_size 128, evaluation every 10 steps on 256 problems, archives of 256 training
 # problems per seed and 100 distillation steps; retention on arithmetic (A: additions, B:
 # multiplications, mod 10) with 300 warm-start steps and 50 RL steps a task.

@@ -4,7 +4,7 @@
 # (shared reward: pay=team; shared parameters: sharing=shared; a covert channel: channel=2), against
 # checker-rewarded training of the same workflow (source=checker) and the single agent on the same task
 # (experiments/tasks.py:task=subset_sum); 10 vmapped seeds per cell on two disjoint seed sets (0, 1000).
-# Shrunk to fit the shared 2-core CPU (`scale` below; docs/results/peer_review.md gives the wall times):
+# Shrunk to fit the shared 2-core CPU (`scale` below):
 # 8 problems x 8 samples a step, a 200-step warm start, 100 PPO steps, 256 evaluation problems.
 # Every cell starts from its seed set's warm start of the same parameter sets (a base run of step 0
 # alone, as the credit benchmark's workflow grid does), so cells are paired seed by seed.

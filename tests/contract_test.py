@@ -108,6 +108,20 @@ def test_every_workflow_keeps_the_protocol_contract(name):
     assert set(protocol.judge_roles) | set(judgments.answer_roles) <= set(range(R))
     assert bool(jnp.all((judgments.level_JxKxB >= 0) & (judgments.level_JxKxB < len(judgments.levels))))
     assert all(0 <= p <= 1 for p in judgments.levels) and set(np.unique(judgments.truth_KxB)) <= {0, 1}
+    # Where each judge writes its level as one token: a position its role writes, whose token states the
+    # level the protocol reads from it, on answers written in the answer roles' turns.
+    readout = protocol.verdict_readout(layout)
+    if readout is not None:
+      assert readout.position_JxK.shape == (J, K) and readout.levels == judgments.levels
+      assert len(set(readout.token_L)) == len(readout.token_L) == len(readout.levels)
+      for j, r in enumerate(protocol.judge_roles):
+        assert all(layout.author_T[t] == r for t in readout.position_JxK[j])
+        level_KxB = jnp.stack([jnp.argmax(tokens_BxT[:, t, None] == jnp.asarray(readout.token_L), -1)
+                               for t in readout.position_JxK[j]])
+        written_KxB = jnp.stack([jnp.isin(tokens_BxT[:, t], jnp.asarray(readout.token_L)) for t in readout.position_JxK[j]])
+        np.testing.assert_array_equal(jnp.where(written_KxB, level_KxB, judgments.level_JxKxB[j]),
+                                      judgments.level_JxKxB[j])
+      assert [layout.turn_roles[n] for n in readout.answer_turn_K] == list(judgments.answer_roles)
 
 
 @pytest.mark.parametrize("name", sorted(protocols.REGISTRY))

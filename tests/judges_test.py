@@ -2,7 +2,6 @@
 proper scores that teach it, the levels read off the policy, the judge loss in the update (only the
 judges' sets, nothing at weight 0), planted answers whose truth is the task's construction, and every
 new setting refused where it cannot work and run through the command line."""
-import dataclasses
 import re
 
 import chex
@@ -91,6 +90,7 @@ def _one_step(exp, start, keys_3xB):
                                     in_specs=(P(),), out_specs=P()))(start)
 
 
+@pytest.mark.slow  # three compiled training steps
 def test_the_judge_loss_trains_the_judges_alone_and_at_weight_0_changes_nothing():
   # One step of the same episodes: with judge_loss=brier at weight 0 the state is bit-identical to the
   # policy gradient alone (judge_loss=none); at weight 1 the judges' set moves and the solver's set
@@ -135,30 +135,6 @@ def test_planted_answers_are_the_reference_or_a_corruption_by_construction():
   labelled_KxB, label_KxB = rewards.labels(exp.reward, jnp.zeros((1, B)), jnp.zeros(B, bool), plants)
   np.testing.assert_array_equal(labelled_KxB[0], np.arange(B) < 6)
   np.testing.assert_array_equal(label_KxB[0], (np.arange(B) < 6) & (np.arange(B) % 2 == 0))
-
-
-@pytest.mark.parametrize("reward", [dict(plant_rate=0.5, judge_loss="brier", verdict="expected"),
-                                    dict(plant_rate=0.5, judge_loss="log", judge_pg=False)],
-                         ids=["planted+brier+expected", "planted+supervised"])
-def test_planted_labels_never_come_from_the_checker(reward):
-  # No audits, half the problems planted: one compiled step run with the task's checker and with one
-  # that says the opposite updates the state bit-identically, while labels reached the loss.
-  exp = _peer_review("size=tiny,pay=audited_balanced,audit_rate=0", **reward)
-  start = state.init_state(exp, jax.random.PRNGKey(0))
-  B = exp.config.rl.batch_size
-  keys_3xB = jax.random.split(jax.random.PRNGKey(1), 3 * B).reshape(3, B, -1)
-
-  class FlippedChecker(type(exp.protocol)):
-    def rewards(self, task, layout, problems, tokens_BxT):
-      scored = super().rewards(task, layout, problems, tokens_BxT)
-      return scored.replace(team_B=1 - scored.team_B, role_RxB=1 - scored.role_RxB,
-                            judgments=scored.judgments.replace(truth_KxB=1 - scored.judgments.truth_KxB))
-
-  flipped = dataclasses.replace(exp, protocol=FlippedChecker(
-      **{f.name: getattr(exp.protocol, f.name) for f in dataclasses.fields(exp.protocol)}))
-  (state_true, metrics), (state_flipped, _) = _one_step(exp, start, keys_3xB), _one_step(flipped, start, keys_3xB)
-  chex.assert_trees_all_equal(jax.tree.map(np.asarray, state_true), jax.tree.map(np.asarray, state_flipped))
-  assert metrics["labels_per_episode"] > 0
 
 
 @pytest.mark.parametrize("experiment_name, arg, reward, message", [

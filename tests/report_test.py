@@ -426,3 +426,24 @@ def test_rates_plots_runs_rewarded_by_their_judges_against_their_audit_rate(tmp_
   with pytest.raises(SystemExit):
     report.main(["--rates", out, runs[-1]])
   assert "no run among the workdirs is rewarded by its judges" in capsys.readouterr().err
+
+
+def test_the_judges_auroc_at_chosen_steps(tmp_path, capsys):
+  # Two judges, three seeds; training rows log the written (sampled) and expected statements' AUROC,
+  # evaluation rows also the drawn one.  Per seed the mean over the judges: expected (0.6 + 0.8) / 2 = 0.7,
+  # (0.7 + 0.7) / 2, (0.8 + 0.6) / 2: 70.0 ± 0.0; written 0.5 everywhere.
+  run = str(tmp_path / "run")
+  os.makedirs(run)
+  seeds = lambda values: {f"/seed{i}": v for i, v in enumerate(values)}
+  with open(os.path.join(run, "metrics.jsonl"), "w") as f:
+    for prefix in ("", "eval_"):
+      row = {"step": 5}
+      for judge, expected in (("judge0", [0.6, 0.7, 0.8]), ("judge1", [0.8, 0.7, 0.6])):
+        for score, values in (("auroc", [0.5] * 3), ("auroc_expected", expected)):
+          row.update({f"{prefix}{judge}/{score}{k}": v for k, v in seeds(values).items()})
+      f.write(json.dumps({**row, **({"eval_accuracy": 0.1} if prefix else {})}) + "\n")
+  report.main(["--judges-at", "0,5", run])
+  out = capsys.readouterr().out
+  assert "| training batch (sampled) | 5 | 50.0 ± 0.0 |  | 70.0 ± 0.0 |  |" in out
+  assert "| evaluation (greedy) | 5 | 50.0 ± 0.0 |  | 70.0 ± 0.0 |  |" in out
+  assert "| 0 |" not in out  # nothing logged at step 0

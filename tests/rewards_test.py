@@ -308,11 +308,19 @@ def _debate_rewarded_by_its_verifier(pay):
     lambda: _config("peer_review", "size=tiny,pay=peer_prediction,audit_rate=0"),
     # Its per-turn influence rewards read the verifier (8 s: in the slow tier, as the fast tier nears 5 minutes).
     pytest.param(lambda: _debate_rewarded_by_its_verifier("team"), marks=pytest.mark.slow),
-], ids=["peer_review:team", "peer_review:peer_prediction", "debate:team"])
+    # Half the problems planted, the judges read by probability and taught on the planted labels (with
+    # and without their policy gradient): labels reach the loss, none of them the checker's.
+    lambda: _config("peer_review", "size=tiny,pay=audited_balanced,audit_rate=0,plant_rate=0.5,verdict=expected,"
+                                   "judge_loss=brier"),
+    pytest.param(lambda: _config("peer_review", "size=tiny,pay=audited_balanced,audit_rate=0,plant_rate=0.5,"
+                                                "judge_loss=log,judge_pg=false"), marks=pytest.mark.slow),
+], ids=["peer_review:team", "peer_review:peer_prediction", "debate:team", "planted+brier+expected",
+        "planted+supervised"])
 def test_without_audits_the_checker_does_not_reach_the_update(config):
   # source=peer, audit_rate=0: one compiled step, run with the task's checker and with a checker that
   # says the opposite (a traced switch, so both runs are one program): the updated state is
-  # bit-identical, and no ground-truth label reached the loss.
+  # bit-identical, and no ground-truth label reached the loss (a planted answer's label is the task's
+  # construction).
   exp = experiment.build(config())
   start = state.init_state(exp, jax.random.PRNGKey(0))
   keys_3xB = jax.random.split(jax.random.PRNGKey(1), 3 * exp.config.rl.batch_size).reshape(
@@ -334,7 +342,8 @@ def test_without_audits_the_checker_does_not_reach_the_update(config):
 
   (state_true, metrics_true), (state_flipped, metrics_flipped) = step(False), step(True)
   chex.assert_trees_all_equal(jax.tree.map(np.asarray, state_true), jax.tree.map(np.asarray, state_flipped))
-  assert metrics_true["labels_per_episode"] == 0
+  planted = exp.reward.plant_rate > 0
+  assert (metrics_true["labels_per_episode"] > 0) if planted else (metrics_true["labels_per_episode"] == 0)
   assert metrics_true["reward"] == metrics_flipped["reward"]
   assert metrics_true["true_accuracy"] + metrics_flipped["true_accuracy"] == 1  # the checker did flip
 

@@ -105,7 +105,7 @@ class Layout:
     return changed
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # read at trace time, never a static argument: no hash
 class VerdictReadout:
   """Where a judge's verdict is written as one token (`Protocol.verdict_readout`): judge j states its
   level on answer k at canvas position `position_JxK[j, k]`, level d as token `token_L[d]`.  The
@@ -115,15 +115,6 @@ class VerdictReadout:
   token_L: tuple[int, ...]
   levels: tuple[float, ...]
   answer_turn_K: tuple[int, ...]  # the turn whose message is answer k (where a planted answer goes)
-
-  def _key(self):
-    return self.position_JxK.tobytes(), self.position_JxK.shape, self.token_L, self.levels, self.answer_turn_K
-
-  def __hash__(self):
-    return hash(self._key())
-
-  def __eq__(self, other):
-    return isinstance(other, VerdictReadout) and self._key() == other._key()
 
 
 @flax.struct.dataclass

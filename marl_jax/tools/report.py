@@ -7,6 +7,7 @@
   python -m marl_jax.tools.report --seeds DIR             one row per seed, diverged seeds and the spread
   python -m marl_jax.tools.report --plot DIR FILE         a run rewarded by its judges, plotted (PNG)
   python -m marl_jax.tools.report --rates FILE DIR [DIR ...]  runs rewarded by their judges against audit rate (PNG)
+  python -m marl_jax.tools.report --judges-at 0,5,100 DIR [DIR ...]  the judges' AUROC of each statement at those steps
 
 The team's accuracy (base, final, peak, drop) stands beside each member's own (`ROLE/member_accuracy`,
 where the workflow's members answer) and the average member's (`member_accuracy`), so --compare puts a
@@ -52,7 +53,7 @@ PER_EPISODE = ("workers_used", "critical_steps", "labels_per_episode")
 COUNTS = PER_EPISODE + ("effective_judges", COLLUSION)  # printed as they are, not in %
 COLUMNS = DIAGNOSTICS + PEER + (COLLUSION,)  # beside the accuracies, where a run logs them
 # Each judge's own at the last evaluation (`JUDGE/NAME`), after them.
-JUDGE_RATES = ("balanced_accuracy", "auroc")
+JUDGE_RATES = ("balanced_accuracy", "auroc", "auroc_expected")
 # Each member's own accuracy (`ROLE/member_accuracy`, `protocols.engine.member_accuracy`: a candidate's,
 # a voter's, a debater's, a worker's answer, or a single agent's, its only member's), and the average
 # member (`member_accuracy`: the mean over a run's members per seed), beside the team's accuracy.
@@ -328,6 +329,41 @@ def split(single: dict, multi: dict) -> str:
   return text
 
 
+# The judges' scores whose AUROC `judges_at` tabulates: the statement written (sampled in training,
+# greedy at evaluation), the mode of the judge's distribution over its levels, the probability it puts
+# on right, and (evaluation only) a level drawn from that distribution.
+JUDGE_SCORES = ("auroc", "auroc_greedy", "auroc_expected", "auroc_sampled")
+
+
+def judges_at(workdir: str, steps: list[int]) -> str:
+  """The judges' AUROC of each of `JUDGE_SCORES` (per seed the mean over the judges; mean ± CI over
+  seeds, %) on the training batch and at evaluation, at each of `steps` a row was logged."""
+  logged = metrics.read(workdir)
+  lines = [f"{workdir}: the judges' AUROC (%), mean over judges, mean ± 95% CI over seeds:\n",
+           row("answers", "step", *JUDGE_SCORES), "|---" * (2 + len(JUDGE_SCORES)) + "|\n"]
+  for where, prefix in (("training batch (sampled)", ""), ("evaluation (greedy)", "eval_")):
+    for step in steps:
+      ours = lambda k: k.startswith(prefix) and (prefix or not k.startswith("eval_"))
+      judges_of = lambda r: sorted({k[len(prefix):].split("/")[0] for k in r
+                                    if ours(k) and k[len(prefix):].split("/")[1:2] == ["auroc"]})
+      found = [r for r in logged if r["step"] == step and judges_of(r)]
+      if not found:
+        continue
+      r = found[-1]
+      judges = judges_of(r)
+      cells = []
+      for score in JUDGE_SCORES:
+        if not all(f"{prefix}{j}/{score}" in r or f"{prefix}{j}/{score}/seed0" in r for j in judges):
+          cells.append("")
+          continue
+        with warnings.catch_warnings():  # a seed without right or wrong answers: NaN
+          warnings.simplefilter("ignore", RuntimeWarning)
+          per_seed = np.nanmean([runs.seed_values(r, f"{prefix}{j}/{score}") for j in judges], 0)
+        cells.append(pm(*intervals.mean_ci(intervals.defined(per_seed))))
+      lines.append(row(where, step, *cells))
+  return "".join(lines)
+
+
 def seeds_table(workdir: str) -> str:
   """One row per seed, then how many diverged and the spread of the final accuracy."""
   s = summarize(workdir)
@@ -471,16 +507,21 @@ def main(argv: list[str] | None = None):
   parser.add_argument("--rates", metavar="FILE",
                       help="with workdirs: plot runs rewarded by their judges against their audit rate to FILE "
                            "(PNG), true and reported accuracy per payment rule and seed set, beside baselines")
+  parser.add_argument("--judges-at", metavar="STEPS",
+                      help="with workdirs: the judges' AUROC of their sampled, greedy and expected statements at "
+                           "these steps (comma-separated), on the training batch and at evaluation")
   args = parser.parse_args(argv)
   if not (args.workdirs or args.compare or args.split or args.seeds or args.plot):
     parser.error("give workdirs, --compare A B, --split SINGLE MULTI, --seeds DIR or --plot DIR FILE")
-  if args.rates and not args.workdirs:
-    parser.error("--rates FILE goes with workdirs")
+  if (args.rates or args.judges_at) and not args.workdirs:
+    parser.error("--rates FILE and --judges-at STEPS go with workdirs")
   if args.paired and not args.compare:
     parser.error("--paired goes with --compare A B")
   outputs = []
   with cli.refusing_bad_input(parser):
-    if args.workdirs:
+    if args.judges_at:
+      outputs += [judges_at(w, [int(s) for s in args.judges_at.split(",")]) for w in args.workdirs]
+    elif args.workdirs:
       summaries, waiting = [], []
       for w in args.workdirs:  # a run still warming up does not keep the others from the table
         try:
