@@ -520,9 +520,9 @@ def test_the_step_hands_the_protocols_turn_rewards_to_the_update(monkeypatch):
   exp = experiment.build(config)
   turn_rewards, update_batch = [], train.update_batch
 
-  def spy(exp, state, episodes, adv_xB, turn_NxB=None):
+  def spy(exp, state, episodes, adv_xB, turn_NxB=None, labels=None):
     turn_rewards.append(turn_NxB)
-    return update_batch(exp, state, episodes, adv_xB, turn_NxB)
+    return update_batch(exp, state, episodes, adv_xB, turn_NxB, labels)
 
   monkeypatch.setattr(train, "update_batch", spy)
   jax.eval_shape(train.make_train_call(exp), loop.initial_state(exp))
@@ -572,7 +572,8 @@ def test_bad_protocol_knobs(name, knobs, match):
     ("delegate", "workflow=solo", r"workflow='solo' is unknown; allowed: \['delegate', 'single'\]"),
     ("delegate", "workflow=single,aux=none", r"aux and trainable_workers apply to workflow=delegate only"),
     ("peer_review", "source=judges", r"source='judges' is unknown; allowed: \['peer', 'checker'\]"),
-    ("peer_review", "source=checker,pay=audited", r"pay='audited', penalty=0.0, cross='none' act only with source=peer"),
+    ("peer_review", "source=checker,pay=audited",
+     r"pay='audited', penalty=0.0, cross='none', verdict='sampled', plant_rate=0.0 act only with source=peer"),
     ("peer_review", "pay=vote", r"config.reward.pay='vote' is unknown; allowed: \['audited', 'audited_balanced', 'audited_team', 'peer_prediction'"),
 ])
 def test_bad_experiment_arguments(name, arg, match):
