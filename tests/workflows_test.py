@@ -572,8 +572,7 @@ def test_bad_protocol_knobs(name, knobs, match):
     ("delegate", "workflow=solo", r"workflow='solo' is unknown; allowed: \['delegate', 'single'\]"),
     ("delegate", "workflow=single,aux=none", r"aux and trainable_workers apply to workflow=delegate only"),
     ("peer_review", "source=judges", r"source='judges' is unknown; allowed: \['peer', 'checker'\]"),
-    ("peer_review", "source=checker,pay=audited",
-     r"pay='audited', penalty=0.0, cross='none', verdict='sampled', plant_rate=0.0 act only with source=peer"),
+    ("peer_review", "source=checker,pay=audited", r"pay='audited', penalty=0.0, cross='none', verdict='sampled', plant_rate=0.0 act only with source=peer"),
     ("peer_review", "pay=vote", r"config.reward.pay='vote' is unknown; allowed: \['audited', 'audited_balanced', 'audited_team', 'peer_prediction'"),
 ])
 def test_bad_experiment_arguments(name, arg, match):
