@@ -9,8 +9,8 @@ import jax
 import numpy as np
 import pytest
 
+from marl_jax import checkpoint, datasets, experiment, loop, state, tasks, text, transcripts
 from marl_jax.tools import archive as archive_lib
-from marl_jax import checkpoint, datasets, experiment, loop, state, tasks, text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -37,7 +37,7 @@ def test_transcripts_round_trip(tmp_path):
   params_S = random_params(exp)
   name = archive_lib.archive(exp, params_S, str(tmp_path), "run1", extra_metadata={"note": "test"})
   assert name == "marl_transcripts/run1:1.0.0"
-  archive = archive_lib.load_transcripts(str(tmp_path), "run1")
+  archive = transcripts.load_transcripts(str(tmp_path), "run1")
   S, N, R, T = 2, 5, 2, exp.layout.length
   arrays = archive.arrays
   assert arrays["tokens"].shape == (S * N, T) and arrays["tokens"].dtype == np.int32
@@ -69,7 +69,7 @@ def test_transcripts_without_credit_read_from_a_stored_eval_set(tmp_path):
   exp = tiny_experiment("matrix_game")
   archive_lib.archive(exp, random_params(exp), str(tmp_path / "out"), "greedy", greedy=True,
                with_credit=False, data_dir=str(tmp_path / "eval"))
-  archive = archive_lib.load_transcripts(str(tmp_path / "out"), "greedy")
+  archive = transcripts.load_transcripts(str(tmp_path / "out"), "greedy")
   assert "credit" not in archive.arrays and "credit" not in archive.text(0)
   assert os.path.isdir(tmp_path / "eval" / "marl_eval_set")
   # Greedy play: the same joint action on every (identical) problem of a seed.
@@ -82,7 +82,7 @@ def test_archived_rewards_and_credit_are_the_protocols(tmp_path):
   # and the matrix game's payoffs vary between them.
   exp = tiny_experiment("matrix_game", eval_size=32, warm_steps=150)
   archive_lib.archive(exp, loop.initial_state(exp).params, str(tmp_path), "sampled")
-  arrays = archive_lib.load_transcripts(str(tmp_path), "sampled").arrays
+  arrays = transcripts.load_transcripts(str(tmp_path), "sampled").arrays
   problems = {k[len("problem_"):]: v for k, v in arrays.items() if k.startswith("problem_")}
   rewards = exp.protocol.rewards(exp.task, exp.layout, problems, arrays["tokens"])
   np.testing.assert_allclose(arrays["team_reward"], rewards.team_B)
@@ -120,7 +120,7 @@ def test_archive_cli(tmp_path):
                         text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "wrote marl_transcripts/step0-sampled:1.0.0 (5 transcripts)" in proc.stdout
-  archive = archive_lib.load_transcripts(os.path.join(workdir, "transcripts"), "step0-sampled")
+  archive = transcripts.load_transcripts(os.path.join(workdir, "transcripts"), "step0-sampled")
   assert archive.metadata["step"] == 0 and archive.metadata["workdir"] == workdir
   assert archive.metadata["config"]["task"]["name"] == "subset_sum"
   assert json.loads(json.dumps(archive.metadata)) == archive.metadata

@@ -18,7 +18,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from marl_jax import configs, datasets, experiment, loop, rollout, sampling, tasks, text
+from marl_jax import configs, datasets, experiment, loop, rollout, sampling, tasks, text, transcripts
 from marl_jax import word_problem_sets as wp
 from marl_jax import workdir as workdir_lib
 from marl_jax.lm import agent as lm_agent
@@ -209,8 +209,8 @@ def test_transcripts_archived_read_back_as_text(tmp_path):
   exp = experiment.build(_config(**{"sft.steps": 0}))
   params_S = loop.initial_state(exp).params
   name = archive.archive(exp, params_S, str(tmp_path), "wp", greedy=True, with_credit=False)
-  transcripts = archive.load_transcripts(str(tmp_path), name.split("/")[1].split(":")[0])
-  first = transcripts.text(0)
+  read = transcripts.load_transcripts(str(tmp_path), name.split("/")[1].split(":")[0])
+  first = read.text(0)
   assert first.startswith("prompt: <|im_start|>user\nWhat is 7 times 6?<|im_end|>")
   assert "\nagent: " in first and "team reward 0.00" in first
 

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from marl_jax import array_records, checkpoint, cli, configs, credit, datasets, evaluate, experiment, loop, rollout
-from marl_jax.transcripts import MarlTranscripts, Transcripts, load_transcripts  # noqa: F401 (this module's API too)
+from marl_jax.transcripts import MarlTranscripts, load_transcripts
 
 
 def difference_estimator(exp: experiment.Experiment) -> credit.Estimator:

@@ -24,7 +24,7 @@ tokens, on a single agent's canvas: the prompt, the turn's one-token header, the
 
 Bounds, measured before and after the rows (their mean): prefill and update against the matmul of
 `marl_jax.tools.throughput` (FLOP/s; the FLOPs each row needs, `needed_flops`), decode against memory (the
-bytes each token must read, `decode_bytes`, at the rate of a jitted copy, `copy_bytes_per_s`).  Every
+bytes each token must read, `decode_bytes`, at the rate of a jitted copy, `bounds.copy_bytes_per_s`).  Every
 program is compiled before it is timed (`jax.jit(...).lower(...).compile()`), and each row's time is
 the median of `--repeats` calls.
 

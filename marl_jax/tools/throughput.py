@@ -13,7 +13,7 @@ chain of R agents), S = 1, 4 seeds, with team credit and with difference (counte
 
 Every row also gives the achieved model FLOP/s (`step_flops`: an analytic count of the step's model
 FLOPs) and its fraction of a jitted float32 1024x1024 matmul (on an accelerator a bfloat16 8192x8192
-one, `reference_matmul`) timed just before and just after the row (their mean; the row prints both):
+one, `bounds.reference_matmul`) timed just before and just after the row (their mean; the row prints both):
 how close the step runs to what this machine's matmul unit delivers at that time, since on a shared machine the matmul's own rate moves by half from one minute to the
 next; and the same split in two: the rollout alone (timed as its own program in the same process) and the rest of the step (scoring, credit, update:
 the step's time less the rollout's), each with its tokens/s and fraction of the matmul.
@@ -22,7 +22,7 @@ With `--cpu_devices=N` the CPU is split into N JAX devices and each row's batch 
 splits it (the rollout timed alone too).
 
 With `--profile`, one more call per row is traced: its thunk time by kind, its dots' FLOPs read from
-the compiled module (a check of `step_flops`), and its `ceiling`, the fraction of the matmul it would
+the compiled module (a check of `step_flops`), and its `hlo_profile.ceiling`, the fraction of the matmul it would
 reach with no core left idle.
 
 Bad flags end the command before anything compiles or is timed, with one `FATAL` line naming the flag
@@ -277,7 +277,7 @@ def print_profile(row: dict, bound: float):
   """One row's traced call: seconds per kind of thunk, its share of all thunk time, the rate of the
   matmul thunks (their dots' FLOPs over their thunk time, against the 1024 x 1024 matmul; two thunks
   at once each count whole, so this is a lower bound on what the cores delivered), the dots' FLOPs
-  against the analytic count, and the call's `ceiling`."""
+  against the analytic count, and the call's `hlo_profile.ceiling`."""
   total = sum(row["thunk_s"].values())
   flops = sum(f for _, f in row["matmul_thunks"])
   cores = len(os.sched_getaffinity(0))
