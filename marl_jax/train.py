@@ -73,7 +73,7 @@ def update_batch(exp: Experiment, state: TrainState, episodes: rollout.Episodes,
   return update.Batch(tokens_BxT=episodes.tokens_BxT, old_logp_BxT=episodes.logp_BxT,
                       ref_logp_BxT=ref_logp_BxT, adv_BxT=adv_BxT,
                       role_mask_BxRxT=role_mask_BxRxT, group_B=rows(B) // rl.group_size,
-                      judge_labelled_BxK=None if labels is None else labels.labelled_BxK,
+                      judge_weight_BxK=None if labels is None else labels.weight_BxK,
                       judge_label_BxK=None if labels is None else labels.label_BxK)
 
 

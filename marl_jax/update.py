@@ -25,8 +25,9 @@ class Batch:
   adv_BxT: jax.Array
   role_mask_BxRxT: jax.Array
   group_B: jax.Array
-  # The judge loss's labels of each row's K judged answers (`rewards.Labels`), None without one.
-  judge_labelled_BxK: jax.Array | None = None
+  # The judge loss's weight (0: unlabelled) and label of each row's K judged answers (`rewards.Labels`),
+  # None without one.
+  judge_weight_BxK: jax.Array | None = None
   judge_label_BxK: jax.Array | None = None
 
 
@@ -59,19 +60,19 @@ def token_counts(mb: Batch, devices: int):
 
 
 def label_count(mb: Batch, devices: int):
-  """The labelled judged answers in the global minibatch over the devices, the judge loss's denominator
-  (as `token_counts` is the surrogate's)."""
-  return parallel.sum_over_devices(mb.judge_labelled_BxK.sum()) / devices
+  """The labelled judged answers' total weight in the global minibatch over the devices, the judge
+  loss's denominator (as `token_counts` is the surrogate's)."""
+  return parallel.sum_over_devices(mb.judge_weight_BxK.sum()) / devices
 
 
 def judge_losses(exp, level_logp_JxKxBxL, mb: Batch, label_count):
   """loss_R: each judge's proper score (`config.reward.judge_loss`) of the probability it puts on each
-  labelled answer being right against the label, summed over `mb`'s labelled answers over
+  labelled answer being right against the label, weighted and summed over `mb`'s labelled answers over
   `label_count`; 0 for the other roles."""
   rule, readout = exp.reward, exp.protocol.verdict_readout(exp.layout)
   p_JxKxB = engine.expected_level(level_logp_JxKxBxL, readout.levels)
   loss_JxKxB = losses.JUDGE_LOSSES[rule.judge_loss](p_JxKxB, mb.judge_label_BxK.T[None])
-  judge_J = jnp.einsum("jkb,bk->j", loss_JxKxB, mb.judge_labelled_BxK) / jnp.maximum(label_count, 1e-9)
+  judge_J = jnp.einsum("jkb,bk->j", loss_JxKxB, mb.judge_weight_BxK) / jnp.maximum(label_count, 1e-9)
   return jnp.zeros(len(exp.layout.roles)).at[np.asarray(exp.protocol.judge_roles)].set(judge_J)
 
 
@@ -129,7 +130,7 @@ def minibatch_gradient(exp, params_R, mb: Batch, devices: int):
   accelerator memory.  0 is one pass over the whole minibatch."""
   R = len(exp.layout.roles)
   count_R = token_counts(mb, devices)
-  labels = None if mb.judge_labelled_BxK is None else label_count(mb, devices)
+  labels = None if mb.judge_weight_BxK is None else label_count(mb, devices)
 
   def part(part_mb):
     loss_R, vjp_fn, means = jax.vjp(lambda p: role_losses(exp, p, part_mb, count_R, labels), params_R,
@@ -168,7 +169,7 @@ def role_grad_norms(exp, params_R, batch: Batch, devices: int):
   R = len(exp.layout.roles)
   mb = jax.tree.map(lambda x: x[minibatch_rows(exp, batch.tokens_BxT.shape[0])[0]], batch)
   count_R = token_counts(mb, devices)
-  labels = None if mb.judge_labelled_BxK is None else label_count(mb, devices)
+  labels = None if mb.judge_weight_BxK is None else label_count(mb, devices)
   _, vjp_fn, _ = jax.vjp(lambda p: role_losses(exp, p, mb, count_R, labels), params_R, has_aux=True)
   grads_R = parallel.mean_over_devices(jax.vmap(vjp_fn)(jnp.eye(R))[0])
   return jax.vmap(optax.tree_utils.tree_norm)(grads_R)

@@ -73,16 +73,30 @@ def test_the_levels_are_the_judges_policy_at_its_verdict_position_renormalised()
 
 
 def test_the_judge_loss_by_hand():
-  # Two judges, two rows, one answer each; row 0 labelled right, row 1 unlabelled.  Judge 0 puts
-  # (1/2, 0, 0, 1/2) on the levels of row 0: probability 1/2 on right, Brier (1/2 - 1)^2 = 1/4; judge 1
-  # puts all on level 2: 2/3, (2/3 - 1)^2 = 1/9.  Row 1 counts for nothing; the solver gets 0.
+  # Two judges, two rows, one answer each; row 0 labelled right, row 1 unlabelled (weight 0).  Judge 0
+  # puts (1/2, 0, 0, 1/2) on the levels of row 0: probability 1/2 on right, Brier (1/2 - 1)^2 = 1/4;
+  # judge 1 puts all on level 2: 2/3, (2/3 - 1)^2 = 1/9.  Row 1 counts for nothing; the solver gets 0.
   exp = _peer_review(judge_loss="brier")
   tiny = 1e-30
   p_JxKxBxL = jnp.array([[[[0.5, tiny, tiny, 0.5], [0.25] * 4]], [[[tiny, tiny, 1.0, tiny], [0.25] * 4]]])
   mb = update.Batch(tokens_BxT=None, old_logp_BxT=None, ref_logp_BxT=None, adv_BxT=None, role_mask_BxRxT=None,
-                    group_B=None, judge_labelled_BxK=jnp.array([[True], [False]]), judge_label_BxK=jnp.array([[1.0], [0.0]]))
+                    group_B=None, judge_weight_BxK=jnp.array([[1.0], [0.0]]), judge_label_BxK=jnp.array([[1.0], [0.0]]))
   loss_R = update.judge_losses(exp, jnp.log(p_JxKxBxL), mb, label_count=1.0)
   np.testing.assert_allclose(loss_R, [0.0, 0.25, 1 / 9], rtol=1e-5)
+
+
+def test_a_balanced_rule_weighs_the_judge_loss_by_class_so_its_reading_at_the_base_rate_applies_once():
+  # audited_balanced at base rate 1/4 (counts 1 right, 3 wrong): a right answer weighs 1 / (2 * 1/4) = 2,
+  # a wrong one 1 / (2 * 3/4) = 2/3; the plain rules weigh every labelled answer 1.
+  label_A = jnp.array([1.0, 0.0])
+  balanced = rewards.make("audited_balanced", source="peer", audit_rate=0.1)
+  np.testing.assert_allclose(balanced.label_weight(jnp.array([1.0, 3.0]), label_A), [2.0, 2 / 3], rtol=1e-6)
+  np.testing.assert_allclose(rewards.make("audited", source="peer", audit_rate=0.1).label_weight((), label_A), [1.0, 1.0])
+  # A judge that believes right with probability q = 1/4 (the base rate) minimises the weighted Brier loss
+  # 2 q (p - 1)^2 + (2/3)(1 - q) p^2 at p = 1/2: even prior odds.
+  p_P = jnp.linspace(0.0, 1.0, 101)
+  weighted_P = 2 * 0.25 * losses.brier_loss(p_P, 1.0) + (2 / 3) * 0.75 * losses.brier_loss(p_P, 0.0)
+  np.testing.assert_allclose(p_P[jnp.argmin(weighted_P)], 0.5, atol=1e-6)
 
 
 def _one_step(exp, start, keys_3xB):

@@ -52,6 +52,11 @@ class AuditedBalanced(base.BetaPrior):
     """counts_2: pseudo-counts of right and wrong audited answers."""
     return jnp.array([self.prior_right, self.prior_wrong], jnp.float32)
 
+  def label_weight(self, state, label_A):
+    """The class weights: a judge taught by a proper score states its belief at even prior odds, as its
+    pay makes it state, so the aggregate's reading at the base rate applies once."""
+    return class_weight(label_A, base_rate(state))
+
   def aggregate(self, state, reviewed):
     return at_base_rate(reviewed.read_JxA, base_rate(state)).mean(0)
 

@@ -106,6 +106,11 @@ class PayRule:
   def init(self, num_judges: int) -> Any:
     return ()
 
+  def label_weight(self, state, label_A) -> jax.Array:
+    """weight_A: how much each labelled answer counts in the judge loss (`judge_loss`): 1, so the judges'
+    probabilities are calibrated at the labels' base rate, as this rule's aggregate reads them."""
+    return jnp.ones_like(label_A)
+
   def aggregate(self, state, reviewed: Reviewed) -> jax.Array:
     """reported_A: the judges' joint verdict on each answer, its role's reward where there is no audit."""
     return reviewed.read_JxA.mean(0)
@@ -258,9 +263,10 @@ def draw_plants(key_B, plant_rate: float, answers: int) -> Plants:
 
 @flax.struct.dataclass
 class Labels:
-  """What the judge loss reads of this device's rows: which judged answers are labelled (audited or
-  planted; with `source=checker` every one) and their labels."""
-  labelled_BxK: jax.Array  # bool
+  """What the judge loss reads of this device's rows: how much each judged answer counts (0 where it
+  is not labelled; labelled are the audited or planted ones, with `source=checker` every one:
+  `PayRule.label_weight`) and its label."""
+  weight_BxK: jax.Array
   label_BxK: jax.Array
 
 
@@ -294,7 +300,8 @@ def assign(rule: PayRule, roles: tuple[str, ...], judge_roles: tuple[int, ...], 
   own_labels = None
   if rule.judge_loss != "none":
     labelled_KxB, label_KxB = labels(rule, judgments.truth_KxB, audited_B, plants)
-    own_labels = Labels(labelled_BxK=parallel.own_rows(labelled_KxB, B).T, label_BxK=parallel.own_rows(label_KxB, B).T)
+    weight_KxB = jnp.where(labelled_KxB, rule.label_weight(state, label_KxB), 0.0)
+    own_labels = Labels(weight_BxK=parallel.own_rows(weight_KxB, B).T, label_BxK=parallel.own_rows(label_KxB, B).T)
   if rule.source == "checker":
     return scored, outcome, state, {}, own_labels
   judged_KxB, pay_JxB, state, metrics = settle(rule, state, judgments, audited_B, plants)
