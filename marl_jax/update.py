@@ -60,15 +60,16 @@ def token_counts(mb: Batch, devices: int):
 
 
 def label_count(mb: Batch, devices: int):
-  """The labelled judged answers' total weight in the global minibatch over the devices, the judge
-  loss's denominator (as `token_counts` is the surrogate's)."""
-  return parallel.sum_over_devices(mb.judge_weight_BxK.sum()) / devices
+  """The labelled judged answers in the global minibatch over the devices, the judge loss's denominator
+  (as `token_counts` is the surrogate's).  A count, not the weights' sum: a minibatch without a right
+  label would otherwise give its wrong ones the whole weight, undoing a rule's class weights."""
+  return parallel.sum_over_devices((mb.judge_weight_BxK > 0).sum()) / devices
 
 
 def judge_losses(exp, level_logp_JxKxBxL, mb: Batch, label_count):
   """loss_R: each judge's proper score (`config.reward.judge_loss`) of the probability it puts on each
-  labelled answer being right against the label, weighted and summed over `mb`'s labelled answers over
-  `label_count`; 0 for the other roles."""
+  labelled answer being right against the label, weighted (`PayRule.label_weight`) and summed over
+  `mb`'s labelled answers over `label_count`; 0 for the other roles."""
   rule, readout = exp.reward, exp.protocol.verdict_readout(exp.layout)
   p_JxKxB = engine.expected_level(level_logp_JxKxBxL, readout.levels)
   loss_JxKxB = losses.JUDGE_LOSSES[rule.judge_loss](p_JxKxB, mb.judge_label_BxK.T[None])

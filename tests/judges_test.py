@@ -81,8 +81,16 @@ def test_the_judge_loss_by_hand():
   p_JxKxBxL = jnp.array([[[[0.5, tiny, tiny, 0.5], [0.25] * 4]], [[[tiny, tiny, 1.0, tiny], [0.25] * 4]]])
   mb = update.Batch(tokens_BxT=None, old_logp_BxT=None, ref_logp_BxT=None, adv_BxT=None, role_mask_BxRxT=None,
                     group_B=None, judge_weight_BxK=jnp.array([[1.0], [0.0]]), judge_label_BxK=jnp.array([[1.0], [0.0]]))
-  loss_R = update.judge_losses(exp, jnp.log(p_JxKxBxL), mb, label_count=1.0)
+  loss_R = update.judge_losses(exp, jnp.log(p_JxKxBxL), mb, label_count=1.0)  # one labelled answer
   np.testing.assert_allclose(loss_R, [0.0, 0.25, 1 / 9], rtol=1e-5)
+  # Weighted 3 (a rare class's label), the answer counts three times over its count of one: a minibatch's
+  # loss is over how many answers are labelled, not over their weights, so the class weights hold.
+  heavy = mb.replace(judge_weight_BxK=jnp.array([[3.0], [0.0]]))
+  np.testing.assert_allclose(update.judge_losses(exp, jnp.log(p_JxKxBxL), heavy, label_count=1.0), [0.0, 0.75, 1 / 3],
+                             rtol=1e-5)
+  count = jax.jit(parallel.shard_map(lambda mb: update.label_count(mb, 1), parallel.make_mesh(1), in_specs=(P(),),
+                                     out_specs=P()))
+  assert count(heavy) == 1
 
 
 def test_a_balanced_rule_weighs_the_judge_loss_by_class_so_its_reading_at_the_base_rate_applies_once():
