@@ -58,16 +58,18 @@ def test_the_levels_are_the_judges_policy_at_its_verdict_position_renormalised()
   exp = _peer_review()
   params_R = state.init_state(exp, jax.random.PRNGKey(0)).params
   problems = jax.vmap(exp.task.sample)(jax.random.split(jax.random.PRNGKey(1), 4))
-  tokens_BxT = rollout.sample(exp, params_R, problems, jax.random.split(jax.random.PRNGKey(2), 4)).tokens_BxT
+  tokens_BxT = jax.jit(lambda p, k: rollout.sample(exp, params_R, p, k).tokens_BxT)(
+      problems, jax.random.split(jax.random.PRNGKey(2), 4))
   readout = exp.protocol.verdict_readout(exp.layout)
   temperature = exp.config.rl.temperature
-  level_logp_JxKxBxL = sampling.level_log_probs(exp.model, exp.layout, readout, params_R, tokens_BxT, temperature)
+  level_logp_JxKxBxL = jax.jit(lambda t: sampling.level_log_probs(exp.model, exp.layout, readout, params_R, t,
+                                                                  temperature))(tokens_BxT)
   assert level_logp_JxKxBxL.shape == (2, 1, 4, 4)
   np.testing.assert_allclose(jnp.exp(level_logp_JxKxBxL).sum(-1), 1.0, rtol=1e-5)
+  token_logp = jax.jit(lambda t: sampling.token_log_probs(exp.model, exp.layout, params_R, t, temperature)[0])
   for j in range(2):
     t = int(readout.position_JxK[j, 0])
-    writing = lambda d: sampling.token_log_probs(exp.model, exp.layout, params_R, tokens_BxT.at[:, t].set(
-        text.DIGIT0 + d), temperature)[0][:, t]
+    writing = lambda d: token_logp(tokens_BxT.at[:, t].set(text.DIGIT0 + d))[:, t]
     np.testing.assert_allclose(level_logp_JxKxBxL[j, 0, :, 3] - level_logp_JxKxBxL[j, 0, :, 1],
                                writing(3) - writing(1), rtol=1e-4, atol=1e-5)
 
@@ -143,7 +145,7 @@ def test_planted_answers_are_the_reference_or_a_corruption_by_construction():
   plants = rewards.Plants(planted_B=jnp.arange(B) < 6, truth_BxK=(jnp.arange(B) % 2 == 0)[:, None].astype(jnp.float32))
   key_B = jax.random.split(jax.random.PRNGKey(2), B)
   params_R = state.init_state(exp, jax.random.PRNGKey(0)).params
-  episodes = rollout.sample(exp, params_R, problems, key_B, plants=plants)
+  episodes = jax.jit(lambda p, k, planted: rollout.sample(exp, params_R, p, k, plants=planted))(problems, key_B, plants)
   answer_BxA = engine.message(exp.layout, episodes.tokens_BxT, 0)
   start, stop = exp.layout.turn_slices[0]
   for b in range(6):  # planted: never sampled; the reference where its truth is 1, a task's mistake else
