@@ -210,8 +210,8 @@ def test_the_training_step_weights_the_terms_at_its_own_step(monkeypatch):
   # moves only the orchestrator, whose plan it scores: a worker's re-runs keep the plan and its term,
   # which cancels.  The episodes are demonstrations, half of them delegating (random policies never
   # delegate, so they score no term), with their log-probs; the workers train.
-  def demonstrations(exp, params_R, problems, key_B, rows_per_pass=0):
-    del rows_per_pass  # one pass
+  def demonstrations(exp, params_R, problems, key_B, rows_per_pass=0, plants=None):
+    del rows_per_pass, plants  # one pass; nothing planted
     tokens_BxT = exp.protocol.demonstrate(exp.task, exp.layout, problems, key_B)
     sampled_BxT = (exp.layout.author_T[None] >= 0) & (tokens_BxT != text.PAD)
     logp_BxT, _ = sampling.token_log_probs(exp.model, exp.layout, params_R, tokens_BxT,
