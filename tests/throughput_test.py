@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from marl_jax import configs, credit, experiment, loop, sampling
-from marl_jax.tools import throughput
+from marl_jax.tools import hlo_profile, throughput
 
 
 def test_workflow_table_has_every_workflow_and_the_minimum_is_a_floor(capsys):
@@ -163,7 +163,7 @@ def test_a_row_times_the_step_and_its_rollout(sharing):
   episodes = 2 * 2 * 8
   assert 2 * episodes <= tokens <= 8 * episodes
   row = throughput.measure(config, calls=1, profile=True)
-  assert set(row["thunk_s"]) == set(throughput.THUNK_KINDS) == {"matmul", "data movement", "compute"}
+  assert set(row["thunk_s"]) == set(hlo_profile.THUNK_KINDS) == {"matmul", "data movement", "compute"}
   assert row["thunk_s"]["matmul"] > 0 and row["thunk_s"]["compute"] > 0
   # The traced call's dots are the model FLOPs the analytic count gives, and little else (the group
   # baseline's and the loss's small products); with shared sets, the per-role gradient norms too.
