@@ -45,7 +45,8 @@ fi
 # (`plant_rate`, no audits: the checker never reaches the loss).  What limits the judge: `*_batch256`
 # (four times the labels a step), `width*` (the judges' d_model 128 or 256, the solver's 64: bases of
 # their own), `easy_*` (subset_sum of 3 numbers, whose warm-started solver is right far more often than
-# the 7 % of 5 numbers); collusion with judges that can judge: `planted_*_team_0` (team pay, no audits,
+# the 7 % of 5 numbers); `*supervised_1` with every answer labelled and the solver paid by the checker
+# (whether the judges can learn to judge at all); collusion with judges that can judge: `planted_*_team_0` (team pay, no audits,
 # labels from planted answers only) with shared parameters, the channel and cross-judging by rotation.
 cells="
 checker judges source=checker
@@ -115,6 +116,8 @@ easy_checker easy source=checker
 easy_audited_balanced_0.1 easy pay=audited_balanced,audit_rate=0.1
 easy_supervised_0.1 easy pay=audited_balanced,audit_rate=0.1,verdict=expected,judge_loss=brier,judge_pg=false
 easy_expected_brier_0.1 easy pay=audited_balanced,audit_rate=0.1,verdict=expected,judge_loss=brier
+easy_supervised_1 easy pay=audited_balanced,audit_rate=1.0,verdict=expected,judge_loss=brier,judge_pg=false
+width256_supervised_1 width256 pay=audited_balanced,audit_rate=1.0,verdict=expected,judge_loss=brier,judge_pg=false,judge_width=256
 planted_team_0 judges pay=team,audit_rate=0,plant_rate=0.1,verdict=expected,judge_loss=brier
 planted_shared_team_0 shared pay=team,audit_rate=0,plant_rate=0.1,verdict=expected,judge_loss=brier,sharing=shared
 planted_channel_team_0 channel pay=team,audit_rate=0,plant_rate=0.1,verdict=expected,judge_loss=brier,channel=2
