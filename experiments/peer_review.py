@@ -31,7 +31,8 @@ its sampled statement, or the probability it puts on the answer being right); ju
 (false: the judge loss instead of the judges' policy gradient, a supervised judge); plant_rate (the share
 of problems whose judged answer is planted, the reference or a corrupted one, its truth known by
 construction: labels without the checker); judge_width (the judges' d_model, their own model with the
-solver's depth and d_ff / d_model; 0: the solver's model); size=tiny|cpu|gpu.
+solver's depth and d_ff / d_model; 0: the solver's model); judge_lr (the judges' sets' factor on the
+learning rate, `config.roles.lr_scale`; 1: the solver's); size=tiny|cpu|gpu.
 """
 from marl_jax import configs, experiment
 
@@ -40,7 +41,7 @@ def get_config(arg=None):
   args = configs.parse_arg(arg, task="subset_sum", pay="team", audit_rate=0.1, penalty=0.0, judges=2,
                            source="peer", credit="per_role", sharing="judges", cross="none", channel=0,
                            verdict="sampled", judge_loss="none", judge_pg=True, plant_rate=0.0, judge_width=0,
-                           size="cpu")
+                           judge_lr=1.0, size="cpu")
   sharing = dict(judges=",".join(["0"] + ["1"] * args.judges), shared="shared", isolated="isolated")
   c = configs.workflow_config(__file__, args, "peer_review", sharing, judges=args.judges, channel=args.channel)
   if configs.check_choice("source", args.source, ("peer", "checker")) == "peer":
@@ -53,15 +54,18 @@ def get_config(arg=None):
                      "source=checker: pay=team, penalty=0, cross=none, verdict=sampled, plant_rate=0")
   else:  # the checker's reward; its judges may still be taught by a proper score on every answer
     c.reward = configs.reward_config("team", judge_loss=args.judge_loss, judge_pg=args.judge_pg)
+  role_set_R = experiment.role_map(range(1 + args.judges), c.roles.sharing)
+  judge_set_S = [s != role_set_R[0] for s in range(max(role_set_R) + 1)]
+  for name, value, default in (("judge_width", args.judge_width, 0), ("judge_lr", args.judge_lr, 1.0)):
+    if value != default and args.sharing == "shared":
+      raise ValueError(f"config argument {name} sets the judges' parameter sets apart from the solver's; "
+                       f"allowed with sharing=judges or isolated, not shared")
   if args.judge_width:  # the judges a model of their own, wider (or narrower) than the solver's
-    if args.sharing == "shared":
-      raise ValueError("config argument judge_width gives the judges a model of their own; allowed with "
-                       "sharing=judges or isolated, not shared")
     m = c.model
     configs.add_model(c, "judge", d_model=args.judge_width, d_ff=args.judge_width * m.d_ff // m.d_model)
-    role_set_R = experiment.role_map(range(1 + args.judges), c.roles.sharing)
-    c.roles.models = ",".join("model" if s == role_set_R[0] else "judge" for s in range(max(role_set_R) + 1))
+    c.roles.models = ",".join("judge" if judge else "model" for judge in judge_set_S)
+  if args.judge_lr != 1.0:
+    c.roles.lr_scale = ",".join(str(args.judge_lr) if judge else "1" for judge in judge_set_S)
   if args.cross == "frozen":  # the judges' sets keep their warm start
-    role_set_R = experiment.role_map(range(1 + args.judges), c.roles.sharing)
-    c.roles.trainable = ",".join("1" if s == role_set_R[0] else "0" for s in range(max(role_set_R) + 1))
+    c.roles.trainable = ",".join("0" if judge else "1" for judge in judge_set_S)
   return c

@@ -142,8 +142,9 @@ def base_config() -> ml_collections.ConfigDict:
   # Mixed teams: other model configs by name (`add_model`), each with config.model's keys.
   c.models = ml_collections.ConfigDict()
   # sharing: 'isolated', 'shared' or one set per role ('0,0,1'); trainable: '' (all) or '1,0';
-  # models: '' (config.model for every set) or one model per set, 'model' or a config.models name.
-  c.roles = ml_collections.ConfigDict(dict(sharing="isolated", trainable="", models=""))
+  # models: '' (config.model for every set) or one model per set, 'model' or a config.models name;
+  # lr_scale: '' (1 for every set) or one factor per set on config.optim's learning rate ('1,0.1').
+  c.roles = ml_collections.ConfigDict(dict(sharing="isolated", trainable="", models="", lr_scale=""))
   # algorithm: a registered loss (marl_jax/losses.py); G = group_size samples of each problem;
   # on_nonfinite: 'skip' or 'stop' at a non-finite reward, advantage, loss, gradient or updated state
   # (docs/reliability.md).

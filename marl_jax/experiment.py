@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import jax
 import ml_collections
+import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -118,6 +119,20 @@ def role_map(roles, sharing) -> tuple[int, ...]:
   return role_set
 
 
+def learning_rate_scales(lr_scale: str, num_sets: int) -> np.ndarray:
+  """lr_scale_S from `config.roles.lr_scale`: each parameter set's factor on the learning rate (a
+  judge that learns slower than the solver it judges, say), 1 for every set when empty."""
+  try:
+    scale_S = np.array([float(s) for s in lr_scale.split(",")] if lr_scale else [1.0] * num_sets)
+  except ValueError:
+    scale_S = np.array([])
+  if len(scale_S) != num_sets or not np.all(np.isfinite(scale_S)) or np.any(scale_S < 0):
+    raise ValueError(f"config.roles.lr_scale={lr_scale!r} for {num_sets} parameter sets (from "
+                     f"config.roles.sharing); allowed: '' (1 for every set) or one factor >= 0 per set, "
+                     f"such as {','.join(['1'] * num_sets)!r}")
+  return scale_S
+
+
 def make_optimizer(optim, total_updates: int, group: str = "optim") -> optax.GradientTransformation:
   """Gradient clipping, then the optimiser `optim.name` on the schedule `optim.schedule`.  `group`
   names the config group in errors (`sft` builds its warm-start optimiser with this too)."""
@@ -182,6 +197,7 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
                      f"config.roles.sharing); allowed: '' (all trainable) or one 1 or 0 per set, "
                      f"such as {','.join(['1'] * num_sets)!r}")
   trainable_R = tuple(f in ("1", "true") for f in flags)
+  lr_scale_S = learning_rate_scales(str(config.roles.lr_scale), num_sets)
   layout = protocol.layout(task, role_set_R)
   if layout.length > config.model.max_len:
     raise ValueError(f"config.model.max_len={config.model.max_len} is too short: prompt plus messages "
@@ -233,7 +249,7 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
   if config.model_shards > 1:
     check_model_sharding(config, model_cfg, mesh)
   tx = make_optimizer(config.optim, config.total_steps * rl.epochs * rl.minibatches)
-  optimizer = model_lib.per_set(model_cfg, tx, trainable_R)
+  optimizer = model_lib.per_set(model_cfg, tx, np.asarray(trainable_R) * lr_scale_S)
   make_optimizer(sft_optim(config), config.sft.steps, "sft")  # refuses bad warm-start settings now
   return Experiment(config, task, protocol, layout, model_cfg, role_set_R, trainable_R, estimator,
                     loss, optimizer, mesh, reward)

@@ -86,10 +86,10 @@ class Team:
   def trainable(self, tx):
     return self._per_group(lambda g: self.models[g].trainable(tx))
 
-  def per_set(self, tx, trainable_S):
+  def per_set(self, tx, scale_S):
     """Each group's parameter sets vmapped over with their own states, as its model restricts `tx`."""
-    trainable_S = np.asarray(trainable_S)
-    return self._per_group(lambda g: self.models[g].per_set(tx, trainable_S[self._sets(g)]))
+    scale_S = np.asarray(scale_S)
+    return self._per_group(lambda g: self.models[g].per_set(tx, scale_S[self._sets(g)]))
 
   def set_norms(self, tree_R):
     norms = [self.models[g].set_norms(tree_R[name]) for g, name in enumerate(self.names)]

@@ -47,11 +47,12 @@ class SetStack:
     return jax.vmap(apply, in_axes=(self.set_axes(params_N), 0, readout_axis))(params_N, key_ok_NxBxT,
                                                                                readout_NxM)[0]
 
-  def per_set(self, tx: optax.GradientTransformation, trainable_S) -> optax.GradientTransformation:
+  def per_set(self, tx: optax.GradientTransformation, scale_S) -> optax.GradientTransformation:
     """`tx` on the parameters the model trains (`trainable`), with one state per parameter set (vmapped
-    over the sets); the sets whose `trainable_S` flag is False get zero updates."""
+    over the sets); set s's updates times `scale_S[s]` (a flag or a factor: 0 freezes the set, and for
+    the optimisers of `experiment.make_optimizer` a factor is exactly a learning rate of its own)."""
     tx = self.trainable(tx)
-    keep_S = np.asarray(trainable_S, np.float32)
+    keep_S = np.asarray(scale_S, np.float32)
 
     def init(params_R):
       return jax.vmap(tx.init, in_axes=(self.set_axes(params_R),))(params_R)
@@ -367,10 +368,10 @@ def apply_sets(model, params_R, set_N, tokens_BxL, start, key_ok_NxBxT, readout_
   return model.apply_sets(params_R, set_N, tokens_BxL, start, key_ok_NxBxT, readout_NxM)
 
 
-def per_set(model, tx, trainable_S) -> optax.GradientTransformation:
-  """`tx` on the trained parameters (`trainable`) with one optimiser state per parameter set; the sets
-  flagged False in `trainable_S` get zero updates."""
-  return model.per_set(tx, trainable_S)
+def per_set(model, tx, scale_S) -> optax.GradientTransformation:
+  """`tx` on the trained parameters (`trainable`) with one optimiser state per parameter set, set s's
+  updates times `scale_S[s]` (0 or False: frozen)."""
+  return model.per_set(tx, scale_S)
 
 
 def set_norms(model, tree_R):

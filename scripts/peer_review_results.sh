@@ -46,7 +46,8 @@ fi
 # (four times the labels a step), `width*` (the judges' d_model 128 or 256, the solver's 64: bases of
 # their own), `easy_*` (subset_sum of 3 numbers, whose warm-started solver is right far more often than
 # the 7 % of 5 numbers); `*supervised_1` with every answer labelled and the solver paid by the checker
-# (whether the judges can learn to judge at all); collusion with judges that can judge: `planted_*_team_0` (team pay, no audits,
+# (whether the judges can learn to judge at all), `lr*` with the judges' learning rate a tenth or a
+# hundredth of the solver's (Adam's steps are the learning rate's size whatever the loss's); collusion with judges that can judge: `planted_*_team_0` (team pay, no audits,
 # labels from planted answers only) with shared parameters, the channel and cross-judging by rotation.
 cells="
 checker judges source=checker
@@ -117,6 +118,10 @@ easy_audited_balanced_0.1 easy pay=audited_balanced,audit_rate=0.1
 easy_supervised_0.1 easy pay=audited_balanced,audit_rate=0.1,verdict=expected,judge_loss=brier,judge_pg=false
 easy_expected_brier_0.1 easy pay=audited_balanced,audit_rate=0.1,verdict=expected,judge_loss=brier
 easy_supervised_1 easy pay=audited_balanced,audit_rate=1.0,verdict=expected,judge_loss=brier,judge_pg=false
+lr0.1_supervised_1 judges pay=audited_balanced,audit_rate=1.0,verdict=expected,judge_loss=brier,judge_pg=false,judge_lr=0.1
+lr0.01_supervised_1 judges pay=audited_balanced,audit_rate=1.0,verdict=expected,judge_loss=brier,judge_pg=false,judge_lr=0.01
+lr0.1_supervised_0.1 judges pay=audited_balanced,audit_rate=0.1,verdict=expected,judge_loss=brier,judge_pg=false,judge_lr=0.1
+lr0.1_expected_brier_0.1 judges pay=audited_balanced,audit_rate=0.1,verdict=expected,judge_loss=brier,judge_lr=0.1
 width256_supervised_1 width256 pay=audited_balanced,audit_rate=1.0,verdict=expected,judge_loss=brier,judge_pg=false,judge_width=256
 planted_team_0 judges pay=team,audit_rate=0,plant_rate=0.1,verdict=expected,judge_loss=brier
 planted_shared_team_0 shared pay=team,audit_rate=0,plant_rate=0.1,verdict=expected,judge_loss=brier,sharing=shared

@@ -179,6 +179,16 @@ def test_bad_judge_settings_are_refused_naming_the_key(experiment_name, arg, rew
     experiment.build(config)
 
 
+def test_the_judges_width_and_learning_rate_are_their_parameter_sets_own():
+  config = _config("peer_review", "size=tiny,judges=3,judge_width=32,judge_lr=0.1")
+  assert (config.roles.sharing, config.roles.models, config.roles.lr_scale) == ("0,1,1,1", "model,judge", "1,0.1")
+  assert config.models.judge.d_model == 32
+  assert _config("peer_review", "size=tiny,sharing=isolated,judge_lr=0.5").roles.lr_scale == "1,0.5,0.5"
+  for arg in ("judge_lr=0.1", "judge_width=32"):
+    with pytest.raises(ValueError, match=f"config argument {arg.split('=')[0]} sets the judges' parameter sets apart"):
+      _config("peer_review", f"size=tiny,sharing=shared,{arg}")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("arg", ["peer_review.py:size=tiny,pay=audited_balanced,verdict=expected,judge_loss=brier",
                                  "peer_review.py:size=tiny,pay=audited_balanced,audit_rate=0,plant_rate=0.25,"

@@ -550,6 +550,8 @@ MALFORMED = [  # (group, overrides, what the message names)
     ("roles", {"roles.sharing": "nope"}, ["config.roles.sharing='nope'", "'isolated'", "'shared'"]),
     ("roles", {"roles.trainable": "1,0"}, ["config.roles.trainable='1,0'", "'' (all trainable)", "'1'"]),
     ("roles", {"roles.trainable": "x"}, ["config.roles.trainable='x'", "one 1 or 0 per set"]),
+    ("roles", {"roles.lr_scale": "1,0.5"}, ["config.roles.lr_scale='1,0.5'", "one factor >= 0 per set", "'1'"]),
+    ("roles", {"roles.lr_scale": "-1"}, ["config.roles.lr_scale='-1'", "one factor >= 0 per set"]),
     ("credit", {"credit.name": "nope"}, ["config.credit.name='nope'", "'team'", "'difference'"]),
     ("credit", {"credit.baseline": "nope"}, ["config.credit.baseline='nope'", "'rloo'"]),
     ("credit", {"credit": configs.credit_config("difference"), "credit.samples": 0},
