@@ -59,9 +59,18 @@ def test_every_payment_rule_keeps_the_contract(pay):
 
 def test_the_docs_list_every_payment_rules_settings_and_show_team_whole():
   page = (EXPERIMENTS.parent / "docs" / "peer_review.md").read_text()
-  for pay in sorted(rewards.REGISTRY):
-    settings = ", ".join(f"`{key}={value}`" for key, value in rewards.knobs(pay).items())
-    assert f"\n| `{pay}` | {settings} |\n" in page, pay
+  knobs = {pay: rewards.knobs(pay) for pay in sorted(rewards.REGISTRY)}
+  shared = {key: value for key, value in knobs["team"].items() if all(key in k for k in knobs.values())}
+  listed = lambda settings: ", ".join(f"`{key}={value}`" for key, value in settings.items())
+  assert f"\n| every rule | {listed(shared)} |\n" in page
+  without = []
+  for pay, settings in knobs.items():
+    own = {key: value for key, value in settings.items() if key not in shared}
+    if own:
+      assert f"\n| `{pay}` | {listed(own)} |\n" in page, pay
+    else:
+      without.append(f"`{pay}`")
+  assert f"\n| {', '.join(without)} | none of their own |\n" in page
   assert "```{literalinclude} ../marl_jax/rewards/team.py\n" in page
 
 
