@@ -13,13 +13,15 @@
 # finished cell is not re-run (each command skips what it finished), an interrupted one resumes from
 # its last checkpoint.
 # Usage: scripts/generations_results.sh [OUT] [CELLS]   CELLS: any of "generations crossplay
-# generation2 newcomers later_newcomers retention retention_mul" (default all of them, in that order;
-# later_newcomers: fresh receivers joining generations 1 and 2's teams, after generation2; retention_mul:
-# retention with A = multiplications, B = additions).  SIZE=tiny runs every cell in
+# generation2 newcomers later_newcomers retention retention_mul control" (default all of them, in that
+# order; later_newcomers: fresh receivers joining generations 1 and 2's teams, after generation2;
+# retention_mul: retention with A = multiplications, B = additions; control: the compute-matched
+# control, generation 0's run from scratch for as many update steps as generation 2's lineage had,
+# distillation steps included, evaluated on the way at each generation's count).  SIZE=tiny runs every cell in
 # seconds (2 seeds, 4 steps, the tiny model: tests/generations_test.py); SEEDS="0" runs one seed set.
 set -euo pipefail
 out=${1:-workdirs/generations}
-cells=${2:-generations crossplay generation2 newcomers later_newcomers retention retention_mul}
+cells=${2:-generations crossplay generation2 newcomers later_newcomers retention retention_mul control}
 size=${SIZE:-cpu}
 seed_sets=${SEEDS:-0 1000}
 # Each run's settings beside the config's (signalling at lr 1e-3 with the entropy bonus).
@@ -40,10 +42,12 @@ prefixed() {  # prefixed PREFIX [SETTINGS...]: SETTINGS (default run_settings) a
   if [ $# = 0 ]; then set -- "${run_settings[@]}"; fi
   for s in "$@"; do echo "--config.$prefix$s"; done
 }
-generations() {  # generations SEED N: the first N generations of seed set SEED
+generations() {  # generations SEED N [WORKDIR [SETTINGS...]]: the first N generations of seed set SEED
+  local seed=$1 n=$2 workdir=${3:-$out/seed$1}
+  shift $(( $# < 3 ? $# : 3 ))
   python -m marl_jax.tools.generations --config=experiments/generations.py:task=signalling,size=$size \
-    --workdir="$out/seed$1" --config.generations="$2" --config.distil.steps=$distil \
-    --config.archive.size=$archive_size --config.run.seed="$1" $(prefixed run.)
+    --workdir="$workdir" --config.generations="$n" --config.distil.steps=$distil \
+    --config.archive.size=$archive_size --config.run.seed="$seed" $(prefixed run. "$@")
 }
 archive() {  # the archive generation 0 of seed set $1 left for the next generation
   echo "$out/seed$1/gen0/transcripts/marl_transcripts/train$archive_size-step$steps-sampled"
@@ -105,7 +109,11 @@ for cell in $cells; do
         retention $seed 0 mul_add
         retention $seed 0.5 mul_add
       done;;
-    *) echo "unknown cell $cell; allowed: generations crossplay generation2 newcomers later_newcomers retention retention_mul" >&2
+    control)  # generation 2's lineage had 3 runs of $steps RL steps and 2 distillations of $distil
+      for seed in $seed_sets; do
+        generations $seed 1 "$out/seed$seed/control" "${run_settings[@]/#total_steps=*/total_steps=$((3 * steps + 2 * distil))}"
+      done;;
+    *) echo "unknown cell $cell; allowed: generations crossplay generation2 newcomers later_newcomers retention retention_mul control" >&2
        exit 1;;
   esac
 done

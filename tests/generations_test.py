@@ -248,12 +248,16 @@ def test_the_study_script_runs_every_cell_tiny_and_its_tables_read_them(tmp_path
     for name in ("newcomer_fresh/recovery.json", "newcomer_distilled/recovery.json", "newcomer_fresh_gen1/recovery.json",
                  "newcomer_fresh_gen2/recovery.json", "crossplay.json",
                  "retention_replay0/generations.json", "retention_replay0.5/generations.json",
-                 "retention_mul_replay0/generations.json", "retention_mul_replay0.5/generations.json"):
+                 "retention_mul_replay0/generations.json", "retention_mul_replay0.5/generations.json",
+                 "control/generations.json"):
       assert os.path.isfile(os.path.join(d, name)), name
   tables = generations.study_tables(out)
-  for heading in ("## Generations", "## Cross-play", "## Newcomers", "## Retention (arithmetic: A = additions",
-                  "## Retention (arithmetic: A = multiplications"):
+  for heading in ("## Generations", "## Compute-matched control", "## Cross-play", "## Newcomers",
+                  "## Retention (arithmetic: A = additions", "## Retention (arithmetic: A = multiplications"):
     assert heading in tables
+  # The tiny lineage: 4 RL steps, then 4 distillation and 4 RL steps a generation; the control at each.
+  control = [line.split(" | ") for line in tables.splitlines() if line.startswith("| seed0 | ") and line.count(" | ") == 5]
+  assert [cells[2] for cells in control if cells[2].isdigit()] == ["4", "12", "20"], tables
   assert "| seed1000 | generation 0 | distilled − fresh (paired) |" in tables and "| seed0 | replay − none (paired) |" in tables
   assert "| seed0 | generation 2 − generation 0 | fresh (paired) |" in tables
   generations.plot_study(out, str(tmp_path / "accuracy.png"))

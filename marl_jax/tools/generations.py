@@ -242,6 +242,37 @@ def newcomer_runs(seed_set_dir: str) -> dict[tuple[int, str], str]:
   return dict(sorted(runs.items(), key=lambda item: (item[0][0], item[0][1] != "fresh")))
 
 
+def update_steps(run_dir: str) -> int:
+  """A run's update steps: its warm start's (a generation's distillation) and its RL steps."""
+  config = configs.read_run_config(run_dir)
+  return config.sft.steps + config.total_steps
+
+
+def control_table(out: str, generations_rows: dict) -> list[str]:
+  """The compute-matched control's lines: each generation against the run from scratch (`OUT/seedS/
+  control`, generation 0's run for longer) at as many update steps as the generation's lineage had,
+  distillations included, paired by seed; [] before the control has run."""
+  lines = []
+  for d, rows in generations_rows.items():
+    control = generation_dir(os.path.join(out, d, "control"), 0)
+    if not os.path.isfile(os.path.join(out, d, "control", "generations.json")):
+      continue
+    lineage = np.cumsum([update_steps(generation_dir(os.path.join(out, d), row["generation"])) for row in rows])
+    start = configs.read_run_config(control).sft.steps
+    for row, steps in zip(rows, lineage):
+      at = runs.eval_at(control, int(steps) - start)
+      if at is not None:
+        scratch_S = runs.seed_values(at, "eval_accuracy")
+        lines.append(_row(d, str(row["generation"]), str(steps), _ci(row["accuracy"], count=False),
+                          _ci(scratch_S, count=False), _paired(scratch_S, row["accuracy"], count=False)))
+  if not lines:
+    return []
+  return ["## Compute-matched control (each generation against a run from scratch for as many update steps)", "",
+          "| seeds | generation | the lineage's update steps (RL and distillation) | generation's final (%) | from "
+          "scratch at as many steps (%) | generation − from scratch (points, paired) |", "|---|---|---|---|---|---|",
+          *lines, ""]
+
+
 def study_tables(out: str) -> str:
   """The tables of docs/results/generations.md from what `scripts/generations_results.sh OUT` has
   finished (each seed set OUT/seedN: generations, newcomers, cross-play, retention), as markdown; a
@@ -272,6 +303,7 @@ def study_tables(out: str) -> str:
           cells += [""] * 5
         lines.append(_row(*cells))
     lines.append("")
+  lines += control_table(out, generations_rows)
   crossplay = {d: files.read_json(os.path.join(out, d, "crossplay.json")) for d in sets
                if os.path.isfile(os.path.join(out, d, "crossplay.json"))}
   if crossplay:

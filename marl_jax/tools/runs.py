@@ -1,6 +1,6 @@
 """Finished run directories read back: a seed's values in a logged row (`seed_values`), whether a run
-finished (`finished`), the first logged step at which a metric reaches a target (`steps_to`), and its
-last evaluation (`final_eval`)."""
+finished (`finished`), the first logged step at which a metric reaches a target (`steps_to`), its
+evaluation at a step (`eval_at`) and its last (`final_eval`)."""
 import os
 
 import numpy as np
@@ -21,6 +21,11 @@ def finished(workdir: str, total_steps: int) -> bool:
 def final_eval(workdir: str) -> dict:
   """The last evaluation row of a run's metrics."""
   return [r for r in metrics.read(workdir) if "eval_accuracy" in r][-1]
+
+
+def eval_at(workdir: str, step: int) -> dict | None:
+  """The evaluation row of a run's metrics at `step`, None if it has none there."""
+  return next((r for r in metrics.read(workdir) if "eval_accuracy" in r and r["step"] == step), None)
 
 
 def steps_to(workdir: str, target_S, metric: str = "eval_accuracy") -> np.ndarray:
