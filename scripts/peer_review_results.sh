@@ -47,7 +47,8 @@ fi
 # their own), `easy_*` (subset_sum of 3 numbers, whose warm-started solver is right far more often than
 # the 7 % of 5 numbers); `*supervised_1` with every answer labelled and the solver paid by the checker
 # (whether the judges can learn to judge at all), `lr*` with the judges' learning rate a tenth or a
-# hundredth of the solver's (Adam's steps are the learning rate's size whatever the loss's); collusion with judges that can judge: `planted_*_team_0` (team pay, no audits,
+# hundredth of the solver's (Adam's steps are the learning rate's size whatever the loss's), `*epochs4*`
+# with four passes over each step's batch (four times the judges' updates); collusion with judges that can judge: `planted_*_team_0` (team pay, no audits,
 # labels from planted answers only) with shared parameters, the channel and cross-judging by rotation.
 cells="
 checker judges source=checker
@@ -118,6 +119,8 @@ easy_audited_balanced_0.1 easy pay=audited_balanced,audit_rate=0.1
 easy_supervised_0.1 easy pay=audited_balanced,audit_rate=0.1,verdict=expected,judge_loss=brier,judge_pg=false
 easy_expected_brier_0.1 easy pay=audited_balanced,audit_rate=0.1,verdict=expected,judge_loss=brier
 easy_supervised_1 easy pay=audited_balanced,audit_rate=1.0,verdict=expected,judge_loss=brier,judge_pg=false
+easy_lr0.01_supervised_1 easy pay=audited_balanced,audit_rate=1.0,verdict=expected,judge_loss=brier,judge_pg=false,judge_lr=0.01
+easy_epochs4_supervised_1 easy pay=audited_balanced,audit_rate=1.0,verdict=expected,judge_loss=brier,judge_pg=false --config.rl.epochs=4
 lr0.1_supervised_1 judges pay=audited_balanced,audit_rate=1.0,verdict=expected,judge_loss=brier,judge_pg=false,judge_lr=0.1
 lr0.01_supervised_1 judges pay=audited_balanced,audit_rate=1.0,verdict=expected,judge_loss=brier,judge_pg=false,judge_lr=0.01
 lr0.1_supervised_0.1 judges pay=audited_balanced,audit_rate=0.1,verdict=expected,judge_loss=brier,judge_pg=false,judge_lr=0.1
