@@ -38,6 +38,13 @@ def test_sample_lists_each_chains_value_in_order():
     assert text.decode(batch["mistake"][b]) == "".join(map(str, values[:2])) + chains[2][0] + E
 
 
+def test_sixty_four_parts_answer_as_sixty_four_digits():
+  task = tasks.make("wide", num_chains=64, num_ops=1)
+  problem = jax.jit(task.sample)(jax.random.PRNGKey(3))
+  assert task.prompt_len == 1 + 64 * 4 and task.answer_len == 65
+  assert text.decode(problem["answer"]) == "".join(map(str, problem["part_values"].tolist())) + E
+
+
 def test_two_digit_parts_are_written_in_fixed_width():
   task = tasks.make("wide", num_chains=2, num_ops=1, max_operand=20, modulus=100)
   assert task.part_width == 2 and task.answer_len == 5

@@ -56,10 +56,6 @@ class Wide(MultiChain):
     right_C = self.part_scores(problem, message_A)
     return (right_C.all() if self.all_right else right_C.mean()).astype(jnp.float32)
 
-  def sample(self, key) -> dict:
-    problem = super().sample(key)
-    values_C, mistakes_C = problem["part_values"], problem["part_mistakes"]
-    return {**problem,
-            "answer": self.answer_of_parts(values_C),
-            # The systematic mistake: the last part's last operation dropped.
-            "mistake": self.answer_of_parts(values_C.at[-1].set(mistakes_C[-1]))}
+  def mistaken_values(self, values_C, mistakes_C):
+    """The last part's last operation dropped (its own systematic mistake)."""
+    return values_C.at[-1].set(mistakes_C[-1])
