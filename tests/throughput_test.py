@@ -1,5 +1,6 @@
 """The throughput script: the FLOP count of a step and of its rollout, the per-workflow table, the
 profile's thunk kinds, and one tiny timed and profiled row split into rollout and update."""
+import json
 import os
 import subprocess
 import sys
@@ -107,7 +108,16 @@ def test_the_cli_refuses_a_width_for_checkpoint_agents():
                                           "directory that exists")),
     (["--json={tmp}"], ("FATAL Flags error: --json={tmp}: Is a directory; allowed: a file that can be "
                         "written, in a directory that exists")),
-], ids=["grid", "credits", "workflows", "d_model", "random_weights", "json", "json_directory"])
+    (["--workers=2,65"], ("FATAL Flags parsing error: flag --workers=2,65: allowed: comma-separated "
+                          "integers in 2..64, e.g. '2,4,8,16,32,64'")),
+    (["--workers=2", "--grid=2/1"], ("FATAL Flags parsing error: flags workers=2, grid=2/1, sharing=isolated, "
+                                     "checkpoint=, random_weights=False: --workers times the wide job's rows, "
+                                     "which --grid do not set; allowed: --workers without them")),
+    (["--workers=2", "--d_model=6"], ("FATAL ConfigError: the row workers=2, credit=team: config.model.d_model=6 "
+                                      "does not divide by config.model.n_heads=4; allowed: multiples of it "
+                                      "(from --d_model=6)")),
+], ids=["grid", "credits", "workflows", "d_model", "random_weights", "json", "json_directory", "workers",
+        "workers_with_grid", "workers_d_model"])
 def test_the_cli_refuses_a_bad_flag_in_one_line_before_timing(flags, line, tmp_path):
   assert _refusal(*(f.format(tmp=tmp_path) for f in flags)) == line.format(tmp=tmp_path)
 
@@ -172,6 +182,29 @@ def test_a_row_times_the_step_and_its_rollout(sharing):
   assert sum(s for s, _ in row["matmul_thunks"]) == pytest.approx(row["thunk_s"]["matmul"])
   assert all(row[k] > 0 for k in ("tokens_per_s", "flops_per_s", "rollout_tokens_per_s", "rollout_flops_per_s",
                                   "update_tokens_per_s", "update_flops_per_s"))
+
+
+@pytest.mark.slow
+def test_tiny_wide_rows_through_the_cli(tmp_path):
+  """--workers: a row per W of the wide job, its canvas and memory growing with W, its worker-episodes
+  counted as W per episode."""
+  done = subprocess.run([sys.executable, "-m", "marl_jax.tools.throughput", "--workers=2,4", "--batch_size=8",
+                         "--calls=1", "--steps_per_call=1", "--d_model=8", f"--json={tmp_path}/rows.json"],
+                        capture_output=True, text=True, check=False, timeout=1200,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert done.returncode == 0, done.stderr[-2000:]
+  lines = done.stdout.strip().splitlines()
+  assert lines[1].split()[:4] == ["W", "credit", "T", "worker-eps/s"] and len(lines) == 4
+  with open(tmp_path / "rows.json") as f:
+    rows = json.load(f)
+  # Canvases: header + W chains of 4 tokens, W assignments (1 + 4), W reports (1 + 2), the answer (1 + W + 1).
+  assert [(r["job"], r["workers"], r["roles"], r["canvas"]) for r in rows] == [
+      ("wide", 2, 3, 1 + 8 + 10 + 6 + 4), ("wide", 4, 5, 1 + 16 + 20 + 12 + 6)]
+  for r in rows:
+    assert r["worker_episodes_per_s"] == pytest.approx(8 * r["workers"] / r["call_s"])
+  assert rows[0]["cost_vs_first"] == 1.0
+  assert rows[1]["cost_vs_first"] == pytest.approx(rows[0]["worker_episodes_per_s"] / rows[1]["worker_episodes_per_s"])
+  assert 0 < rows[0]["memory_bytes"] < rows[1]["memory_bytes"]
 
 
 @pytest.mark.slow
