@@ -56,6 +56,25 @@ def test_step_flops_counts_the_rollout_reruns_and_update():
   assert throughput.step_flops(exp) == pytest.approx(8 * (sampling.token_reads(layout) * per_token + update))
 
 
+def test_the_wide_job_counts_its_per_role_gradient_norms():
+  # W = 2: an orchestrator (set 0) and two workers sharing set 1: per-role norms cost a forward and a
+  # backward (2x) per role, 1 + 2 x 3 passes of each scoring pass on one step of the call's 10.
+  exp = experiment.build(throughput.wide_config(2, "team", batch_size=8, steps_per_call=10))
+  layout = exp.layout
+  assert exp.role_set_R == (0, 1, 1) and layout.length == 29
+  assert throughput.role_grad_passes(exp) == pytest.approx(7 / 10)
+  per_token = exp.model.flops_per_token(layout.length)
+  passes = 2  # the orchestrator's, and one the two workers share (they read alike)
+  assert throughput.role_grad_flops(exp) == pytest.approx(8 * 29 * 0.7 * passes * per_token)
+  rollout = sampling.token_reads(layout) * per_token
+  assert throughput.step_flops(exp) == pytest.approx(8 * (rollout + 29 * (3 + 0.7) * passes * per_token))
+  # Isolated sets: each role's norm is its set's, free.
+  config = throughput.wide_config(2, "team", batch_size=8, steps_per_call=10)
+  config.roles.sharing = "isolated"
+  config.roles.trainable = ""
+  assert throughput.role_grad_flops(experiment.build(config)) == 0
+
+
 def test_a_wider_relay_job_keeps_its_shape_and_counts_its_own_flops():
   # --d_model widens the agents (d_ff 4x, 4 heads) and nothing else: the same canvas and reads, each
   # token's FLOPs those of the wider model (dense products 4x at twice the width).

@@ -3,6 +3,7 @@
   python -m marl_jax.tools.throughput [--json=PATH] [--batch_size=256] [--calls=3] [--cpu_devices=2]
   python -m marl_jax.tools.throughput --checkpoint=DIR [--random_weights] --grid=2/1 --credits=team
   python -m marl_jax.tools.throughput --workflows  # each workflow's sampling FLOPs against the minimum
+  python -m marl_jax.tools.throughput --workers=2,4,8,16,32,64  # the wide job's cost per worker as W grows
 
 The relay job: agent 1 sees `a+b=` (digits 0-9) and writes up to 4 tokens; agent 2 sees the prompt and
 agent 1's message and writes the answer (up to 4 tokens); team reward 1 when it is right; isolated
@@ -17,6 +18,12 @@ one, `bounds.reference_matmul`) timed just before and just after the row (their 
 how close the step runs to what this machine's matmul unit delivers at that time, since on a shared machine the matmul's own rate moves by half from one minute to the
 next; and the same split in two: the rollout alone (timed as its own program in the same process) and the rest of the step (scoring, credit, update:
 the step's time less the rollout's), each with its tokens/s and fraction of the matmul.
+
+With `--workers`, instead of the relay grid, the wide job (`wide_config`): delegate on the wide task, an
+orchestrator and W trained workers of one shared set with the relay job's agents; a row per W gives
+worker-episodes per second (episodes x W), the cost of one against the first row's, the rollout's share
+of the step, the train call's memory, the model FLOPs per worker-episode and the per-role gradient
+norms' share of them (`role_grad_flops`).
 
 With `--cpu_devices=N` the CPU is split into N JAX devices and each row's batch over them, as training
 splits it (the rollout timed alone too).
@@ -223,13 +230,33 @@ def step_flops(exp: experiment.Experiment) -> float:
   R = len(layout.roles)
   reruns = exp.credit.reruns(R)
   rerun_rows = 0 if reruns is None else len(reruns.changed_CxR) * reruns.samples
-  update_passes = 3 * rl.epochs + (1 if rl.kl_coef > 0 else 0)
-  if sorted(exp.role_set_R) != list(range(R)):
-    update_passes += (1 + 2 * R) / (rl.minibatches * exp.config.steps_per_call)
-  first_view_P = sampling.scoring_passes(layout, layout.view_set_V)[2]
-  first_of_pass_V = np.isin(np.arange(len(layout.view_set_V)), first_view_P)
-  reads_V = (1 + rerun_rows) * sampling.token_reads_V(layout) + layout.length * update_passes * first_of_pass_V
+  update_passes = 3 * rl.epochs + (1 if rl.kl_coef > 0 else 0) + role_grad_passes(exp)
+  reads_V = (1 + rerun_rows) * sampling.token_reads_V(layout) + layout.length * update_passes * _first_of_pass_V(exp)
   return float(rl.batch_size * np.dot(reads_V, _flops_per_token_V(exp)))
+
+
+def role_grad_passes(exp: experiment.Experiment) -> float:
+  """Whole-batch passes per step (of each scoring pass) of the per-role gradient norms: with parameter
+  sets shared between roles, a forward and a backward per role over the first minibatch on the last
+  step of each call; 0 with isolated sets (free)."""
+  R, rl = len(exp.layout.roles), exp.config.rl
+  if sorted(exp.role_set_R) == list(range(R)):
+    return 0.0
+  return (1 + 2 * R) / (rl.minibatches * exp.config.steps_per_call)
+
+
+def role_grad_flops(exp: experiment.Experiment) -> float:
+  """Model FLOPs of one step of one seed spent on the per-role gradient norms (`role_grad_passes`),
+  part of `step_flops`."""
+  passes_V = exp.layout.length * role_grad_passes(exp) * _first_of_pass_V(exp)
+  return float(exp.config.rl.batch_size * np.dot(passes_V, _flops_per_token_V(exp)))
+
+
+def _first_of_pass_V(exp: experiment.Experiment) -> np.ndarray:
+  """Whether each view is the first of its scoring pass (`sampling.scoring_passes`): the update computes
+  one pass per group of views that read alike, at its first view's model."""
+  first_view_P = sampling.scoring_passes(exp.layout, exp.layout.view_set_V)[2]
+  return np.isin(np.arange(len(exp.layout.view_set_V)), first_view_P)
 
 
 def rollout_flops(exp: experiment.Experiment) -> float:
@@ -404,9 +431,10 @@ def refuse_row(row, error: Exception):
 def worker_rows(row_configs_: list) -> list[dict]:
   """Times each wide row (`measure`) and prints, per W: the canvas, worker-episodes per second (a
   step's episodes x W over its time), each one's cost against the first row's (the per-worker cost
-  ratio), the rollout's share of the step, and the train call's memory (`memory.need`)."""
+  ratio), the rollout's share of the step, the train call's memory (`memory.need`), the step's model
+  FLOPs per worker-episode and the share of them the per-role gradient norms take (`role_grad_flops`)."""
   print(f"{'W':>3} {'credit':>10} {'T':>4} {'worker-eps/s':>12} {'cost_vs_first':>13} {'rollout_share':>13} "
-        f"{'memory MiB':>10} {'compile_s':>9}")
+        f"{'memory MiB':>10} {'MFLOP/worker-ep':>15} {'role_grad_share':>15} {'compile_s':>9}")
   rows = []
   for (W, credit_name), config in row_configs_:
     try:
@@ -414,13 +442,17 @@ def worker_rows(row_configs_: list) -> list[dict]:
     except memory.DoesNotFit as e:
       refuse_row((W, credit_name), e)
     steps = _CALLS.value * config.steps_per_call
+    exp = experiment.build(config)
     row.update(workers=W, worker_episodes_per_s=steps * config.rl.batch_size * W / (row["call_s"] * _CALLS.value),
-               rollout_share=row["tokens_per_s"] / row["rollout_tokens_per_s"])
+               rollout_share=row["tokens_per_s"] / row["rollout_tokens_per_s"],
+               mflop_per_worker_episode=step_flops(exp) / config.rl.batch_size / W / 1e6,
+               role_grad_share=role_grad_flops(exp) / step_flops(exp))
     row["cost_vs_first"] = rows[0]["worker_episodes_per_s"] / row["worker_episodes_per_s"] if rows else 1.0
     rows.append(row)
     print(f"{W:>3} {credit_name:>10} {row['canvas']:>4} {row['worker_episodes_per_s']:>12.0f} "
           f"{row['cost_vs_first']:>13.2f} {row['rollout_share']:>13.2f} {row['memory_bytes'] / 2 ** 20:>10.1f} "
-          f"{row['compile_s']:>9.1f}", flush=True)
+          f"{row['mflop_per_worker_episode']:>15.1f} {row['role_grad_share']:>15.2f} {row['compile_s']:>9.1f}",
+          flush=True)
     if _JSON.value:
       files.write_atomically(_JSON.value, json.dumps(rows, indent=1))
   return rows
