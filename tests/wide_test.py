@@ -9,12 +9,14 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
 from marl_jax import model as model_lib
 from marl_jax import checkpoint, configs, experiment, protocols, sampling, state, tasks, text
 from marl_jax.credit import difference, shapley
+from marl_jax.lm import agent as lm_agent
 from marl_jax.protocols import engine
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -104,15 +106,37 @@ def test_each_workers_view_reads_only_its_own_slot(W):
   assert len({pass_V[v] for v in layout.turn_view_N[W:2 * W]}) == 1
 
 
-def test_a_worker_never_reads_another_slot_when_sampling():
+def _builtin_agent(layout, sets):
+  cfg = model_lib.ModelConfig(d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=layout.length)
+  return cfg, model_lib.init_stack(cfg, jax.random.PRNGKey(1), sets)
+
+
+def _lm_agent_in_blocks_of_five(layout, sets, monkeypatch):
+  """A tiny Qwen3 fixture whose rollout cache is in blocks of 5 positions: blocks that straddle two
+  slots are kept by both workers' views (`lm.model.empty_cache`), so only the mask keeps them apart."""
+  monkeypatch.setattr(lm_agent, "CPU_CACHE_BLOCK", 5)
+  agent = lm_agent.from_config(ml_collections.ConfigDict(dict(
+      max_len=layout.length, dtype="float32", checkpoint=str(REPO / "tests" / "fixtures" / "lm" / "qwen3"),
+      random_weights=True, remat=False, lora=dict(enabled=False))))
+  return agent, model_lib.init_stack(agent, jax.random.PRNGKey(1), sets)
+
+
+@pytest.mark.parametrize("agent", [_builtin_agent, pytest.param(_lm_agent_in_blocks_of_five, marks=pytest.mark.slow)])
+def test_a_worker_never_reads_another_slot_when_sampling(agent, monkeypatch):
   """Changing slot 1's assignment changes worker 1's report distribution but not worker 0's, nor
   worker 2's, under the real sampler (a random model, the orchestrator's turns forced)."""
   W = 3
   task = tasks.make("wide", num_chains=W, num_ops=1)
   protocol = protocols.make("delegate", task)
   layout = protocol.layout(task, (0, 1, 2, 3))  # a set per slot: each worker its own weights
-  cfg = model_lib.ModelConfig(d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=layout.length)
-  params_R = model_lib.init_stack(cfg, jax.random.PRNGKey(1), 4)
+  if agent is _builtin_agent:
+    cfg, params_R = agent(layout, 4)
+  else:
+    cfg, params_R = agent(layout, 4, monkeypatch)
+    # Worker 0's kept blocks hold positions of other slots (so this checks the mask, not the blocks).
+    own_T = layout.visible_VxT[layout.turn_view_N[W]]
+    others_T = np.isin(layout.segment_T, [layout.segment_names.index(f"orchestrator{s}") for s in (1, 2)])
+    assert np.isin(np.flatnonzero(others_T) // 5, np.flatnonzero(own_T) // 5).any()
   prompt_1xP = jnp.asarray([text.encode("<bos>3*8,2*9,0*9=")])
 
   def canvas(assignment1):
@@ -120,9 +144,8 @@ def test_a_worker_never_reads_another_slot_when_sampling():
     assignments = [pad(m, 4) for m in ("3*8" + E, assignment1, "0*9" + E)]
     return engine.assemble(layout, prompt_1xP, assignments + [None] * (W + 1))
 
-  force_1xT = jnp.asarray(np.isin(layout.turn_T, range(W)))[None]  # the assignments (and prompt)
-  run = jax.jit(lambda c: sampling.generate(cfg, layout, params_R, c, force_1xT | (layout.turn_T < 0)[None],
-                                            jax.random.PRNGKey(0)[None], 1.0))
+  force_1xT = jnp.asarray(np.isin(layout.turn_T, range(W)) | (layout.turn_T < 0))[None]  # prompt, assignments
+  run = jax.jit(lambda c: sampling.generate(cfg, layout, params_R, c, force_1xT, jax.random.PRNGKey(0)[None], 1.0))
   (tokens_a, logp_a, _), (tokens_b, logp_b, _) = run(canvas("2*9" + E)), run(canvas("7+7" + E))
   for s, same in ((0, True), (1, False), (2, True)):
     start, stop = layout.turn_slices[W + s]
