@@ -9,6 +9,7 @@ part is.
 import dataclasses
 from typing import ClassVar
 
+import jax
 import jax.numpy as jnp
 
 from marl_jax import checks, text
@@ -42,8 +43,8 @@ class Wide(MultiChain):
 
   def answer_of_parts(self, values_C):
     """Each part's value in the fixed width, in part order, then EOS."""
-    digits = [base.fixed_width_tokens(v, self.part_width) for v in values_C]
-    return jnp.concatenate(digits + [jnp.array([text.EOS])]).astype(jnp.int32)
+    digits_CxW = jax.vmap(base.fixed_width_tokens, in_axes=(0, None))(values_C, self.part_width)
+    return jnp.append(digits_CxW.ravel(), text.EOS).astype(jnp.int32)
 
   def part_scores(self, problem: dict, message_A):
     """right_C: whether each part's digits in the final answer are its value (after the first EOS,
