@@ -249,13 +249,16 @@ def test_the_training_step_weights_the_terms_at_its_own_step(monkeypatch):
 
 def test_bad_input():
   with pytest.raises(ValueError, match=r"config.task.name='arithmetic' has no parts; tasks with parts: "
-                                       r"\['multi_chain'\]"):
+                                       r"\['multi_chain', 'wide'\]"):
     protocols.make("delegate", tasks.make("arithmetic"))
   with pytest.raises(ValueError, match=r"config.protocol.anneal='cosine' is unknown; allowed: "
                                        r"\['linear', 'never'\]"):
     protocols.make("delegate", TASK, anneal="cosine")
-  with pytest.raises(ValueError, match=r"config.protocol.workers=8; allowed: 0 \(one per part\) or 1..7"):
-    protocols.make("delegate", TASK, workers=8)
+  with pytest.raises(ValueError, match=r"config.protocol.workers=65; allowed: an integer in 0..64 \(0: one per part\)"):
+    protocols.make("delegate", TASK, workers=65)
+  with pytest.raises(ValueError, match=r"config.protocol.workers=0 gives one worker per part, 65 for "
+                                       r"config.task.name='multi_chain'; allowed: at most 64 workers"):
+    protocols.make("delegate", tasks.make("multi_chain", num_chains=65))
   delegate = configs.sibling(str(REPO / "experiments" / "x.py"), "delegate")
   with pytest.raises(ValueError, match=r"config argument aux='half' is unknown; allowed: "
                                        r"\['annealed', 'never', 'none'\]"):

@@ -1,5 +1,6 @@
 """The throughput script: the FLOP count of a step and of its rollout, the per-workflow table, the
 profile's thunk kinds, and one tiny timed and profiled row split into rollout and update."""
+import json
 import os
 import subprocess
 import sys
@@ -55,6 +56,25 @@ def test_step_flops_counts_the_rollout_reruns_and_update():
   assert throughput.step_flops(exp) == pytest.approx(8 * (sampling.token_reads(layout) * per_token + update))
 
 
+def test_the_wide_job_counts_its_per_role_gradient_norms():
+  # W = 2: an orchestrator (set 0) and two workers sharing set 1: per-role norms cost a forward and a
+  # backward (2x) per role, 1 + 2 x 3 passes of each scoring pass on one step of the call's 10.
+  exp = experiment.build(throughput.wide_config(2, "team", batch_size=8, steps_per_call=10))
+  layout = exp.layout
+  assert exp.role_set_R == (0, 1, 1) and layout.length == 29
+  assert throughput.role_grad_passes(exp) == pytest.approx(7 / 10)
+  per_token = exp.model.flops_per_token(layout.length)
+  passes = 2  # the orchestrator's, and one the two workers share (they read alike)
+  assert throughput.role_grad_flops(exp) == pytest.approx(8 * 29 * 0.7 * passes * per_token)
+  rollout = sampling.token_reads(layout) * per_token
+  assert throughput.step_flops(exp) == pytest.approx(8 * (rollout + 29 * (3 + 0.7) * passes * per_token))
+  # Isolated sets: each role's norm is its set's, free.
+  config = throughput.wide_config(2, "team", batch_size=8, steps_per_call=10)
+  config.roles.sharing = "isolated"
+  config.roles.trainable = ""
+  assert throughput.role_grad_flops(experiment.build(config)) == 0
+
+
 def test_a_wider_relay_job_keeps_its_shape_and_counts_its_own_flops():
   # --d_model widens the agents (d_ff 4x, 4 heads) and nothing else: the same canvas and reads, each
   # token's FLOPs those of the wider model (dense products 4x at twice the width).
@@ -107,7 +127,16 @@ def test_the_cli_refuses_a_width_for_checkpoint_agents():
                                           "directory that exists")),
     (["--json={tmp}"], ("FATAL Flags error: --json={tmp}: Is a directory; allowed: a file that can be "
                         "written, in a directory that exists")),
-], ids=["grid", "credits", "workflows", "d_model", "random_weights", "json", "json_directory"])
+    (["--workers=2,65"], ("FATAL Flags parsing error: flag --workers=2,65: allowed: comma-separated "
+                          "integers in 2..64, e.g. '2,4,8,16,32,64'")),
+    (["--workers=2", "--grid=2/1"], ("FATAL Flags parsing error: flags workers=2, grid=2/1, sharing=isolated, "
+                                     "checkpoint=, random_weights=False: --workers times the wide job's rows, "
+                                     "which --grid do not set; allowed: --workers without them")),
+    (["--workers=2", "--d_model=6"], ("FATAL ConfigError: the row workers=2, credit=team: config.model.d_model=6 "
+                                      "does not divide by config.model.n_heads=4; allowed: multiples of it "
+                                      "(from --d_model=6)")),
+], ids=["grid", "credits", "workflows", "d_model", "random_weights", "json", "json_directory", "workers",
+        "workers_with_grid", "workers_d_model"])
 def test_the_cli_refuses_a_bad_flag_in_one_line_before_timing(flags, line, tmp_path):
   assert _refusal(*(f.format(tmp=tmp_path) for f in flags)) == line.format(tmp=tmp_path)
 
@@ -172,6 +201,29 @@ def test_a_row_times_the_step_and_its_rollout(sharing):
   assert sum(s for s, _ in row["matmul_thunks"]) == pytest.approx(row["thunk_s"]["matmul"])
   assert all(row[k] > 0 for k in ("tokens_per_s", "flops_per_s", "rollout_tokens_per_s", "rollout_flops_per_s",
                                   "update_tokens_per_s", "update_flops_per_s"))
+
+
+@pytest.mark.slow
+def test_tiny_wide_rows_through_the_cli(tmp_path):
+  """--workers: a row per W of the wide job, its canvas and memory growing with W, its worker-episodes
+  counted as W per episode."""
+  done = subprocess.run([sys.executable, "-m", "marl_jax.tools.throughput", "--workers=2,4", "--batch_size=8",
+                         "--calls=1", "--steps_per_call=1", "--d_model=8", f"--json={tmp_path}/rows.json"],
+                        capture_output=True, text=True, check=False, timeout=1200,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert done.returncode == 0, done.stderr[-2000:]
+  lines = done.stdout.strip().splitlines()
+  assert lines[1].split()[:4] == ["W", "credit", "T", "worker-eps/s"] and len(lines) == 4
+  with open(tmp_path / "rows.json") as f:
+    rows = json.load(f)
+  # Canvases: header + W chains of 4 tokens, W assignments (1 + 4), W reports (1 + 2), the answer (1 + W + 1).
+  assert [(r["job"], r["workers"], r["roles"], r["canvas"]) for r in rows] == [
+      ("wide", 2, 3, 1 + 8 + 10 + 6 + 4), ("wide", 4, 5, 1 + 16 + 20 + 12 + 6)]
+  for r in rows:
+    assert r["worker_episodes_per_s"] == pytest.approx(8 * r["workers"] / r["call_s"])
+  assert rows[0]["cost_vs_first"] == 1.0
+  assert rows[1]["cost_vs_first"] == pytest.approx(rows[0]["worker_episodes_per_s"] / rows[1]["worker_episodes_per_s"])
+  assert 0 < rows[0]["memory_bytes"] < rows[1]["memory_bytes"]
 
 
 @pytest.mark.slow

@@ -570,7 +570,10 @@ def test_bad_protocol_knobs(name, knobs, match):
     ("debate", "credit=nope", r"credit='nope' is unknown"),
     ("debate", "scorer=judge", r"scorer='judge' is unknown; allowed: \['checker', 'verifier'\]"),
     ("delegate", "workflow=solo", r"workflow='solo' is unknown; allowed: \['delegate', 'single'\]"),
-    ("delegate", "workflow=single,aux=none", r"aux and trainable_workers apply to workflow=delegate only"),
+    ("delegate", "workflow=single,aux=none", r"aux, trainable_workers and worker_sets apply to workflow=delegate only"),
+    ("delegate", "task=wide,worker_sets=5", r"worker_sets='5' for 4 workers; allowed: shared, per_slot, or a "
+                                            r"number of groups in 1..4"),
+    ("delegate", "task=wide,workers=65", r"workers=65 for task=wide; allowed: 0 \(the default\) or 2..64"),
     ("peer_review", "source=judges", r"source='judges' is unknown; allowed: \['peer', 'checker'\]"),
     ("peer_review", "source=checker,pay=audited", r"pay='audited', penalty=0.0, cross='none', verdict='sampled', plant_rate=0.0 act only with source=peer"),
     ("peer_review", "pay=vote", r"config.reward.pay='vote' is unknown; allowed: \['audited', 'audited_balanced', 'audited_team', 'peer_prediction'"),

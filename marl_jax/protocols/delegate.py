@@ -23,7 +23,8 @@ Metrics, rates over the batch::
   spurious_parallelism: among those slots, the malformed ones and the repeats of an earlier slot (an
                         empty slot is a worker not spawned, counted by workers_used instead);
   serial_collapse:      episodes answered without using a correct report: no report is right, or the
-                        final answer is not `task.combine` of the well-formed slots' reports;
+                        final answer is not `task.answer_of_parts` of the well-formed slots'
+                        reports (in slot order; a slot without one counts as 0);
   coverage:             parts of the problem whose exact tokens some slot holds.
 
 Per-role signals: the orchestrator's is the team outcome, a worker's is that its report is right.
@@ -44,6 +45,7 @@ from marl_jax.tasks import base
 ANNEALS = {"linear": lambda steps: optax.linear_schedule(1.0, 0.0, steps),
            "never": lambda steps: optax.constant_schedule(1.0)}
 _EMPTY = (text.EOS, text.ABSENT, text.PAD)  # first tokens of an assignment that gives no work
+MAX_WORKERS = 64
 
 
 def part_messages(task, prompt_BxP, length: int):
@@ -65,7 +67,7 @@ def _nothing(B: int, length: int):
 @engine.register("delegate")
 @dataclasses.dataclass(frozen=True)
 class Delegate(engine.Protocol):
-  workers: int = 0  # worker slots; 0: one per part of the task
+  workers: int = 0  # worker slots, up to MAX_WORKERS; 0: one per part of the task
   parallel_weight: float = 0.5  # lambda1 before annealing
   finish_weight: float = 0.5  # lambda2 before annealing
   anneal: str = "linear"  # linear | never
@@ -82,10 +84,11 @@ class Delegate(engine.Protocol):
       decomposable = sorted(name for name, t in tasks.REGISTRY.items() if t().parts)
       raise ValueError(f"protocol 'delegate' needs a decomposable task; config.task.name={task.name!r} "
                        f"has no parts; tasks with parts: {decomposable}")
+    checks.integer("protocol.workers", workers, 0, MAX_WORKERS, note="0: one per part")
     W = workers or len(task.parts)
-    if not 1 <= W < len(text.ROLE_MARKERS):
-      raise ValueError(f"config.protocol.workers={workers}; allowed: 0 (one per part) or 1.."
-                       f"{len(text.ROLE_MARKERS) - 1} (a role marker each, and one for the orchestrator)")
+    if W > MAX_WORKERS:
+      raise ValueError(f"config.protocol.workers=0 gives one worker per part, {W} for config.task.name="
+                       f"{task.name!r}; allowed: at most {MAX_WORKERS} workers")
     slots = tuple(f"worker{s}" for s in range(W))
     assignment_len = max(n for name, n in task.prompt_segments if name in task.parts)
     turns = tuple(engine.Turn("orchestrator", assignment_len) for _ in slots)
@@ -103,6 +106,14 @@ class Delegate(engine.Protocol):
       checks.number(f"protocol.{key}", getattr(protocol, key), 0)
     return protocol
 
+  def role_markers(self) -> tuple[int, ...]:
+    """A marker per slot while they last (the orchestrator's, then one per worker); past that every
+    worker writes under marker 1: no worker reads another's slot, and the orchestrator tells the
+    reports apart by their place on the canvas."""
+    if len(self.roles) <= len(text.ROLE_MARKERS):
+      return super().role_markers()
+    return (0,) + (1,) * self.workers
+
   def aux_weights(self, step):
     """(lambda1, lambda2) at training step `step`, weighting (r_parallel, r_finish)."""
     return ANNEALS[self.anneal](self.anneal_steps)(step) * jnp.array(
@@ -112,7 +123,7 @@ class Delegate(engine.Protocol):
     return engine.message(layout, tokens_BxT, 2 * self.workers)
 
   def rewards(self, task, layout, problems, tokens_BxT):
-    W, P, A = self.workers, task.part_answer_len, task.answer_len
+    W, P = self.workers, task.part_answer_len
     canonical_B = jax.vmap(base.canonical)
     canonical = jax.vmap(canonical_B)
     assign_WxBxL = canonical(jnp.stack([engine.message(layout, tokens_BxT, s) for s in range(W)]))
@@ -134,9 +145,8 @@ class Delegate(engine.Protocol):
 
     # Serial collapse: no right report, or a final answer other than the reports' combination.
     reported_WxB, readable_WxB = jax.vmap(jax.vmap(base.parse_number))(report_WxBxP)
-    combined_B = jax.vmap(task.combine)(jnp.where(ok_WxB, reported_WxB, 0).T)
-    uses_reports_B = (jnp.all(readable_WxB | ~ok_WxB, 0)
-                      & jnp.all(canonical_B(final_BxA) == number_B(combined_B, A - 1), -1))
+    combined_BxA = jax.vmap(task.answer_of_parts)(jnp.where(ok_WxB, reported_WxB, 0).T)
+    uses_reports_B = jnp.all(readable_WxB | ~ok_WxB, 0) & jnp.all(canonical_B(final_BxA) == combined_BxA, -1)
     serial_B = ~(right_WxB.any(0) & uses_reports_B)
 
     written = lambda msg_xL: (msg_xL != text.PAD).sum(-1)
@@ -184,6 +194,6 @@ class Delegate(engine.Protocol):
     reports = [jnp.where(delegate_Bx1, number_B(reported_BxC[:, s], P - 1), _nothing(B, P)) if s < C
                else _nothing(B, P) for s in range(W)]
     values_BxC = jnp.where(np.arange(C) < W, reported_BxC, alone_BxC)
-    delegated_BxA = number_B(jax.vmap(task.combine)(values_BxC), task.answer_len - 1)
+    delegated_BxA = jax.vmap(task.answer_of_parts)(values_BxC)
     final_BxA = jnp.where(delegate_Bx1, delegated_BxA, jax.vmap(task.demonstrate)(problems, keys[:, 3]))
     return engine.assemble(layout, problems["prompt"], assignments + reports + [final_BxA])

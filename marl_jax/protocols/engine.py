@@ -210,7 +210,8 @@ class Protocol:
   every protocol without such terms are unchanged.
   A message slot may hold `<absent>` then EOS (a counterfactual without that role, `text.ABSENT`):
   `final_answer` and `rewards` must treat it as "this role did nothing" (e.g. an absent verifier lets
-  the answer stand).  At most `len(text.ROLE_MARKERS)` roles: each role has its own marker token.
+  the answer stand).  Each role has its own marker token (`role_markers`), so at most
+  `len(text.ROLE_MARKERS)` roles unless some share one.
   `tests/contract_test.py` checks this contract on every registered workflow.
   """
   roles: tuple[str, ...]
@@ -235,6 +236,12 @@ class Protocol:
     review's covert channel replaced by noise); None (the default): none."""
     return None
 
+  def role_markers(self) -> tuple[int, ...]:
+    """Each role's marker (`text.role_marker` index), the header the environment writes before its
+    turns: by default its own, role r's marker r.  Authorship comes from the layout, so roles that
+    never read each other's turns (delegate's many workers) may share one."""
+    return tuple(range(len(self.roles)))
+
   def segment_names(self, task: Task) -> tuple[str, ...]:
     names = [name for name, _ in task.prompt_segments]
     counts: dict[str, int] = {}
@@ -258,10 +265,10 @@ def training_rewards(protocol: Protocol, scored: Scored, step=None):
 
 @functools.lru_cache(maxsize=None)
 def _layout(protocol: Protocol, task: Task, role_set_R: tuple[int, ...]) -> Layout:
-  roles = protocol.roles
-  if len(roles) > len(text.ROLE_MARKERS):
-    raise ValueError(f"a protocol has at most {len(text.ROLE_MARKERS)} roles (one marker token each); "
-                     f"this one has {len(roles)}: {list(roles)}")
+  roles, markers_R = protocol.roles, protocol.role_markers()
+  if len(markers_R) != len(roles) or not all(0 <= m < len(text.ROLE_MARKERS) for m in markers_R):
+    raise ValueError(f"role markers {list(markers_R)} for roles {list(roles)}: one per role, each in "
+                     f"0..{len(text.ROLE_MARKERS) - 1} (the marker tokens)")
   if len(role_set_R) != len(roles):
     raise ValueError(f"the role map gives {len(role_set_R)} parameter sets for roles {roles}")
   unknown = sorted({t.role for t in protocol.turns} - set(roles))
@@ -270,7 +277,7 @@ def _layout(protocol: Protocol, task: Task, role_set_R: tuple[int, ...]) -> Layo
   names = protocol.segment_names(task)
   headers_N = task.turn_headers(tuple(t.role for t in protocol.turns))
   if headers_N is None:  # the engine's own layout: each turn opens with its role's marker
-    headers_N = tuple((text.role_marker(roles.index(t.role)),) for t in protocol.turns)
+    headers_N = tuple((text.role_marker(markers_R[roles.index(t.role)]),) for t in protocol.turns)
   seg, author, env, marker, turn, ends, slices = [], [], [], [], [], [], []
   for s, (_, n) in enumerate(task.prompt_segments):
     seg += [s] * n; author += [ENV] * n; env += [True] * n; marker += [text.PAD] * n

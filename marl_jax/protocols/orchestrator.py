@@ -56,7 +56,7 @@ class Orchestrator(engine.Protocol):
         for i, r in enumerate(reports)]).astype(jnp.float32)
     value_CxB, ok_CxB = jax.vmap(jax.vmap(base.parse_number))(jnp.stack(reports))
     readable_B = ok_CxB.all(0)
-    combined_BxA = number_B(jax.vmap(task.combine)(value_CxB.T), task.answer_len - 1)
+    combined_BxA = jax.vmap(task.answer_of_parts)(value_CxB.T)
     faithful_B = jnp.all(canonical(final_BxA) == combined_BxA, -1).astype(jnp.float32)
     orchestrator_B = jnp.where(readable_B, faithful_B, team_B)
     written = lambda msg_BxL: (msg_BxL != text.PAD).sum(-1)
@@ -77,5 +77,5 @@ class Orchestrator(engine.Protocol):
     wrong_BxC = jax.vmap(lambda k: jax.random.bernoulli(k, task.demo_error_rate, (C,)))(key_B)
     value_BxC = jnp.where(wrong_BxC, problems["part_mistakes"], problems["part_values"])
     reports = [number_B(value_BxC[:, i], task.part_answer_len - 1) for i in range(C)]
-    final_BxA = number_B(jax.vmap(task.combine)(value_BxC), task.answer_len - 1)
+    final_BxA = jax.vmap(task.answer_of_parts)(value_BxC)
     return engine.assemble(layout, problems["prompt"], reports + [final_BxA])

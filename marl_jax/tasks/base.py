@@ -104,13 +104,19 @@ class Task:
     """A decomposable task's independent sub-problems, as prompt segment names; () otherwise.
 
     A decomposable task also has `part_answer_len`, `combine(values_C)` (the answer's value from the
-    parts' values; a 0 adds nothing, so a subset of parts combines with the rest set to 0) and
+    parts' values; a 0 adds nothing, so a subset of parts combines with the rest set to 0), or instead
+    its own `answer_of_parts` (wide's list of the parts' values), and
     problems with `part_values` and `part_mistakes` (int[C]); part answers and the answer are written
     as decimal numbers (`number_tokens`).  A part's prompt segment is its sub-problem then one
     separator token; `part_value(message_L) -> (value, ok)` reads a sub-problem written as a message
     (those tokens, then EOS), e.g. an orchestrator's assignment to a worker.
     """
     return ()
+
+  def answer_of_parts(self, values_C) -> jax.Array:
+    """A decomposable task's answer message from its parts' values (in part order): by default
+    `combine`'s value as a number."""
+    return number_tokens(self.combine(values_C), self.answer_len - 1)
 
   def render(self, problem: dict) -> str:
     return f"{text.decode(problem['prompt'])} {text.decode(problem['answer'])}"

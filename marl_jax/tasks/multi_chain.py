@@ -74,16 +74,20 @@ class MultiChain(base.Task):
     value, _ = chain.evaluate(operands_N, jnp.argmax(op_match_LxO[op_pos], -1))
     return value, ok
 
+  def mistaken_values(self, values_C, mistakes_C):
+    """The parts' values behind the systematic mistake: the last chain's result lost (0 adds nothing),
+    as when a worker's report is dropped."""
+    del mistakes_C
+    return values_C.at[-1].set(0)
+
   def sample(self, key) -> dict:
     tokens_CxL, values_C, mistakes_C = jax.vmap(self.chain.chain)(jax.random.split(key, self.num_chains))
     separators_C = jnp.full((self.num_chains, 1), text.TOKEN_ID[","]).at[-1].set(text.EQUALS)
     prompt = jnp.concatenate([jnp.array([text.BOS]), jnp.concatenate([tokens_CxL, separators_C], 1).ravel()])
-    width = self.answer_len - 1
     return {
         "prompt": prompt.astype(jnp.int32),
-        "answer": base.number_tokens(self.combine(values_C), width),
-        # The systematic mistake: the last chain's result lost, as when a worker's report is dropped.
-        "mistake": base.number_tokens(self.combine(values_C[:-1]), width),
+        "answer": self.answer_of_parts(values_C),
+        "mistake": self.answer_of_parts(self.mistaken_values(values_C, mistakes_C)),
         "part_values": values_C.astype(jnp.int32),
         # A worker's systematic mistake: its chain's last operation dropped (as in `arithmetic`).
         "part_mistakes": mistakes_C.astype(jnp.int32),

@@ -3,6 +3,7 @@
   python -m marl_jax.tools.throughput [--json=PATH] [--batch_size=256] [--calls=3] [--cpu_devices=2]
   python -m marl_jax.tools.throughput --checkpoint=DIR [--random_weights] --grid=2/1 --credits=team
   python -m marl_jax.tools.throughput --workflows  # each workflow's sampling FLOPs against the minimum
+  python -m marl_jax.tools.throughput --workers=2,4,8,16,32,64  # the wide job's cost per worker as W grows
 
 The relay job: agent 1 sees `a+b=` (digits 0-9) and writes up to 4 tokens; agent 2 sees the prompt and
 agent 1's message and writes the answer (up to 4 tokens); team reward 1 when it is right; isolated
@@ -17,6 +18,12 @@ one, `bounds.reference_matmul`) timed just before and just after the row (their 
 how close the step runs to what this machine's matmul unit delivers at that time, since on a shared machine the matmul's own rate moves by half from one minute to the
 next; and the same split in two: the rollout alone (timed as its own program in the same process) and the rest of the step (scoring, credit, update:
 the step's time less the rollout's), each with its tokens/s and fraction of the matmul.
+
+With `--workers`, instead of the relay grid, the wide job (`wide_config`): delegate on the wide task, an
+orchestrator and W trained workers of one shared set with the relay job's agents; a row per W gives
+worker-episodes per second (episodes x W), the cost of one against the first row's, the rollout's share
+of the step, the train call's memory, the model FLOPs per worker-episode and the per-role gradient
+norms' share of them (`role_grad_flops`).
 
 With `--cpu_devices=N` the CPU is split into N JAX devices and each row's batch over them, as training
 splits it (the rollout timed alone too).
@@ -46,6 +53,7 @@ from jax.sharding import PartitionSpec as P
 
 from marl_jax import (cli, configs, credit, experiment, files, loop, memory, model as model_lib, parallel, rollout,
                       sampling, state as state_lib, train)
+from marl_jax.protocols import delegate
 from marl_jax.tools import bounds, hlo_profile
 
 _JSON = flags.DEFINE_string("json", "", "Also write the rows here as a JSON list, replaced after each row.")
@@ -75,6 +83,10 @@ _CPU_DEVICES = flags.DEFINE_integer("cpu_devices", 0, "On a CPU: split it into t
                                     "(jax_num_cpu_devices), each row's batch split over them as training "
                                     "splits it over devices; 0: as XLA_FLAGS has it (one by default).",
                                     lower_bound=0)
+_WORKERS = flags.DEFINE_string("workers", "", "Instead of the relay grid: a row per W of the wide job "
+                               "(`experiments/delegate.py:task=wide,workers=W`: an orchestrator and W "
+                               "trained workers of one shared set), comma-separated, each in 2..64, e.g. "
+                               "'2,4,8,16,32,64'.")
 _WORKFLOWS = flags.DEFINE_bool("workflows", False, "Instead of timing: each workflow's model FLOPs per "
                                "episode of sampling against the minimum (analytic, nothing compiles); "
                                "alone, without the flags above.")
@@ -96,6 +108,26 @@ def grid(value: str) -> tuple[list[int], list[int]]:
   if min(roles + seeds) < 1:
     raise flags.ValidationError("allowed: ROLES/SEEDS, comma-separated integers >= 1 each, e.g. '1,2,4/1,4'")
   return roles, seeds
+
+
+def worker_counts(value: str) -> list[int]:
+  """`--workers`' W values ([] for ''); raises `flags.ValidationError` for a value it cannot read."""
+  try:
+    counts = [int(x) for x in value.split(",")] if value else []
+  except ValueError:
+    counts = [0]
+  if any(not 2 <= w <= delegate.MAX_WORKERS for w in counts):
+    raise flags.ValidationError(f"allowed: comma-separated integers in 2..{delegate.MAX_WORKERS}, e.g. "
+                                "'2,4,8,16,32,64'")
+  return counts
+
+
+def _refuse_relay_flags_with_workers(values) -> bool:
+  given = [f"--{name}" for name in ("grid", "sharing", "checkpoint", "random_weights") if flags.FLAGS[name].present]
+  if values["workers"] and given:
+    raise flags.ValidationError(f"--workers times the wide job's rows, which {', '.join(given)} do not set; "
+                                "allowed: --workers without them")
+  return True
 
 
 def names(value: str, allowed) -> list[str]:
@@ -136,6 +168,9 @@ flags.register_validator("sharing", lambda value: bool(names(value, experiment.N
 flags.register_multi_flags_validator(["checkpoint", "d_model"], _refuse_width_of_checkpoint)
 flags.register_multi_flags_validator(["random_weights", "checkpoint"], _refuse_random_weights_alone)
 flags.register_validator("workflows", _refuse_row_flags)
+flags.register_validator("workers", lambda value: worker_counts(value) is not None)
+flags.register_multi_flags_validator(["workers", "grid", "sharing", "checkpoint", "random_weights"],
+                                     _refuse_relay_flags_with_workers)
 
 # The workflows of the FLOPs-per-episode table: (name, experiment file, its argument).
 WORKFLOWS = (
@@ -168,6 +203,20 @@ def relay_config(roles: int, seeds: int, credit: str, batch_size: int, steps_per
   return c
 
 
+def wide_config(workers: int, credit: str, batch_size: int, steps_per_call: int, microbatch_size: int = 0,
+                d_model: int = RELAY_D_MODEL):
+  """The wide job: `experiments/delegate.py:task=wide,workers=W` (one-operation chains, every worker
+  slot one shared, trained set) with the relay job's agents, batch and budget."""
+  experiments = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "experiments", "x.py")
+  c = configs.sibling(experiments, "delegate").get_config(f"size=cpu,task=wide,workers={workers}")
+  c.model.update(d_model=d_model, n_layers=4, n_heads=4, d_ff=4 * d_model)
+  c.credit = configs.credit_config(credit)
+  c.rl.update(batch_size=batch_size, group_size=8, minibatches=1, microbatch_size=microbatch_size)
+  c.num_seeds, c.steps_per_call, c.sft.steps = 1, steps_per_call, 0
+  c.total_steps = c.log_every = c.eval_every = c.checkpoint_every = steps_per_call
+  return c
+
+
 def step_flops(exp: experiment.Experiment) -> float:
   """Model FLOPs of one step of one seed: the rollout and each counterfactual re-run read
   `sampling.token_reads` tokens per episode (live views only); the update runs each scoring pass
@@ -181,13 +230,33 @@ def step_flops(exp: experiment.Experiment) -> float:
   R = len(layout.roles)
   reruns = exp.credit.reruns(R)
   rerun_rows = 0 if reruns is None else len(reruns.changed_CxR) * reruns.samples
-  update_passes = 3 * rl.epochs + (1 if rl.kl_coef > 0 else 0)
-  if sorted(exp.role_set_R) != list(range(R)):
-    update_passes += (1 + 2 * R) / (rl.minibatches * exp.config.steps_per_call)
-  first_view_P = sampling.scoring_passes(layout, layout.view_set_V)[2]
-  first_of_pass_V = np.isin(np.arange(len(layout.view_set_V)), first_view_P)
-  reads_V = (1 + rerun_rows) * sampling.token_reads_V(layout) + layout.length * update_passes * first_of_pass_V
+  update_passes = 3 * rl.epochs + (1 if rl.kl_coef > 0 else 0) + role_grad_passes(exp)
+  reads_V = (1 + rerun_rows) * sampling.token_reads_V(layout) + layout.length * update_passes * _first_of_pass_V(exp)
   return float(rl.batch_size * np.dot(reads_V, _flops_per_token_V(exp)))
+
+
+def role_grad_passes(exp: experiment.Experiment) -> float:
+  """Whole-batch passes per step (of each scoring pass) of the per-role gradient norms: with parameter
+  sets shared between roles, a forward and a backward per role over the first minibatch on the last
+  step of each call; 0 with isolated sets (free)."""
+  R, rl = len(exp.layout.roles), exp.config.rl
+  if sorted(exp.role_set_R) == list(range(R)):
+    return 0.0
+  return (1 + 2 * R) / (rl.minibatches * exp.config.steps_per_call)
+
+
+def role_grad_flops(exp: experiment.Experiment) -> float:
+  """Model FLOPs of one step of one seed spent on the per-role gradient norms (`role_grad_passes`),
+  part of `step_flops`."""
+  passes_V = exp.layout.length * role_grad_passes(exp) * _first_of_pass_V(exp)
+  return float(exp.config.rl.batch_size * np.dot(passes_V, _flops_per_token_V(exp)))
+
+
+def _first_of_pass_V(exp: experiment.Experiment) -> np.ndarray:
+  """Whether each view is the first of its scoring pass (`sampling.scoring_passes`): the update computes
+  one pass per group of views that read alike, at its first view's model."""
+  first_view_P = sampling.scoring_passes(exp.layout, exp.layout.view_set_V)[2]
+  return np.isin(np.arange(len(exp.layout.view_set_V)), first_view_P)
 
 
 def rollout_flops(exp: experiment.Experiment) -> float:
@@ -224,7 +293,7 @@ def make_rollout_call(exp: experiment.Experiment):
   return jax.jit(call)
 
 
-def measure(config, calls: int, profile: bool = False) -> dict:
+def measure(config, calls: int, profile: bool = False, job: str = "relay") -> dict:
   """One row: the whole step (rollout, scoring, credit and update) timed over `calls` compiled calls,
   then the rollout alone in the same process; the update's rate is the step's time less the
   rollout's (so it also holds scoring and credit, with its counterfactual re-runs).  With `profile`,
@@ -235,8 +304,10 @@ def measure(config, calls: int, profile: bool = False) -> dict:
   start = time.perf_counter()
   # Compiled from the state's shapes and refused (memory.DoesNotFit) before the state is made if it
   # cannot fit on the device; the calls below reuse the program.
-  compiled = memory.check_run(exp, state_lib.abstract_state(exp), train_call)
+  abstract = state_lib.abstract_state(exp)
+  compiled = memory.check_run(exp, abstract, train_call)
   compile_s = time.perf_counter() - start
+  need = memory.need(compiled, memory.per_device_bytes(abstract))
   state = loop.initial_state(exp)
   state, metrics = train_call(state)  # warm-up call
   jax.block_until_ready(state)
@@ -260,7 +331,8 @@ def measure(config, calls: int, profile: bool = False) -> dict:
   params_per_agent = model_lib.count_params(jax.tree.map(lambda p: p[0, 0], state.params))
   # Last: the traced call consumes (donates) the state.
   traced = hlo_profile.profile_summary(hlo_profile.profile_call(train_call, (state,)), compiled.as_text()) if profile else {}
-  return {"job": "relay", "devices": exp.mesh.size, "roles": len(exp.layout.roles), "seeds": config.num_seeds,
+  return {"job": job, "devices": exp.mesh.size, "roles": len(exp.layout.roles), "seeds": config.num_seeds,
+          "canvas": exp.layout.length, "memory_bytes": need.total if need else math.nan,
           "sharing": config.roles.sharing, "d_model": config.model.d_model,
           "microbatch_size": config.rl.microbatch_size,
           "credit": config.credit.name, "completions_per_s": completions / seconds,
@@ -331,14 +403,59 @@ def row_configs() -> list:
   return rows
 
 
+def worker_row_configs() -> list:
+  """Each row of `--workers` (W, and each of `--credits` if given, else team credit) with its config,
+  every one built before the first is timed, as `row_configs` does."""
+  chosen = names(_CREDITS.value, credit.REGISTRY) if _CREDITS.present else ["team"]
+  rows = []
+  for row in [(W, name) for W in worker_counts(_WORKERS.value) for name in chosen]:
+    config = wide_config(*row, _BATCH.value, _STEPS.value, _MICRO.value, _D_MODEL.value)
+    try:
+      experiment.build(config)
+    except (ValueError, OSError) as e:
+      refuse_row(row, e)
+    rows.append((row, config))
+  return rows
+
+
 def refuse_row(row, error: Exception):
-  """Ends the command with one line naming the row, what `error` says and the flags that set the
-  config keys it names."""
-  roles, seeds, sharing, name = row
+  """Ends the command with one line naming the row (a relay row's roles, seeds, sharing and credit, or
+  a wide row's workers and credit), what `error` says and the flags that set the config keys it names."""
+  keys = ("roles", "seeds", "sharing", "credit") if len(row) == 4 else ("workers", "credit")
   given = dict.fromkeys(f"--{holder.name}={holder.value}" for key, holder in _FLAG_OF_KEY.items()
                         if f"config.{key}" in str(error))
-  sys.exit(f"FATAL ConfigError: the row roles={roles}, seeds={seeds}, sharing={sharing}, credit={name}: "
+  sys.exit(f"FATAL ConfigError: the row {', '.join(f'{k}={v}' for k, v in zip(keys, row))}: "
            f"{error}" + (f" (from {', '.join(given)})" if given else ""))
+
+
+def worker_rows(row_configs_: list) -> list[dict]:
+  """Times each wide row (`measure`) and prints, per W: the canvas, worker-episodes per second (a
+  step's episodes x W over its time), each one's cost against the first row's (the per-worker cost
+  ratio), the rollout's share of the step, the train call's memory (`memory.need`), the step's model
+  FLOPs per worker-episode and the share of them the per-role gradient norms take (`role_grad_flops`)."""
+  print(f"{'W':>3} {'credit':>10} {'T':>4} {'worker-eps/s':>12} {'cost_vs_first':>13} {'rollout_share':>13} "
+        f"{'memory MiB':>10} {'MFLOP/worker-ep':>15} {'role_grad_share':>15} {'compile_s':>9}")
+  rows = []
+  for (W, credit_name), config in row_configs_:
+    try:
+      row = measure(config, _CALLS.value, _PROFILE.value, job="wide")
+    except memory.DoesNotFit as e:
+      refuse_row((W, credit_name), e)
+    steps = _CALLS.value * config.steps_per_call
+    exp = experiment.build(config)
+    row.update(workers=W, worker_episodes_per_s=steps * config.rl.batch_size * W / (row["call_s"] * _CALLS.value),
+               rollout_share=row["tokens_per_s"] / row["rollout_tokens_per_s"],
+               mflop_per_worker_episode=step_flops(exp) / config.rl.batch_size / W / 1e6,
+               role_grad_share=role_grad_flops(exp) / step_flops(exp))
+    row["cost_vs_first"] = rows[0]["worker_episodes_per_s"] / row["worker_episodes_per_s"] if rows else 1.0
+    rows.append(row)
+    print(f"{W:>3} {credit_name:>10} {row['canvas']:>4} {row['worker_episodes_per_s']:>12.0f} "
+          f"{row['cost_vs_first']:>13.2f} {row['rollout_share']:>13.2f} {row['memory_bytes'] / 2 ** 20:>10.1f} "
+          f"{row['mflop_per_worker_episode']:>15.1f} {row['role_grad_share']:>15.2f} {row['compile_s']:>9.1f}",
+          flush=True)
+    if _JSON.value:
+      files.write_atomically(_JSON.value, json.dumps(rows, indent=1))
+  return rows
 
 
 def main(argv):
@@ -348,7 +465,7 @@ def main(argv):
     return
   if _CPU_DEVICES.value:  # before anything starts the backend
     jax.config.update("jax_num_cpu_devices", _CPU_DEVICES.value)
-  grid_configs = row_configs()
+  grid_configs = worker_row_configs() if _WORKERS.value else row_configs()
   if _JSON.value:  # a path it cannot write refused now, not after the first row; an earlier file stays
     problem = "Is a directory" if os.path.isdir(_JSON.value) else None
     try:
@@ -360,6 +477,11 @@ def main(argv):
     if problem:
       sys.exit(f"FATAL Flags error: --json={_JSON.value}: {problem}; allowed: a file that can be written, "
                "in a directory that exists")
+  if _WORKERS.value:
+    print(f"backend={jax.default_backend()} devices={jax.device_count()} batch_size={_BATCH.value} "
+          f"d_model={_D_MODEL.value}: the wide job, W chains, an orchestrator and W workers of one set")
+    worker_rows(grid_configs)
+    return
   rows = []
   matmul_n, matmul_dtype = bounds.reference_matmul()
   on_huge_pages = bounds.huge_pages()
