@@ -388,33 +388,30 @@ def row_configs() -> list:
   (`experiment.build`: nothing compiles) so that a bad one stops the command before the first row is
   timed: one line naming the row, the config key and the flags that set it, exit status 1."""
   roles_grid, seeds_grid = grid(_GRID.value)
-  rows = []
-  for row in [(r, s, sharing, name) for r in roles_grid for s in seeds_grid
-              for sharing in names(_SHARING.value, experiment.NAMED_SHARING)
-              for name in names(_CREDITS.value, credit.REGISTRY)]:
-    roles, seeds, sharing, name = row
-    config = relay_config(roles, seeds, name, _BATCH.value, _STEPS.value, sharing, _CHECKPOINT.value,
-                          _RANDOM.value, _MICRO.value, _D_MODEL.value)
-    try:
-      experiment.build(config)
-    except (ValueError, OSError) as e:
-      refuse_row(row, e)
-    rows.append((row, config))
-  return rows
+  return built([((roles, seeds, sharing, name),
+                 relay_config(roles, seeds, name, _BATCH.value, _STEPS.value, sharing, _CHECKPOINT.value,
+                              _RANDOM.value, _MICRO.value, _D_MODEL.value))
+                for roles in roles_grid for seeds in seeds_grid
+                for sharing in names(_SHARING.value, experiment.NAMED_SHARING)
+                for name in names(_CREDITS.value, credit.REGISTRY)])
 
 
 def worker_row_configs() -> list:
   """Each row of `--workers` (W, and each of `--credits` if given, else team credit) with its config,
   every one built before the first is timed, as `row_configs` does."""
   chosen = names(_CREDITS.value, credit.REGISTRY) if _CREDITS.present else ["team"]
-  rows = []
-  for row in [(W, name) for W in worker_counts(_WORKERS.value) for name in chosen]:
-    config = wide_config(*row, _BATCH.value, _STEPS.value, _MICRO.value, _D_MODEL.value)
+  return built([((W, name), wide_config(W, name, _BATCH.value, _STEPS.value, _MICRO.value, _D_MODEL.value))
+                for W in worker_counts(_WORKERS.value) for name in chosen])
+
+
+def built(rows: list) -> list:
+  """`rows`, (row, config) pairs, once every config is built (nothing compiles): a bad one ends the
+  command before the first row is timed (`refuse_row`)."""
+  for row, config in rows:
     try:
       experiment.build(config)
     except (ValueError, OSError) as e:
       refuse_row(row, e)
-    rows.append((row, config))
   return rows
 
 
