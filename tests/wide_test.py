@@ -213,3 +213,21 @@ def test_tiny_wide_run_trains_every_worker_set_through_the_cli(tmp_path, W, work
   moved_S = np.max([np.abs(a - b).reshape(a.shape[0], a.shape[1], -1).max(-1)
                     for a, b in zip(jax.tree.leaves(params[4]), jax.tree.leaves(params[0]))], axis=0)
   assert np.all(moved_S > 1e-5), moved_S  # every set, the workers' included, learned (per seed)
+
+
+@pytest.mark.slow  # a warm start and two cells at the tiny size
+def test_the_credit_study_runs_trained_and_frozen_workers_from_one_warm_start_and_resumes(tmp_path):
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "SIZE": "tiny", "WORKERS": "2", "CREDITS": "per_role", "SEEDS": "0"}
+  study = lambda: subprocess.run(["bash", "scripts/wide_credit_results.sh", str(tmp_path)], cwd=REPO, env=env,
+                                 capture_output=True, text=True, timeout=1200)
+  done = study()
+  assert done.returncode == 0, done.stderr[-3000:]
+  W2 = tmp_path / "seed0" / "W2"
+  assert sorted(p.name for p in W2.iterdir()) == ["base", "per_role_frozen", "per_role_trained"]
+  for cell, trainable in (("per_role_trained", "1,1"), ("per_role_frozen", "1,0")):
+    config = json.loads((W2 / cell / "config.json").read_text())
+    assert config["init_from"] == f"{W2}/base" and config["credit"]["name"] == "per_role"
+    assert config["task"]["name"] == "wide" and config["roles"]["trainable"] == trainable
+  assert "## seeds 0.., W = 2" in done.stdout and f"B = {W2}/per_role_trained" in done.stdout
+  rows = (W2 / "per_role_trained" / "metrics.jsonl").read_text()
+  assert study().returncode == 0 and (W2 / "per_role_trained" / "metrics.jsonl").read_text() == rows
