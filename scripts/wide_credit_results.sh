@@ -42,7 +42,8 @@ for W in ${WORKERS:-2 8 32}; do
     python -m marl_jax.tools.report "$dir"/*_trained "$dir"/*_frozen
     for name in $credits; do
       python -m marl_jax.tools.report --compare "$dir/${name}_frozen" "$dir/${name}_trained"
-      [[ $name == team ]] || python -m marl_jax.tools.report --compare "$dir/team_trained" "$dir/${name}_trained"
+      [[ $name == team || " $credits " != *" team "* ]] ||
+        python -m marl_jax.tools.report --compare "$dir/team_trained" "$dir/${name}_trained"
     done
   done
 done
