@@ -281,6 +281,7 @@ def test_critic_fit_improves_with_adaptation():
   assert np.all(np.diff(rho_N[1:]) > -0.1), rho_N  # once it ranks, more steps do not lose the ranking
 
 
+@pytest.mark.slow  # several compiled programs: the fast tier stays under 4 minutes
 def test_critic_knobs_size_its_transformer_and_step_its_adam():
   # Its transformer's size follows d_model, n_layers and d_ff (each grows some weights), and its K.
   size = lambda estimator: sum(x.size for x in jax.tree.leaves(init(estimator)["params"]))

@@ -17,13 +17,13 @@ from marl_jax import configs, credit, loop, protocols, tasks
 
 EXPERIMENTS = pathlib.Path(__file__).resolve().parents[1] / "experiments"
 
-FAST_RUNS = [  # experiment file, its argument
+FAST_RUNS = [  # experiment file, its argument (the rest in the slow tier, so the fast one stays under 4 minutes)
     ("single_agent", "size=tiny"),
+]
+SLOW_RUNS = [
     ("tasks", "task=subset_sum,protocol=solver_verifier,credit=difference,size=tiny"),
     ("tasks", "task=arithmetic,protocol=relay,credit=role_baseline,size=tiny"),
     ("lm_word_problems", "size=tiny"),  # a language-model agent answering in free text
-]
-SLOW_RUNS = [
     ("tasks", "task=hidden_sum,credit=per_role,size=tiny"),  # exchange
     ("tasks", "task=signalling,credit=difference,size=tiny"),  # exchange's Lewis game, from scratch
     ("tasks", "task=matrix_game,credit=shapley,size=tiny"),
@@ -35,6 +35,7 @@ SLOW_RUNS = [
     ("peer_review", "size=tiny,pay=audited"),  # the solver rewarded by its judges, audited
     ("debate", "size=tiny"),
     ("delegate", "size=tiny"),
+    ("delegate", "size=tiny,task=wide,workers=3"),  # every worker slot trained
 ]
 RUNS = FAST_RUNS + SLOW_RUNS
 

@@ -178,6 +178,7 @@ def test_bad_checkpoints_are_refused_before_compiling(tmp_path):
     lm_agent.from_config(_model_config("qwen3", checkpoint=str(pointer), random_weights=True))
 
 
+@pytest.mark.slow  # several compiled programs: the fast tier stays under 4 minutes
 def test_lora_agent_is_the_adapted_decoder():
   """With LoRA the sets are one shared base and stacked adapters: fresh adapters give the base's logits
   exactly, trained ones `lm.lora.apply`'s; the optimiser holds state for the adapters only, and the

@@ -63,7 +63,8 @@ def _assert_greedy_is_the_whole_canvas_mode(model, params_R, layout=LAYOUT):
   assert np.all(logp_BxT[~sampled_BxT] == 0.0)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "llama", "llama_chatml"])
+@pytest.mark.parametrize("family", ["qwen3", pytest.param("llama", marks=pytest.mark.slow),
+                                    pytest.param("llama_chatml", marks=pytest.mark.slow)])
 def test_greedy_decoding_is_the_whole_canvas_forward_pass(family):
   agent = _agent(family)
   _assert_greedy_is_the_whole_canvas_mode(agent, jax.tree.map(jnp.asarray, agent.pretrained_stack(2)))
@@ -89,6 +90,7 @@ def test_a_views_cache_holds_the_blocks_of_the_positions_it_sees():
   assert [list(layer) for layer in lm_model.empty_cache(cfg, 2, 12, None, visible_T)] == [[0]] * cfg.num_hidden_layers
 
 
+@pytest.mark.slow  # several compiled programs: the fast tier stays under 4 minutes
 def test_greedy_decoding_with_lora():
   # Adapters moved off their fresh b = 0, so each set is a different adapted model.
   agent = _agent("llama", lora=dict(rank=2, alpha=4.0, targets="q_proj,v_proj,down_proj"))
@@ -99,6 +101,7 @@ def test_greedy_decoding_with_lora():
   _assert_greedy_is_the_whole_canvas_mode(agent, {**params_R, "adapter": adapter_R})
 
 
+@pytest.mark.slow  # several compiled programs: the fast tier stays under 4 minutes
 def test_greedy_decoding_in_a_mixed_team():
   # Qwen3 solves, Llama verifies: each view's cache and calls are its own model's.
   qwen, llama = _agent("qwen3"), _agent("llama")

@@ -56,6 +56,7 @@ def saved_team(workdir):
   return loop.load_params(experiment.build(two_seeds()), workdir)
 
 
+@pytest.mark.slow  # several compiled programs: the fast tier stays under 4 minutes
 def test_a_fresh_newcomer_replaces_only_its_roles_parameters_at_step_0(teams, tmp_path):
   a, _ = teams
   fresh, _ = newcomer_run(str(tmp_path / "fresh"), a, **{"newcomers.roles": "receiver"})

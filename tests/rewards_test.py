@@ -314,13 +314,13 @@ def _debate_rewarded_by_its_verifier(pay):
 
 @pytest.mark.parametrize("config", [
     lambda: _config("peer_review", "size=tiny,pay=team,audit_rate=0"),
-    lambda: _config("peer_review", "size=tiny,pay=peer_prediction,audit_rate=0"),
+    pytest.param(lambda: _config("peer_review", "size=tiny,pay=peer_prediction,audit_rate=0"), marks=pytest.mark.slow),
     # Its per-turn influence rewards read the verifier (8 s: in the slow tier, as the fast tier nears 5 minutes).
     pytest.param(lambda: _debate_rewarded_by_its_verifier("team"), marks=pytest.mark.slow),
     # Half the problems planted, the judges read by probability and taught on the planted labels (with
     # and without their policy gradient): labels reach the loss, none of them the checker's.
-    lambda: _config("peer_review", "size=tiny,pay=audited_balanced,audit_rate=0,plant_rate=0.5,verdict=expected,"
-                                   "judge_loss=brier"),
+    pytest.param(lambda: _config("peer_review", "size=tiny,pay=audited_balanced,audit_rate=0,plant_rate=0.5,"
+                                                "verdict=expected,judge_loss=brier"), marks=pytest.mark.slow),
     pytest.param(lambda: _config("peer_review", "size=tiny,pay=audited_balanced,audit_rate=0,plant_rate=0.5,"
                                                 "judge_loss=log,judge_pg=false"), marks=pytest.mark.slow),
 ], ids=["peer_review:team", "peer_review:peer_prediction", "debate:team", "planted+brier+expected",

@@ -46,6 +46,7 @@ def _warm_start(steps_per_call, stop_after=None, progress=None):
   return sft.run(exp, state.seed_keys(exp.config), progress, stop)
 
 
+@pytest.mark.slow  # several compiled programs: the fast tier stays under 4 minutes
 def test_a_warm_start_in_calls_is_one_scan_and_resumes_where_it_stopped():
   # 8 steps in one call, or 3 at a time (the last call skips the step past 8), stopped after the
   # first call and resumed from there: the same parameters and Adam moments to float rounding, and

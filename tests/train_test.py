@@ -366,7 +366,7 @@ def test_learning_rate_scale_is_each_sets_own_learning_rate():
   slow = experiment.build(tiny_config(**{"sft.steps": 0, "protocol.name": "solver_verifier", "roles.lr_scale": "1,0.25"}))
   params = jax.tree.map(lambda p: p[0], loop.initial_state(exp).params)  # the first seed's sets
   grads = jax.tree.map(lambda p: jnp.linspace(-1.0, 2.0, p.size).reshape(p.shape), params)
-  step = lambda e: e.optimizer.update(grads, e.optimizer.init(params), params)[0]
+  step = lambda e: jax.jit(lambda: e.optimizer.update(grads, e.optimizer.init(params), params)[0])()
   updates, slow_updates = step(exp), step(slow)
   chex.assert_trees_all_close(jax.tree.map(lambda u: u[0], slow_updates), jax.tree.map(lambda u: u[0], updates))
   chex.assert_trees_all_close(jax.tree.map(lambda u: u[1], slow_updates), jax.tree.map(lambda u: 0.25 * u[1], updates))

@@ -105,6 +105,7 @@ def test_an_entropy_role_that_is_not_a_role_is_refused_with_the_roles():
     experiment.build(config)
 
 
+@pytest.mark.slow  # several compiled programs: the fast tier stays under 4 minutes
 def test_microbatches_sum_to_the_minibatch_gradient():
   """rl.microbatch_size=2 runs an 8-row minibatch through the model two rows at a time and sums the
   gradients: the gradient of one pass (to float rounding), with the same losses and diagnostics."""

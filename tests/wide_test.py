@@ -121,7 +121,8 @@ def _lm_agent_in_blocks_of_five(layout, sets, monkeypatch):
   return agent, model_lib.init_stack(agent, jax.random.PRNGKey(1), sets)
 
 
-@pytest.mark.parametrize("agent", [_builtin_agent, pytest.param(_lm_agent_in_blocks_of_five, marks=pytest.mark.slow)])
+@pytest.mark.slow  # two compiled samplers each: the fast tier stays under 4 minutes
+@pytest.mark.parametrize("agent", [_builtin_agent, _lm_agent_in_blocks_of_five])
 def test_a_worker_never_reads_another_slot_when_sampling(agent, monkeypatch):
   """Changing slot 1's assignment changes worker 1's report distribution but not worker 0's, nor
   worker 2's, under the real sampler (a random model, the orchestrator's turns forced)."""
@@ -154,6 +155,7 @@ def test_a_worker_never_reads_another_slot_when_sampling(agent, monkeypatch):
       np.testing.assert_array_equal(tokens_a[:, start:stop], tokens_b[:, start:stop])
 
 
+@pytest.mark.slow  # several compiled programs: the fast tier stays under 4 minutes
 def test_difference_and_shapley_credit_on_three_workers():
   """Three workers on '3*8,2*9,0*9=' (parts 4, 8, 0), each given its chain; a worker left out reports
   `<absent>` and the orchestrator copies the reports it has, writing 0 for a missing one.  Workers 0
