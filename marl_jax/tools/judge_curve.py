@@ -31,6 +31,7 @@ SHOWN = 512  # the pool's answers each AUROC on the pool reads
 def judge_experiment(config) -> experiment.Experiment:
   """The run's experiment with the judges taught by the Brier score alone on every answer, the
   checker's labels each weighing 1; refused for a workflow whose judges state no readable level."""
+  config = config.copy_and_resolve_references()
   config.reward = configs.reward_config("team", judge_loss="brier", judge_pg=False)
   config.rl.minibatches = 1
   return experiment.build(config)
@@ -82,11 +83,12 @@ def curve(exp, st, key, labels: int, held: int, updates: int, every: int):
 
 def run(workdir: str, labels: int, held: int, updates: int, every: int) -> str:
   """The table of `curve` over every seed of the run in `workdir`."""
-  own = experiment.build(configs.read_run_config(workdir))
+  config = configs.read_run_config(workdir)
+  own = experiment.build(config)  # the run as it ran: refused here before the judge loss names a setting
   if own.protocol.verdict_readout(own.layout) is None:
     raise ValueError(f"--workdir={workdir}: its workflow's judges write no level as one token at a fixed "
                      f"position; allowed: peer_review or solver_verifier runs")
-  exp = judge_experiment(configs.read_run_config(workdir))
+  exp = judge_experiment(config)
   if updates % every or labels < exp.config.rl.batch_size:
     raise ValueError(f"--updates={updates}, --every={every}, --labels={labels}; allowed: --updates a multiple "
                      f"of --every, --labels >= config.rl.batch_size={exp.config.rl.batch_size}")
