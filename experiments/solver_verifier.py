@@ -34,7 +34,6 @@ def get_config(arg=None):
     if args.sharing != "isolated":
       raise ValueError("config argument team=mixed gives the verifier its own model; it needs "
                        "sharing=isolated")
-    m = c.model
-    configs.add_model(c, "verifier", d_model=2 * m.d_model, n_layers=2 * m.n_layers, d_ff=2 * m.d_ff)
+    configs.add_model(c, "verifier", **configs.doubled(c.model))
     c.roles.models = "model,verifier"
   return c

@@ -247,6 +247,12 @@ def add_model(c: ml_collections.ConfigDict, name: str, **overrides) -> ml_collec
   return c.models[name]
 
 
+def doubled(model: ml_collections.ConfigDict) -> dict:
+  """Settings of a model twice as wide and deep as `model` (about 7x its parameters): the mixed team's
+  verifier, and the single agent at that verifier's size."""
+  return dict(d_model=2 * model.d_model, n_layers=2 * model.n_layers, d_ff=2 * model.d_ff)
+
+
 # Keys of a learning scenario's run config that the credit benchmark sets itself, from config.seed,
 # config.learning and config.estimators (`tools.credit_benchmark.learning_config`): experiments/credit_benchmark.py
 # leaves them out of `config.runs`, so that --config.runs.SCENARIO.KEY for one of them is refused as

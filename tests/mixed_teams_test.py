@@ -23,12 +23,19 @@ FIXTURES = REPO / "tests" / "fixtures" / "lm"
 
 
 def _sv_config(arg="size=tiny"):
-  spec = importlib.util.spec_from_file_location("solver_verifier", REPO / "experiments" / "solver_verifier.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config(arg)
+  config = configs.sibling(str(REPO / "experiments" / "x.py"), "solver_verifier").get_config(arg)
   config.num_devices = 1  # other tests may have forced several CPU devices in this process
   return config
+
+
+def test_the_doubled_single_agent_is_the_mixed_teams_verifier():
+  # scripts/mixed_team_results.sh compares the mixed team with one agent at either of its sizes.
+  single = configs.sibling(str(REPO / "experiments" / "x.py"), "single_agent")
+  mixed = _sv_config("size=cpu,team=mixed")
+  assert single.get_config("size=cpu,model=doubled").model.to_dict() == mixed.models.verifier.to_dict()
+  assert single.get_config("size=cpu").model.to_dict() == mixed.model.to_dict()
+  with pytest.raises(ValueError, match="model='huge'"):
+    single.get_config("model=huge")
 
 
 @pytest.mark.slow
