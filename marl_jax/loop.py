@@ -309,7 +309,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
       tokens, train_seconds = 0.0, 0.0
       for step in range(start + config.steps_per_call, config.total_steps + 1, config.steps_per_call):
         clock = time.perf_counter()
-        state_S, metrics_SxN = train_call(state_S)
+        # The last step is evaluated too, so that the report's final accuracy is the saved model's.
+        evaluating = step % config.eval_every == 0 or step == config.total_steps
+        logging_step = step % config.log_every == 0 or evaluating
+        # Only a call whose metrics are logged pays for the costly diagnostics.
+        state_S, metrics_SxN = train_call(state_S, logging_step)
         jax.block_until_ready(state_S)  # never queue many collective-heavy calls on the CPU backend
         metrics_SxN = state.to_host(metrics_SxN)
         skipped_S += _skipped_updates(exp, metrics_SxN.pop("nonfinite_QxR"), step - config.steps_per_call)
@@ -320,9 +324,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
           tokens += float(summary["tokens"].sum()) * config.steps_per_call
         writer.advance(step)
         accuracy, best = None, False
-        # The last step is evaluated too, so that the report's final accuracy is the saved model's.
-        evaluating = step % config.eval_every == 0 or step == config.total_steps
-        if step % config.log_every == 0 or evaluating:
+        if logging_step:
           row = {**summary, "skipped_updates": skipped_S, **memory.peak_scalars()}
           if train_seconds > 0:
             row["tokens_per_s"] = np.asarray(tokens / train_seconds)

@@ -104,8 +104,9 @@ class ModelConfig(SetStack):
   def compute_dtype(self):
     return self.dtype
 
-  def apply(self, params, tokens_BxL, start, key_ok_BxT, cache=None, readout_M=None):
-    logits_BxLxV, cache = Transformer(self).apply({"params": params}, tokens_BxL, start, key_ok_BxT, cache)
+  def apply(self, params, tokens_BxL, start, key_ok_BxT, cache=None, readout_M=None, positions_L=None):
+    logits_BxLxV, cache = Transformer(self).apply({"params": params}, tokens_BxL, start, key_ok_BxT, cache,
+                                                  positions_L=positions_L)
     # All positions' logits, then those read out: the program a sampler slicing them has always
     # compiled, so its float rounding is unchanged (a 96-symbol unembedding costs little).
     return read_out(logits_BxLxV, readout_M), cache
@@ -162,6 +163,13 @@ def compute_dtype(name: str):
   if name not in dtypes:
     raise ValueError(f"config.model.dtype={name!r} is unknown; allowed: {['auto', *dtypes]}")
   return dtypes[name]
+
+
+def canvas_positions(start, length: int, positions_L=None):
+  """The canvas positions of `length` tokens: start..start+length, or `positions_L` where given (the
+  tokens a view reads gathered out of the canvas, `sampling.gathered_views`; its key mask, per query,
+  is over the gathered tokens)."""
+  return start + jnp.arange(length) if positions_L is None else positions_L
 
 
 def visible_mask(positions_L, key_ok):
@@ -263,14 +271,15 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-  """`tokens_BxL` at canvas positions start..start+L; returns float32 logits and the updated cache,
-  or with `features` the final features x_BxLxD instead of logits (the unembedding is then not built)."""
+  """`tokens_BxL` at canvas positions start..start+L (or `positions_L`: a gathered view's, without a
+  cache); returns float32 logits and the updated cache, or with `features` the final features x_BxLxD
+  instead of logits (the unembedding is then not built)."""
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, tokens_BxL, start, key_ok_BxT, cache=None, features=False):
+  def __call__(self, tokens_BxL, start, key_ok_BxT, cache=None, features=False, positions_L=None):
     cfg = self.cfg
-    positions_L = start + jnp.arange(tokens_BxL.shape[1])
+    positions_L = canvas_positions(start, tokens_BxL.shape[1], positions_L)
     mask_BxLxT = visible_mask(positions_L, key_ok_BxT)
     x = nn.Embed(cfg.vocab_size, cfg.d_model, name="embed")(tokens_BxL)
     x = x + nn.Embed(cfg.max_len, cfg.d_model, name="pos_embed")(positions_L)[None]
@@ -321,11 +330,12 @@ def init_module_stack(module: nn.Module, max_len: int, key, n_sets: int):
 # `Experiment.model`; a mixed team (`team.Team`) provides the per-set part (`set_model` gives each
 # set's own model for `apply`, `empty_cache` and `flops_per_token`).
 
-def apply(model, params, tokens_BxL, start, key_ok_BxT, cache=None, readout_M=None):
+def apply(model, params, tokens_BxL, start, key_ok_BxT, cache=None, readout_M=None, positions_L=None):
   """One parameter set (unstacked): logits over the engine's symbols and the updated cache; vmap this
   over a stacked leading axis.  `readout_M`: the logits of these positions alone (logits_BxMxV), such as
-  the last, all a prefill chunk's reader needs."""
-  return model.apply(params, tokens_BxL, start, key_ok_BxT, cache, readout_M=readout_M)
+  the last, all a prefill chunk's reader needs.  `positions_L` (without a cache): the canvas positions
+  of tokens gathered from anywhere on it, `key_ok` then per query over them (key_ok_BxLxL)."""
+  return model.apply(params, tokens_BxL, start, key_ok_BxT, cache, readout_M=readout_M, positions_L=positions_L)
 
 
 def empty_cache(model, batch: int, length: int, visible_T=None):

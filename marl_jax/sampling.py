@@ -276,6 +276,76 @@ def author_readouts(layout: Layout, pass_V, targets_N=None
   return targets_N, readout_PxM, pass_N, slot_N
 
 
+def gathered_reads(layout: Layout, views) -> tuple[np.ndarray, np.ndarray]:
+  """The positions each of `views` must read (`needed_reads_VxT`), in canvas order: index_VxL, padded
+  to the longest with its last, and real_VxL (False on the padding)."""
+  reads = [np.flatnonzero(needed_reads_VxT(layout)[v]) for v in views]
+  width = max(1, max(len(r) for r in reads))
+  index_VxL = np.stack([np.pad(r, (0, width - len(r)), mode="edge") if len(r) else np.zeros(width, int)
+                        for r in reads])
+  return index_VxL, np.arange(width)[None] < np.array([len(r) for r in reads])[:, None]
+
+
+def gathered_passes(cfg: model_lib.ModelConfig, layout: Layout, pass_V, first_view_P) -> np.ndarray:
+  """gathered_P: whether scoring pass p reads each of its views' own positions gathered out of the
+  canvas (`gathered_reads`, one short sequence per view) rather than the whole canvas: where that
+  costs at most half the model FLOPs.  Attention over the whole canvas costs each position the whole
+  canvas's keys (the mask hides keys, it does not skip them), so a pass of many views that each read a
+  few positions — 64 workers, each its assignment and its report — grew with the team; gathered, each
+  view costs what its own reads cost."""
+  model_V = view_models(cfg, layout)
+  cost = lambda model, views, length: len(views) * length * model_lib.flops_per_token(model, length)
+  gathered_P = np.zeros(len(first_view_P), bool)
+  for p, first in enumerate(first_view_P):
+    views = np.flatnonzero((pass_V == p) & needed_reads_VxT(layout).any(1))
+    if len(views):
+      width = gathered_reads(layout, views)[0].shape[1]
+      gathered_P[p] = 2 * cost(model_V[first], views, width) <= cost(model_V[first], [first], layout.length)
+  return gathered_P
+
+
+def scoring_flops(cfg: model_lib.ModelConfig, layout: Layout) -> float:
+  """Forward model FLOPs of one episode's teacher-forced scoring (`written_log_probs`, every written
+  position): each pass holding a target, over the whole canvas or its views gathered."""
+  pass_V, _, first_view_P = scoring_passes(layout, layout.view_set_V)
+  gathered_P = gathered_passes(cfg, layout, pass_V, first_view_P)
+  model_V = view_models(cfg, layout)
+  flops = 0.0
+  for p in np.unique(pass_V[layout.author_view_T[author_readouts(layout, pass_V)[0]]]):
+    model = model_V[first_view_P[p]]
+    if gathered_P[p]:
+      index_VxL = gathered_reads(layout, np.flatnonzero((pass_V == p) & needed_reads_VxT(layout).any(1)))[0]
+      flops += index_VxL.size * model_lib.flops_per_token(model, index_VxL.shape[1])
+    else:
+      flops += layout.length * model_lib.flops_per_token(model, layout.length)
+  return flops
+
+
+def _gathered_logits(cfg: model_lib.ModelConfig, layout: Layout, params_R, tokens_BxT, view_X, position_X):
+  """logits_XxBxV: the logits at canvas position `position_X[x]` through view `view_X[x]` (views of one
+  parameter set), each view reading only its own positions (`gathered_reads`) in one vmap over views."""
+  views = np.unique(view_X)
+  index_VxL, real_VxL = gathered_reads(layout, views)
+  rank_X = np.searchsorted(views, view_X)
+  slot_X = np.array([np.searchsorted(index_VxL[r], t) for r, t in zip(rank_X, position_X)])
+  width = max(np.sum(rank_X == r) for r in range(len(views)))
+  readout_VxM = np.zeros((len(views), width), int)
+  column_X = np.zeros(len(view_X), int)
+  for r in range(len(views)):
+    mine = np.flatnonzero(rank_X == r)
+    readout_VxM[r, :len(mine)], column_X[mine] = slot_X[mine], np.arange(len(mine))
+  s = layout.view_set_V[views[0]]
+  model, params = view_models(cfg, layout)[views[0]], model_lib.take_sets(cfg, params_R, s)
+  tokens_VxBxL = jnp.moveaxis(tokens_BxT[:, index_VxL], 1, 0)
+  # Keys per query over the gathered positions: real, not PAD, and not after the query.
+  causal_LxL = np.tril(np.ones((index_VxL.shape[1],) * 2, bool))
+  key_ok_VxBxLxL = ((tokens_VxBxL != text.PAD) & real_VxL[:, None])[:, :, None, :] & causal_LxL
+  read = lambda tokens_BxL, key_ok_BxLxL, positions_L, readout_M: model_lib.apply(
+      model, params, tokens_BxL, 0, key_ok_BxLxL, readout_M=readout_M, positions_L=positions_L)[0]
+  logits_VxBxMxV = jax.vmap(read)(tokens_VxBxL, key_ok_VxBxLxL, jnp.asarray(index_VxL), readout_VxM)
+  return logits_VxBxMxV[rank_X, :, column_X]
+
+
 def written_log_probs(cfg: model_lib.ModelConfig, layout: Layout, params_R, tokens_BxT, temperature: float,
                       targets_N=None):
   """(targets_N, logp_NxBxV): the policy's log-probs over the vocabulary at each written position
@@ -283,15 +353,31 @@ def written_log_probs(cfg: model_lib.ModelConfig, layout: Layout, params_R, toke
 
   One whole-canvas pass per group of compatible views that holds a target (`scoring_passes`), each
   unembedding only the positions that predict its authors' tokens (`author_readouts`): at Qwen3's
-  151 936 words the logits of every position of every pass were most of the update's memory."""
+  151 936 words the logits of every position of every pass were most of the update's memory.  A pass
+  of many views that each read little reads each view's positions gathered instead
+  (`gathered_passes`)."""
   pass_V, visible_PxTxT, first_view_P = scoring_passes(layout, layout.view_set_V)
   targets_N, readout_PxM, pass_N, slot_N = author_readouts(layout, pass_V, targets_N)
-  used_U = np.unique(pass_N)  # the passes that read a target out
-  set_U = [layout.view_set_V[v] for v in first_view_P[used_U]]
-  valid_BxT = tokens_BxT != text.PAD
-  key_ok_UxBxTxT = valid_BxT[None, :, None, :] & jnp.asarray(visible_PxTxT[used_U])[:, None]
-  logits_UxBxMxV = model_lib.apply_sets(cfg, params_R, set_U, tokens_BxT, 0, key_ok_UxBxTxT, readout_PxM[used_U])
-  logits_NxBxV = logits_UxBxMxV[np.searchsorted(used_U, pass_N), :, slot_N]
+  gathered_P = gathered_passes(cfg, layout, pass_V, first_view_P)
+  pieces, order = [], []  # the logits of some targets each, and which
+  whole_U = np.array([p for p in np.unique(pass_N) if not gathered_P[p]], int)  # whole passes that read a target out
+  if len(whole_U):
+    set_U = [layout.view_set_V[v] for v in first_view_P[whole_U]]
+    valid_BxT = tokens_BxT != text.PAD
+    key_ok_UxBxTxT = valid_BxT[None, :, None, :] & jnp.asarray(visible_PxTxT[whole_U])[:, None]
+    logits_UxBxMxV = model_lib.apply_sets(cfg, params_R, set_U, tokens_BxT, 0, key_ok_UxBxTxT,
+                                          readout_PxM[whole_U])
+    whole_N = np.flatnonzero(np.isin(pass_N, whole_U))
+    pieces.append(logits_UxBxMxV[np.searchsorted(whole_U, pass_N[whole_N]), :, slot_N[whole_N]])
+    order.extend(whole_N)
+  for p in np.unique(pass_N[gathered_P[pass_N]]):
+    mine_N = np.flatnonzero(pass_N == p)
+    pieces.append(_gathered_logits(cfg, layout, params_R, tokens_BxT, layout.author_view_T[targets_N[mine_N]],
+                                   targets_N[mine_N] - 1))
+    order.extend(mine_N)
+  logits_NxBxV = jnp.concatenate(pieces)
+  if not np.array_equal(order, np.arange(len(order))):
+    logits_NxBxV = logits_NxBxV[np.argsort(order)]
   return targets_N, policy_log_probs(logits_NxBxV, temperature, _allowed_at(layout, targets_N[:, None]))
 
 

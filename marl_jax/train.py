@@ -221,12 +221,12 @@ def local_step(exp: Experiment, state: TrainState, problem_key_B, sample_key_B, 
 
 
 def make_train_call(exp: Experiment):
-  """`train_call(state_S) -> (state_S, metrics_SxN)`: N = steps_per_call steps in one program
-  (`nonfinite_QxR` per step and seed: SxNxQxR).
+  """`train_call(state_S, diagnose=True) -> (state_S, metrics_SxN)`: N = steps_per_call steps in one
+  program (`nonfinite_QxR` per step and seed: SxNxQxR).
 
-  Diagnostics that cost extra compute (per-role gradient norms of shared sets) are measured on the
-  last step of each call and are NaN on the others (`loop.summarize` averages the steps that have
-  them)."""
+  Diagnostics that cost extra compute (per-role gradient norms of shared sets: a backward pass per
+  role) are measured on the last step of a call asked to `diagnose` (the loop asks on the calls it
+  logs) and are NaN on the others (`loop.summarize` averages the steps that have them)."""
   config, rl = exp.config, exp.config.rl
   rows = jnp.arange(rl.batch_size)
   fold_rows = jax.vmap(jax.random.fold_in, in_axes=(None, 0))
@@ -249,15 +249,17 @@ def make_train_call(exp: Experiment):
 
   judge_sets = tuple(sorted({exp.role_set_R[r] for r in exp.protocol.judge_roles}))
 
-  def one_step(state_S, i):
-    state_S, metrics_S = sharded_step(state_S, *jax.vmap(row_keys)(state_S), i == config.steps_per_call - 1)
+  def one_step(diagnose, state_S, i):
+    state_S, metrics_S = sharded_step(state_S, *jax.vmap(row_keys)(state_S),
+                                      diagnose & (i == config.steps_per_call - 1))
     if exp.reward.cross == "rotate":  # cross-judging: the judges move on to the next seed's team
       state_S = rewards.rotate_judges(state_S, judge_sets)
     return state_S, metrics_S
 
   @functools.partial(jax.jit, donate_argnums=0)
-  def train_call(state_S):
-    state_S, metrics_NxS = jax.lax.scan(one_step, state_S, jnp.arange(config.steps_per_call))
+  def train_call(state_S, diagnose=True):
+    state_S, metrics_NxS = jax.lax.scan(functools.partial(one_step, jnp.asarray(diagnose)), state_S,
+                                        jnp.arange(config.steps_per_call))
     if exp.splits_parameters:  # split parameters leave as they came, not as XLA prefers
       state_S = jax.lax.with_sharding_constraint(state_S, exp.shardings(state_S))
     return state_S, jax.tree.map(lambda m: jnp.swapaxes(m, 0, 1), metrics_NxS)

@@ -234,10 +234,10 @@ _READ_AT: list = []  # the positions the decode reads of `_Recording` were calle
 class _Recording(model_lib.ModelConfig):
   """The built-in model, recording where its one-token reads (the message loop's) happen."""
 
-  def apply(self, params, tokens_BxL, start, key_ok_BxT, cache=None, readout_M=None):
+  def apply(self, params, tokens_BxL, start, key_ok_BxT, cache=None, readout_M=None, positions_L=None):
     if tokens_BxL.shape[1] == 1:
       jax.debug.callback(lambda t: _READ_AT.append(int(t)), start)
-    return super().apply(params, tokens_BxL, start, key_ok_BxT, cache, readout_M)
+    return super().apply(params, tokens_BxL, start, key_ok_BxT, cache, readout_M, positions_L)
 
 
 def test_message_loop_stops_once_every_row_has_ended():

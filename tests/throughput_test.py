@@ -64,10 +64,14 @@ def test_the_wide_job_counts_its_per_role_gradient_norms():
   assert exp.role_set_R == (0, 1, 1) and layout.length == 29
   assert throughput.role_grad_passes(exp) == pytest.approx(7 / 10)
   per_token = exp.model.flops_per_token(layout.length)
-  passes = 2  # the orchestrator's, and one the two workers share (they read alike)
-  assert throughput.role_grad_flops(exp) == pytest.approx(8 * 29 * 0.7 * passes * per_token)
+  # The orchestrator's pass reads the whole canvas; the workers' pass each worker's 7 positions
+  # gathered (its assignment with its header, then its report's header and first token), attention
+  # over those 7 keys: half the FLOPs of the whole canvas or less, so gathered.
+  scoring = 29 * per_token + 2 * 7 * exp.model.flops_per_token(7)
+  assert sampling.scoring_flops(exp.model, layout) == scoring
+  assert throughput.role_grad_flops(exp) == pytest.approx(8 * 0.7 * scoring)
   rollout = sampling.token_reads(layout) * per_token
-  assert throughput.step_flops(exp) == pytest.approx(8 * (rollout + 29 * (3 + 0.7) * passes * per_token))
+  assert throughput.step_flops(exp) == pytest.approx(8 * (rollout + (3 + 0.7) * scoring))
   # Isolated sets: each role's norm is its set's, free.
   config = throughput.wide_config(2, "team", batch_size=8, steps_per_call=10)
   config.roles.sharing = "isolated"

@@ -155,6 +155,33 @@ def test_a_worker_never_reads_another_slot_when_sampling(agent, monkeypatch):
       np.testing.assert_array_equal(tokens_a[:, start:stop], tokens_b[:, start:stop])
 
 
+@pytest.mark.parametrize("agent", [_builtin_agent, pytest.param(_lm_agent_in_blocks_of_five, marks=pytest.mark.slow)])
+def test_workers_scored_gathered_get_the_whole_canvas_log_probs(agent, monkeypatch):
+  """The workers' scoring pass reads each worker's own positions gathered (`sampling.gathered_passes`);
+  its log-probs are those of the whole-canvas pass, and those the sampler drew with (the LM agent's
+  rotary positions included)."""
+  W = 8
+  task = tasks.make("wide", num_chains=W, num_ops=1)
+  layout = protocols.make("delegate", task).layout(task, (0,) + (1,) * W)
+  cfg, params_R = agent(layout, 2) if agent is _builtin_agent else agent(layout, 2, monkeypatch)
+  pass_V, _, first_view_P = sampling.scoring_passes(layout, layout.view_set_V)
+  assert sampling.gathered_passes(cfg, layout, pass_V, first_view_P).tolist() == [False, True]
+  problems = jax.vmap(task.sample)(jax.random.split(jax.random.PRNGKey(0), 4))
+  canvas_BxT = engine.assemble(layout, problems["prompt"], [None] * len(layout.turn_slices))
+  tokens_BxT, logp_BxT, sampled_BxT = jax.jit(lambda c: sampling.generate(
+      cfg, layout, params_R, c, jnp.zeros(c.shape, bool), jax.random.split(jax.random.PRNGKey(1), 4), 1.0))(canvas_BxT)
+  score = lambda: jax.jit(lambda t: sampling.written_log_probs(cfg, layout, params_R, t, 1.0)[1])(tokens_BxT)
+  gathered_NxBxV = score()
+  monkeypatch.setattr(sampling, "gathered_passes", lambda *args: np.zeros(len(args[3]), bool))
+  whole_NxBxV = score()  # traced again, every pass whole
+  assert np.abs(np.asarray(gathered_NxBxV - whole_NxBxV)).max() > 0  # two programs, two roundings
+  np.testing.assert_allclose(gathered_NxBxV, whole_NxBxV, atol=1e-5)
+  targets_N = sampling.author_readouts(layout, pass_V)[0]
+  forced_logp_BxT, _ = sampling.sampled_log_probs(targets_N, gathered_NxBxV, tokens_BxT)
+  np.testing.assert_allclose(np.asarray(forced_logp_BxT)[np.asarray(sampled_BxT)],
+                             np.asarray(logp_BxT)[np.asarray(sampled_BxT)], atol=1e-4)
+
+
 @pytest.mark.slow  # several compiled programs: the fast tier stays under 4 minutes
 def test_difference_and_shapley_credit_on_three_workers():
   """Three workers on '3*8,2*9,0*9=' (parts 4, 8, 0), each given its chain; a worker left out reports

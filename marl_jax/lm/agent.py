@@ -146,12 +146,13 @@ class LMAgent(model_lib.SetStack):
     """Canvas values the policy reads and writes: text.VOCAB_SIZE, or more with free text."""
     return len(self.canvas_ids_V)
 
-  def apply(self, params, tokens_BxL, start, key_ok_BxT, cache=None, readout_M=None):
+  def apply(self, params, tokens_BxL, start, key_ok_BxT, cache=None, readout_M=None, positions_L=None):
     """Logits over the canvas values, logits_BxLxV (logits_BxMxV at the positions `readout_M` alone,
-    the only ones unembedded), and the updated cache."""
+    the only ones unembedded), and the updated cache; `positions_L` as `model.apply`'s."""
     ids_V = jnp.asarray(self.canvas_ids_V)
     decoder = lambda variables: lm_model.Decoder(self.lm).apply(
-        variables, ids_V[tokens_BxL], start, key_ok_BxT, cache, features=True, readout_M=readout_M)
+        variables, ids_V[tokens_BxL], start, key_ok_BxT, cache, features=True, readout_M=readout_M,
+        positions_L=positions_L)
     if self.lora is None:
       base = params
       x_BxLxD, cache = decoder(lm_model.variables(base))

@@ -295,9 +295,10 @@ class Decoder(nn.Module):
   cfg: LMConfig
 
   @nn.compact
-  def __call__(self, tokens_BxL, start, key_ok_BxT, cache=None, features=False, readout_M=None):
+  def __call__(self, tokens_BxL, start, key_ok_BxT, cache=None, features=False, readout_M=None,
+               positions_L=None):
     cfg = self.cfg
-    positions_L = start + jnp.arange(tokens_BxL.shape[1])
+    positions_L = model_lib.canvas_positions(start, tokens_BxL.shape[1], positions_L)
     mask_BxLxT = model_lib.visible_mask(positions_L, key_ok_BxT)
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype, name="embed_tokens")
     x_BxLxD = embed(tokens_BxL)

@@ -220,8 +220,8 @@ def wide_config(workers: int, credit: str, batch_size: int, steps_per_call: int,
 def step_flops(exp: experiment.Experiment) -> float:
   """Model FLOPs of one step of one seed: the rollout and each counterfactual re-run read
   `sampling.token_reads` tokens per episode (live views only); the update runs each scoring pass
-  (`sampling.scoring_passes`: one per group of views that read alike, at its first view's model) over
-  the whole canvas, forward and backward (2x) per epoch, plus a forward under the base model with a KL
+  (`sampling.scoring_flops`: one per group of views that read alike, at its first view's model, over the
+  whole canvas or its views' own positions) forward and backward (2x) per epoch, plus a forward under the base model with a KL
   term; with parameter sets shared between roles, the per-role gradient norms of the last step of
   each call (`update.role_grad_norms`: a forward and a backward per role over the first minibatch),
   spread over the call's steps.  Not counted: a learned critic's value network (`credit.critic`,
@@ -231,8 +231,8 @@ def step_flops(exp: experiment.Experiment) -> float:
   reruns = exp.credit.reruns(R)
   rerun_rows = 0 if reruns is None else len(reruns.changed_CxR) * reruns.samples
   update_passes = 3 * rl.epochs + (1 if rl.kl_coef > 0 else 0) + role_grad_passes(exp)
-  reads_V = (1 + rerun_rows) * sampling.token_reads_V(layout) + layout.length * update_passes * _first_of_pass_V(exp)
-  return float(rl.batch_size * np.dot(reads_V, _flops_per_token_V(exp)))
+  rollouts = (1 + rerun_rows) * np.dot(sampling.token_reads_V(layout), _flops_per_token_V(exp))
+  return float(rl.batch_size * (rollouts + update_passes * sampling.scoring_flops(exp.model, layout)))
 
 
 def role_grad_passes(exp: experiment.Experiment) -> float:
@@ -248,15 +248,7 @@ def role_grad_passes(exp: experiment.Experiment) -> float:
 def role_grad_flops(exp: experiment.Experiment) -> float:
   """Model FLOPs of one step of one seed spent on the per-role gradient norms (`role_grad_passes`),
   part of `step_flops`."""
-  passes_V = exp.layout.length * role_grad_passes(exp) * _first_of_pass_V(exp)
-  return float(exp.config.rl.batch_size * np.dot(passes_V, _flops_per_token_V(exp)))
-
-
-def _first_of_pass_V(exp: experiment.Experiment) -> np.ndarray:
-  """Whether each view is the first of its scoring pass (`sampling.scoring_passes`): the update computes
-  one pass per group of views that read alike, at its first view's model."""
-  first_view_P = sampling.scoring_passes(exp.layout, exp.layout.view_set_V)[2]
-  return np.isin(np.arange(len(exp.layout.view_set_V)), first_view_P)
+  return float(exp.config.rl.batch_size * role_grad_passes(exp) * sampling.scoring_flops(exp.model, exp.layout))
 
 
 def rollout_flops(exp: experiment.Experiment) -> float:
