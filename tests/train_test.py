@@ -451,6 +451,10 @@ def test_same_parameters_as_before_credit_became_plugins(sharing, credit_name, a
   summary = loop.summarize(metrics_SxN)
   np.testing.assert_allclose(sum(summary[f"{role}/grad_norm_share"] for role in exp.layout.roles), 1.0,
                              rtol=1e-5)
+  # A call not asked to diagnose (the loop asks on the calls it logs) pays for none of the backward passes.
+  _, metrics_SxN = train_call(state_S, False)
+  share_RxSxN = np.stack([np.asarray(metrics_SxN[f"{role}/grad_norm_share"]) for role in exp.layout.roles])
+  assert np.all(np.isnan(share_RxSxN) == (sharing == "shared"))
 
 
 @dataclasses.dataclass(frozen=True)
