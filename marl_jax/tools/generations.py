@@ -363,7 +363,8 @@ def study_tables(out: str) -> str:
 
 
 def plot_study(out: str, path: str) -> None:
-  """Evaluation accuracy against RL steps for each generation (mean over seeds, its 95% band), one
+  """Evaluation accuracy against the lineage's update steps (distillations included) for each generation
+  and, once it has run, the compute-matched control from scratch (mean over seeds, its 95% band), one
   panel per seed set, as a PNG at `path`."""
   from matplotlib.figure import Figure  # the plot alone needs it
   sets = sorted((d for d in os.listdir(out) if os.path.isdir(generation_dir(os.path.join(out, d), 0))),
@@ -371,17 +372,26 @@ def plot_study(out: str, path: str) -> None:
   fig = Figure(figsize=(5 * len(sets), 3.6))
   for i, d in enumerate(sets):
     ax = fig.add_subplot(1, len(sets), i + 1)
-    g = 0
-    while os.path.isfile(os.path.join(generation_dir(os.path.join(out, d), g), "metrics.jsonl")):
-      rows = [r for r in metrics.read(generation_dir(os.path.join(out, d), g)) if "eval_accuracy" in r]
-      steps = [r["step"] for r in rows]
-      stats_N = [intervals.mean_ci(runs.seed_values(r, "eval_accuracy")) for r in rows]
-      mean_N, half_N = (np.array(x) for x in zip(*stats_N))
-      label = "generation 0 (from scratch)" if g == 0 else f"generation {g} (distilled from {g - 1})"
-      ax.plot(steps, mean_N, label=label)
+
+    def curve(run_dir, before, label, **style):  # its evaluations at the lineage's update steps
+      rows = [r for r in metrics.read(run_dir) if "eval_accuracy" in r]
+      steps = before + configs.read_run_config(run_dir).sft.steps + np.array([r["step"] for r in rows])
+      mean_N, half_N = (np.array(x) for x in zip(*[intervals.mean_ci(runs.seed_values(r, "eval_accuracy"))
+                                                   for r in rows]))
+      ax.plot(steps, mean_N, label=label, **style)
       ax.fill_between(steps, mean_N - half_N, mean_N + half_N, alpha=0.2)
+
+    g, before = 0, 0
+    while os.path.isfile(os.path.join(generation_dir(os.path.join(out, d), g), "metrics.jsonl")):
+      curve(generation_dir(os.path.join(out, d), g), before,
+            "generation 0" if g == 0 else f"generation {g} (distilled from {g - 1})")
+      before += update_steps(generation_dir(os.path.join(out, d), g))
       g += 1
-    ax.set(title=f"seeds {d[4:]}.. (10 vmapped)", xlabel="RL step (0: after distillation)", ylabel="eval accuracy")
+    control = generation_dir(os.path.join(out, d, "control"), 0)
+    if os.path.isfile(os.path.join(control, "metrics.jsonl")):
+      curve(control, 0, "from scratch (the control)", color="black", linestyle="--")
+    ax.set(title=f"seeds {d[4:]}.. (10 vmapped)", xlabel="update steps of the lineage (RL and distillation)",
+           ylabel="eval accuracy")
     ax.axhline(0.25, color="grey", linestyle=":", linewidth=1)
     ax.legend(fontsize=8)
   fig.tight_layout()
