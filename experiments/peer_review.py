@@ -11,6 +11,7 @@ audited episodes.  How the judges are paid decides whether the reward stays true
   python -m marl_jax.main --config=experiments/peer_review.py:pay=team,cross=frozen --workdir=/tmp/pr_frozen
   python -m marl_jax.main --config=experiments/peer_review.py:pay=audited_balanced,verdict=expected,judge_loss=brier --workdir=/tmp/pr_brier
   python -m marl_jax.main --config=experiments/peer_review.py:audit_rate=0,plant_rate=0.1,verdict=expected,judge_loss=brier,judge_pg=false --workdir=/tmp/pr_planted
+  python -m marl_jax.main --config=experiments/peer_review.py:pay=audited_balanced,verdict=expected,judge_loss=brier,judge_pg=false,replay=4096 --workdir=/tmp/pr_replay
 
 Arguments: task=subset_sum|arithmetic|stack_program;
 pay=team|audited|audited_team|audited_balanced|peer_prediction|reputation (every name in
@@ -32,7 +33,9 @@ its sampled statement, or the probability it puts on the answer being right); ju
 of problems whose judged answer is planted, the reference or a corrupted one, its truth known by
 construction: labels without the checker); judge_width (the judges' d_model, their own model with the
 solver's depth and d_ff / d_model; 0: the solver's model); judge_lr (the judges' sets' factor on the
-learning rate, `config.roles.lr_scale`; 1: the solver's); size=tiny|cpu|gpu.
+learning rate, `config.roles.lr_scale`; 1: the solver's); replay=N (a replay of the last N labelled
+episodes, as many of them as the step's batch added to each step's update for the judge loss alone:
+`config.reward.replay` and `replay_rows`; 0: none); size=tiny|cpu|gpu.
 """
 from marl_jax import configs, experiment
 
@@ -41,7 +44,7 @@ def get_config(arg=None):
   args = configs.parse_arg(arg, task="subset_sum", pay="team", audit_rate=0.1, penalty=0.0, judges=2,
                            source="peer", credit="per_role", sharing="judges", cross="none", channel=0,
                            verdict="sampled", judge_loss="none", judge_pg=True, plant_rate=0.0, judge_width=0,
-                           judge_lr=1.0, size="cpu")
+                           judge_lr=1.0, replay=0, size="cpu")
   sharing = dict(judges=",".join(["0"] + ["1"] * args.judges), shared="shared", isolated="isolated")
   c = configs.workflow_config(__file__, args, "peer_review", sharing, judges=args.judges, channel=args.channel)
   if configs.check_choice("source", args.source, ("peer", "checker")) == "peer":
@@ -54,6 +57,8 @@ def get_config(arg=None):
                      "source=checker: pay=team, penalty=0, cross=none, verdict=sampled, plant_rate=0")
   else:  # the checker's reward; its judges may still be taught by a proper score on every answer
     c.reward = configs.reward_config("team", judge_loss=args.judge_loss, judge_pg=args.judge_pg)
+  if args.replay:
+    c.reward.update(replay=args.replay, replay_rows=c.rl.batch_size)
   role_set_R = experiment.role_map(range(1 + args.judges), c.roles.sharing)
   judge_set_S = [s != role_set_R[0] for s in range(max(role_set_R) + 1)]
   for name, value, default in (("judge_width", args.judge_width, 0), ("judge_lr", args.judge_lr, 1.0)):

@@ -236,7 +236,14 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
     raise ValueError(f"config.seeds_at_once={config.seeds_at_once} is more than config.num_seeds="
                      f"{config.num_seeds}; allowed: 0 (every seed at once) to {config.num_seeds}")
   _check_rows_per_pass("rl.rollout_batch_size", rl.rollout_batch_size, local_batch, "batch")
-  _check_rows_per_pass("rl.microbatch_size", rl.microbatch_size, local_batch // rl.minibatches, "minibatch")
+  if reward.replay and reward.replay < rl.batch_size:
+    raise ValueError(f"config.reward.replay={reward.replay} holds fewer episodes than one step writes at most "
+                     f"(config.rl.batch_size={rl.batch_size}); allowed: >= {rl.batch_size}")
+  if reward.replay_rows % rl.minibatches:
+    raise ValueError(f"config.reward.replay_rows={reward.replay_rows} does not split into config.rl.minibatches="
+                     f"{rl.minibatches}; allowed: its multiples")
+  _check_rows_per_pass("rl.microbatch_size", rl.microbatch_size,
+                       (local_batch + reward.replay_rows) // rl.minibatches, "minibatch")
   _check_rows_per_pass("sft.microbatch_size", config.sft.microbatch_size, config.sft.batch_size, "warm-start batch")
   if config.eval.size % devices:
     raise ValueError(f"config.eval.size={config.eval.size} does not split over the {devices} devices "

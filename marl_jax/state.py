@@ -11,6 +11,7 @@ import numpy as np
 
 from marl_jax import model as model_lib
 from marl_jax.experiment import Experiment
+from marl_jax.rewards import replay as replay_lib
 
 
 @flax.struct.dataclass
@@ -22,6 +23,7 @@ class TrainState:
   credit: Any  # the credit estimator's own state (a learned baseline or critic); () when it has none
   key: jax.Array
   reward: Any = ()  # the judges' payment rule's own state (reputation's track records); () when none
+  replay: Any = ()  # the replay of labelled judged answers (`rewards.replay`); () without one
 
 
 def init_state(exp: Experiment, key, params_R=None) -> TrainState:
@@ -37,7 +39,15 @@ def init_state(exp: Experiment, key, params_R=None) -> TrainState:
   ref_params = params_R if exp.config.rl.kl_coef > 0 else ()
   return TrainState(step=jnp.zeros((), jnp.int32), params=params_R, ref_params=ref_params,
                     opt_state=opt_state, credit=credit_state, key=k_run,
-                    reward=exp.reward.init(len(exp.protocol.judge_roles)))
+                    reward=exp.reward.init(len(exp.protocol.judge_roles)), replay=replay_init(exp))
+
+
+def replay_init(exp: Experiment):
+  """An empty replay of labelled answers (`config.reward.replay` episodes), or () without one."""
+  if not exp.reward.replay:
+    return ()
+  answers = len(exp.protocol.verdict_readout(exp.layout).answer_turn_K)
+  return replay_lib.init(exp.reward.replay, exp.layout.length, answers)
 
 
 def to_host(tree):

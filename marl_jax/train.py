@@ -15,6 +15,7 @@ from jax.sharding import PartitionSpec as P
 from marl_jax import credit, parallel, rewards, rollout, sampling, update
 from marl_jax.experiment import Experiment
 from marl_jax.protocols import engine
+from marl_jax.rewards import replay as replay_lib
 from marl_jax.state import TrainState
 
 
@@ -75,6 +76,24 @@ def update_batch(exp: Experiment, state: TrainState, episodes: rollout.Episodes,
                       role_mask_BxRxT=role_mask_BxRxT, group_B=rows(B) // rl.group_size,
                       judge_weight_BxK=None if labels is None else labels.weight_BxK,
                       judge_label_BxK=None if labels is None else labels.label_BxK)
+
+
+def replayed(exp: Experiment, state: TrainState, batch: update.Batch, labels: rewards.Labels):
+  """(the update's batch with `config.reward.replay_rows` episodes drawn from the replay added, the
+  replay with the global batch's labelled episodes written): replayed rows sample no token, so only
+  the judge loss reads them (`rewards.replay`).  They are drawn before this step's are written."""
+  B, K = batch.tokens_BxT.shape[0], exp.reward.replay_rows
+  key = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(state.key, state.step), rewards.REPLAY_STREAM),
+                           jax.lax.axis_index(parallel.DATA))
+  tokens_KxT, old = replay_lib.draw(state.replay, key, K)
+  zeros = lambda x: None if x is None else jnp.zeros((K,) + x.shape[1:], x.dtype)
+  extra = update.Batch(tokens_BxT=tokens_KxT, old_logp_BxT=zeros(batch.old_logp_BxT),
+                       ref_logp_BxT=zeros(batch.ref_logp_BxT), adv_BxT=zeros(batch.adv_BxT),
+                       role_mask_BxRxT=zeros(batch.role_mask_BxRxT), group_B=jnp.full(K, -1, batch.group_B.dtype),
+                       judge_weight_BxK=old.weight_BxK, judge_label_BxK=old.label_BxK)
+  batch = jax.tree.map(lambda x, y: jnp.concatenate([x, y]), batch, extra)
+  new = parallel.gather_rows((batch.tokens_BxT[:B], labels))
+  return batch, replay_lib.write(state.replay, *new)
 
 
 def step_metrics(exp: Experiment, scored, episodes: rollout.Episodes, devices, role_metrics: dict,
@@ -182,6 +201,9 @@ def local_step(exp: Experiment, state: TrainState, problem_key_B, sample_key_B, 
   adv_xB, credit_state, credit_metrics = assign_credit(exp, state.params, state.credit, problems, outcome,
                                                        rerun_key_B, state.step)
   batch = update_batch(exp, state, episodes, adv_xB, outcome.turn_NxB, labels)
+  replay = state.replay
+  if exp.reward.replay:
+    batch, replay = replayed(exp, state, batch, labels)
   params, opt_state, aux = update.apply(exp, state.params, state.opt_state, batch, devices)
   # Per-role gradient norms: free with isolated sets (a set's gradient is its role's); otherwise a
   # backward pass per role, so only when asked.
@@ -216,7 +238,7 @@ def local_step(exp: Experiment, state: TrainState, problem_key_B, sample_key_B, 
   updated_QxR = on_any_device(every_role(exp, params, opt_state))
   params, opt_state = keep(updated_QxR.any(), (params, opt_state), (state.params, state.opt_state))
   state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, credit=credit_state,
-                        reward=reward_state)
+                        reward=reward_state, replay=replay)
   return state, {**metrics, "nonfinite_QxR": jnp.concatenate([nonfinite_QxR, updated_QxR])}
 
 

@@ -48,7 +48,9 @@ fi
 # the 7 % of 5 numbers); `*supervised_1` with every answer labelled and the solver paid by the checker
 # (whether the judges can learn to judge at all), `lr*` with the judges' learning rate a tenth or a
 # hundredth of the solver's (Adam's steps are the learning rate's size whatever the loss's), `*epochs4*`
-# with four passes over each step's batch (four times the judges' updates); collusion with judges that can judge: `planted_*_team_0` (team pay, no audits,
+# with four passes over each step's batch (four times the judges' updates), `*replay*` with a replay of
+# the last 4096 labelled episodes, a batch of them in each step's update (each label teaches many
+# times, `rewards.replay`); collusion with judges that can judge: `planted_*_team_0` (team pay, no audits,
 # labels from planted answers only) with shared parameters, the channel and cross-judging by rotation.
 cells="
 checker judges source=checker
@@ -126,6 +128,8 @@ lr0.01_supervised_1 judges pay=audited_balanced,audit_rate=1.0,verdict=expected,
 lr0.1_supervised_0.1 judges pay=audited_balanced,audit_rate=0.1,verdict=expected,judge_loss=brier,judge_pg=false,judge_lr=0.1
 lr0.1_expected_brier_0.1 judges pay=audited_balanced,audit_rate=0.1,verdict=expected,judge_loss=brier,judge_lr=0.1
 width256_supervised_1 width256 pay=audited_balanced,audit_rate=1.0,verdict=expected,judge_loss=brier,judge_pg=false,judge_width=256
+replay_supervised_0.1 judges pay=audited_balanced,audit_rate=0.1,verdict=expected,judge_loss=brier,judge_pg=false,replay=4096
+easy_replay_supervised_0.1 easy pay=audited_balanced,audit_rate=0.1,verdict=expected,judge_loss=brier,judge_pg=false,replay=4096
 planted_team_0 judges pay=team,audit_rate=0,plant_rate=0.1,verdict=expected,judge_loss=brier
 planted_shared_team_0 shared pay=team,audit_rate=0,plant_rate=0.1,verdict=expected,judge_loss=brier,sharing=shared
 planted_channel_team_0 channel pay=team,audit_rate=0,plant_rate=0.1,verdict=expected,judge_loss=brier,channel=2

@@ -14,6 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 from marl_jax import experiment, losses, parallel, rewards, rollout, sampling, state, text, train, update
 from marl_jax.protocols import engine
+from marl_jax.rewards import replay as replay_lib
 from rewards_test import _config
 
 LEVELS = (0.0, 1 / 3, 2 / 3, 1.0)
@@ -138,6 +139,61 @@ def test_the_judge_loss_trains_the_judges_alone_and_at_weight_0_changes_nothing(
   assert metrics["judge0/judge_loss"] > 0 and metrics["solver/judge_loss"] == 0
 
 
+def test_the_replay_writes_labelled_episodes_in_row_order_and_draws_only_those_written():
+  tokens = lambda *rows: jnp.asarray([[r] * 3 for r in rows], jnp.int32)  # row r's transcript: r r r
+  labelled = lambda weight_B, label_B: rewards.Labels(weight_BxK=jnp.asarray(weight_B, jnp.float32)[:, None],
+                                                      label_BxK=jnp.asarray(label_B, jnp.float32)[:, None])
+  empty = replay_lib.init(4, 3, 1)
+  _, none = replay_lib.draw(empty, jax.random.PRNGKey(0), 5)
+  assert np.all(none.weight_BxK == 0)  # nothing written: nothing reaches the loss
+  # Rows 7 and 9 are labelled (weight 2 and 1, labels 1 and 0), row 8 is not: slots 0 and 1.
+  replay = replay_lib.write(empty, tokens(7, 8, 9), labelled([2, 0, 1], [1, 0, 0]))
+  assert int(replay.written) == 2
+  np.testing.assert_array_equal(replay.tokens_NxT[:2, 0], [7, 9])
+  np.testing.assert_array_equal(replay.weight_NxK[:, 0], [2, 1, 0, 0])
+  np.testing.assert_array_equal(replay.label_NxK[:, 0], [1, 0, 0, 0])
+  tokens_BxT, drawn = replay_lib.draw(replay, jax.random.PRNGKey(1), 64)
+  assert set(np.asarray(tokens_BxT[:, 0]).tolist()) == {7, 9}  # only the written slots, both of them
+  np.testing.assert_array_equal(drawn.weight_BxK[:, 0], np.where(tokens_BxT[:, 0] == 7, 2, 1))
+  # Three more labelled rows: slots 2, 3 and 0 (the oldest, row 7's, overwritten).
+  replay = replay_lib.write(replay, tokens(4, 5, 6), labelled([1, 1, 1], [0, 1, 1]))
+  assert int(replay.written) == 5
+  np.testing.assert_array_equal(replay.tokens_NxT[:, 0], [6, 9, 4, 5])
+  np.testing.assert_array_equal(replay.label_NxK[:, 0], [1, 0, 0, 1])
+
+
+@pytest.mark.slow  # four compiled training steps
+def test_replayed_labels_teach_the_judges_alone():
+  # Two steps from the same state and keys, with and without a replay: the first step draws from an
+  # empty replay (so both runs agree), then writes the step's labelled episodes; the second draws them
+  # again, which moves the judges' set and leaves the solver's as it is.  SGD, whose update is linear in
+  # the gradient: Adam's first step is the gradient's sign, so float rounding of a gradient near 0
+  # (replayed rows change the sums' lengths) would move a parameter by the whole learning rate.
+  def build(**reward):
+    config = _config("peer_review", "size=tiny,pay=audited_balanced,audit_rate=0.5")
+    config.reward.update(verdict="expected", judge_loss="brier", judge_pg=False, **reward)
+    config.optim.update(name="sgd", learning_rate=0.1)
+    return experiment.build(config)
+  plain, replaying = build(), build(replay=64, replay_rows=8)
+  B = plain.config.rl.batch_size
+  keys_3xB = jax.random.split(jax.random.PRNGKey(1), 3 * B).reshape(3, B, -1)
+  as_np = lambda tree: jax.tree.map(np.asarray, tree)
+  solver_set, judge_set = plain.role_set_R[0], plain.role_set_R[1]
+  take = lambda params, s: as_np(jax.tree.map(lambda x: x[s], params))
+  plain_state, replay_state = state.init_state(plain, jax.random.PRNGKey(0)), state.init_state(replaying, jax.random.PRNGKey(0))
+  for step in range(2):
+    plain_state, _ = _one_step(plain, plain_state, keys_3xB)
+    replay_state, metrics = _one_step(replaying, replay_state, keys_3xB)
+    if step == 0:
+      chex.assert_trees_all_close(as_np(plain_state.params), as_np(replay_state.params), atol=1e-6)
+      written = int(replay_state.replay.written)
+      assert written == round(float(metrics["labels_per_episode"]) * B) > 0
+  chex.assert_trees_all_close(take(plain_state.params, solver_set), take(replay_state.params, solver_set), atol=1e-6)
+  moved = jax.tree.map(lambda a, b: np.abs(a - b).max(), take(plain_state.params, judge_set),
+                       take(replay_state.params, judge_set))
+  assert max(jax.tree.leaves(moved)) > 1e-4
+
+
 def test_planted_answers_are_the_reference_or_a_corruption_by_construction():
   exp = _peer_review("size=tiny,pay=audited_balanced,audit_rate=0", plant_rate=0.5)
   B = 8
@@ -169,6 +225,10 @@ def test_planted_answers_are_the_reference_or_a_corruption_by_construction():
     ("peer_review", "pay=audited", {"judge_pg": False}, "config.reward.judge_pg=False leaves the judges no loss at all"),
     ("peer_review", "pay=team,audit_rate=0", {"judge_loss": "brier"}, "config.reward.judge_loss='brier' learns from labelled answers"),
     ("peer_review", "source=checker", {"verdict": "expected"}, "config.reward.verdict='expected' acts only with config.reward.source='peer'"),
+    ("peer_review", "pay=audited", {"replay": 64}, "config.reward.replay=64 with config.reward.replay_rows=0"),
+    ("peer_review", "pay=audited", {"replay": 64, "replay_rows": 8}, "config.reward.replay=64 replays labels for the judge loss, and there is none"),
+    ("peer_review", "pay=audited", {"replay": 4, "replay_rows": 2, "judge_loss": "brier"},
+     "config.reward.replay=4 holds fewer episodes than one step writes at most (config.rl.batch_size=32); allowed: >= 32"),
     ("debate", "task=subset_sum,scorer=verifier", {"source": "peer", "verdict": "expected"},
      "config.reward.verdict='expected' reads each judge's level as one token at a fixed position, which this workflow's judges do not write"),
 ])
@@ -176,6 +236,15 @@ def test_bad_judge_settings_are_refused_naming_the_key(experiment_name, arg, rew
   config = _config(experiment_name, f"size=tiny,{arg}")
   config.reward.update(reward)
   with pytest.raises(ValueError, match=re.escape(message)):
+    experiment.build(config)
+
+
+def test_replayed_rows_split_into_the_minibatches():
+  config = _config("peer_review", "size=tiny,pay=audited")
+  config.reward.update(judge_loss="brier", replay=64, replay_rows=3)
+  config.rl.minibatches = 2
+  with pytest.raises(ValueError, match=re.escape("config.reward.replay_rows=3 does not split into config.rl.minibatches=2; "
+                                                 "allowed: its multiples")):
     experiment.build(config)
 
 
@@ -193,6 +262,8 @@ def test_the_judges_width_and_learning_rate_are_their_parameter_sets_own():
 @pytest.mark.parametrize("arg", ["peer_review.py:size=tiny,pay=audited_balanced,verdict=expected,judge_loss=brier",
                                  "peer_review.py:size=tiny,pay=audited_balanced,audit_rate=0,plant_rate=0.25,"
                                  "verdict=expected,judge_loss=log,judge_pg=false",
+                                 "peer_review.py:size=tiny,pay=audited_balanced,verdict=expected,judge_loss=brier,"
+                                 "judge_pg=false,replay=64",
                                  "solver_verifier.py:size=tiny,judge_loss=brier"])
 def test_judges_read_by_probability_and_taught_by_a_proper_score_train_through_the_cli(tmp_path, arg):
   rows = _cli_rows(tmp_path, arg)

@@ -13,7 +13,7 @@ interface and the stage)::
   reputation:      the judges' verdicts are weighted by their audited track records (a Beta posterior).
 """
 from marl_jax import registry
-from marl_jax.rewards.base import (JUDGE_LOSSES, PLANT_STREAM, REGISTRY, SOURCES, VERDICTS, Labels, PayRule,
+from marl_jax.rewards.base import (JUDGE_LOSSES, PLANT_STREAM, REGISTRY, REPLAY_STREAM, SOURCES, VERDICTS, Labels, PayRule,
                                    Plants, Reviewed, assign, audit_keys, check, check_rotation, draw_audits,
                                    draw_plants, evaluation, labels, register, rotate_judges, settle)
 

@@ -47,6 +47,7 @@ CROSS = ("none", "other_set", "frozen", "rotate")
 # the key of a step's problems, samples or re-runs (`train.make_train_call` folds the step in).
 AUDIT_STREAM = 2**31 - 1
 PLANT_STREAM = 2**31 - 2  # the planted answers' draw, likewise
+REPLAY_STREAM = 2**31 - 3  # the replayed episodes' draw (`rewards.replay`), likewise
 
 
 @flax.struct.dataclass
@@ -94,6 +95,10 @@ class PayRule:
   # Share of problems whose judged answers are planted: the task's reference answer or a corruption of
   # it (half each), whose truth is known by construction, instead of the judged roles' own (source=peer).
   plant_rate: float = 0.0
+  # A replay of the last `replay` labelled episodes, `replay_rows` of them (per device) added to each
+  # step's update for the judge loss alone (`rewards.replay`): each label teaches many times.  0: none.
+  replay: int = 0
+  replay_rows: int = 0
 
   min_judges: ClassVar[int] = 1
   needs_audits: ClassVar[bool] = False  # pays or weighs judges by audits: audit_rate > 0
@@ -167,6 +172,14 @@ def check(rule: PayRule, judge_roles: tuple[int, ...], reruns: bool, role_credit
     raise ValueError(f"{', '.join(reading)} reads each judge's level as one token at a fixed position, which this "
                      f"workflow's judges do not write; allowed: verdict='sampled', judge_loss='none', plant_rate=0, "
                      f"or a workflow whose judges do (peer_review, solver_verifier)")
+  checks.integer("reward.replay", rule.replay, 0)
+  checks.integer("reward.replay_rows", rule.replay_rows, 0)
+  if (rule.replay > 0) != (rule.replay_rows > 0):
+    raise ValueError(f"config.reward.replay={rule.replay} with config.reward.replay_rows={rule.replay_rows}: a "
+                     f"replay needs rows drawn from it and rows need a replay; allowed: both 0, or both >= 1")
+  if rule.replay and rule.judge_loss == "none":
+    raise ValueError(f"config.reward.replay={rule.replay} replays labels for the judge loss, and there is none; "
+                     f"allowed: 0, or config.reward.judge_loss='brier' or 'log'")
   if not rule.judge_pg and rule.judge_loss == "none":
     raise ValueError("config.reward.judge_pg=False leaves the judges no loss at all; allowed: judge_pg=True, or "
                      "config.reward.judge_loss='brier' or 'log' (a supervised judge)")
