@@ -119,18 +119,25 @@ def role_map(roles, sharing) -> tuple[int, ...]:
   return role_set
 
 
+def per_set_values(key: str, text: str, num_sets: int, parse, default, allowed: str) -> list:
+  """One value per parameter set from `config.roles.KEY` (comma-separated; '' gives every set
+  `default`), each `parse`d (None, or a ValueError: not allowed), refused naming the key and `allowed`."""
+  try:
+    values = [parse(s.strip()) for s in text.split(",")] if text else [default] * num_sets
+  except ValueError:
+    values = []
+  if len(values) != num_sets or any(v is None for v in values):
+    raise ValueError(f"config.roles.{key}={text!r} for {num_sets} parameter sets (from config.roles.sharing); "
+                     f"allowed: {allowed}, such as {','.join(['1'] * num_sets)!r}")
+  return values
+
+
 def learning_rate_scales(lr_scale: str, num_sets: int) -> np.ndarray:
   """lr_scale_S from `config.roles.lr_scale`: each parameter set's factor on the learning rate (a
   judge that learns slower than the solver it judges, say), 1 for every set when empty."""
-  try:
-    scale_S = np.array([float(s) for s in lr_scale.split(",")] if lr_scale else [1.0] * num_sets)
-  except ValueError:
-    scale_S = np.array([])
-  if len(scale_S) != num_sets or not np.all(np.isfinite(scale_S)) or np.any(scale_S < 0):
-    raise ValueError(f"config.roles.lr_scale={lr_scale!r} for {num_sets} parameter sets (from "
-                     f"config.roles.sharing); allowed: '' (1 for every set) or one factor >= 0 per set, "
-                     f"such as {','.join(['1'] * num_sets)!r}")
-  return scale_S
+  factor = lambda s: float(s) if np.isfinite(float(s)) and float(s) >= 0 else None
+  return np.array(per_set_values("lr_scale", lr_scale, num_sets, factor, 1.0,
+                                 "'' (1 for every set) or one factor >= 0 per set"))
 
 
 def make_optimizer(optim, total_updates: int, group: str = "optim") -> optax.GradientTransformation:
@@ -190,13 +197,9 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
   if sorted(set(role_set_R)) != list(range(num_sets)):
     raise ValueError(f"config.roles.sharing={list(role_set_R)} names parameter sets "
                      f"{sorted(set(role_set_R))}; sets must be numbered 0..n-1 without gaps")
-  trainable = str(config.roles.trainable)
-  flags = [t.strip().lower() for t in trainable.split(",")] if trainable else ["1"] * num_sets
-  if len(flags) != num_sets or not set(flags) <= {"1", "0", "true", "false"}:
-    raise ValueError(f"config.roles.trainable={trainable!r} for {num_sets} parameter sets (from "
-                     f"config.roles.sharing); allowed: '' (all trainable) or one 1 or 0 per set, "
-                     f"such as {','.join(['1'] * num_sets)!r}")
-  trainable_R = tuple(f in ("1", "true") for f in flags)
+  flag = {"1": True, "true": True, "0": False, "false": False}
+  trainable_R = tuple(per_set_values("trainable", str(config.roles.trainable), num_sets,
+                                     lambda s: flag.get(s.lower()), True, "'' (all trainable) or one 1 or 0 per set"))
   lr_scale_S = learning_rate_scales(str(config.roles.lr_scale), num_sets)
   layout = protocol.layout(task, role_set_R)
   if layout.length > config.model.max_len:

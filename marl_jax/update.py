@@ -172,7 +172,8 @@ def role_grad_norms(exp, params_R, batch: Batch, devices: int):
   count_R = token_counts(mb, devices)
   labels = None if mb.judge_weight_BxK is None else label_count(mb, devices)
   _, vjp_fn, _ = jax.vjp(lambda p: role_losses(exp, p, mb, count_R, labels), params_R, has_aux=True)
-  # One role's backward pass at a time (not vmapped): the memory of one pass whatever R (65 roles in a
-  # 64-worker delegate held 65 backward passes at once), for the same R passes of compute.
-  grads_R = parallel.mean_over_devices(jax.lax.map(lambda onehot_R: vjp_fn(onehot_R)[0], jnp.eye(R)))
-  return jax.vmap(optax.tree_utils.tree_norm)(grads_R)
+  # One role's backward pass at a time (not vmapped), each reduced to its norm before the next: the
+  # memory of one pass and one gradient whatever R (65 roles in a 64-worker delegate held 65 backward
+  # passes at once), for the same R passes of compute.
+  norm = lambda onehot_R: optax.tree_utils.tree_norm(parallel.mean_over_devices(vjp_fn(onehot_R)[0]))
+  return jax.lax.map(norm, jnp.eye(R))

@@ -333,7 +333,7 @@ def measure(config, calls: int, profile: bool = False, job: str = "relay") -> di
           "rollout_flops_per_s": steps * rollout_flops(exp) / rollout_s,
           "update_tokens_per_s": tokens / rest_s,
           "update_flops_per_s": steps * (step_flops(exp) - rollout_flops(exp)) / rest_s,
-          "compile_s": compile_s,
+          "compile_s": compile_s, "step_flops": step_flops(exp), "role_grad_flops": role_grad_flops(exp),
           "params_per_agent": params_per_agent, "call_s": seconds / calls, **traced}
 
 
@@ -431,11 +431,10 @@ def worker_rows(row_configs_: list) -> list[dict]:
     except memory.DoesNotFit as e:
       refuse_row((W, credit_name), e)
     steps = _CALLS.value * config.steps_per_call
-    exp = experiment.build(config)
     row.update(workers=W, worker_episodes_per_s=steps * config.rl.batch_size * W / (row["call_s"] * _CALLS.value),
                rollout_share=row["tokens_per_s"] / row["rollout_tokens_per_s"],
-               mflop_per_worker_episode=step_flops(exp) / config.rl.batch_size / W / 1e6,
-               role_grad_share=role_grad_flops(exp) / step_flops(exp))
+               mflop_per_worker_episode=row["step_flops"] / config.rl.batch_size / W / 1e6,
+               role_grad_share=row["role_grad_flops"] / row["step_flops"])
     row["cost_vs_first"] = rows[0]["worker_episodes_per_s"] / row["worker_episodes_per_s"] if rows else 1.0
     rows.append(row)
     print(f"{W:>3} {credit_name:>10} {row['canvas']:>4} {row['worker_episodes_per_s']:>12.0f} "
