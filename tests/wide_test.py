@@ -155,7 +155,8 @@ def test_a_worker_never_reads_another_slot_when_sampling(agent, monkeypatch):
       np.testing.assert_array_equal(tokens_a[:, start:stop], tokens_b[:, start:stop])
 
 
-@pytest.mark.parametrize("agent", [_builtin_agent, pytest.param(_lm_agent_in_blocks_of_five, marks=pytest.mark.slow)])
+@pytest.mark.slow  # a compiled sampler and two scoring programs each: the fast tier stays under 4 minutes
+@pytest.mark.parametrize("agent", [_builtin_agent, _lm_agent_in_blocks_of_five])
 def test_workers_scored_gathered_get_the_whole_canvas_log_probs(agent, monkeypatch):
   """The workers' scoring pass reads each worker's own positions gathered (`sampling.gathered_passes`);
   its log-probs are those of the whole-canvas pass, and those the sampler drew with (the LM agent's
