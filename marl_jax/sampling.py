@@ -286,39 +286,43 @@ def gathered_reads(layout: Layout, views) -> tuple[np.ndarray, np.ndarray]:
   return index_VxL, np.arange(width)[None] < np.array([len(r) for r in reads])[:, None]
 
 
+def pass_flops(cfg: model_lib.ModelConfig, layout: Layout, pass_V, first_view_P) -> tuple[np.ndarray, np.ndarray]:
+  """(whole_P, gathered_P): the forward model FLOPs of one episode of each scoring pass over the whole
+  canvas, and with each of its views (those that read anything) reading its own positions gathered
+  (`gathered_reads`: the views padded to the longest), at the pass's first view's model."""
+  model_V = view_models(cfg, layout)
+  reads_V = needed_reads_VxT(layout).any(1)
+  flops = lambda p, length: length * model_lib.flops_per_token(model_V[first_view_P[p]], length)
+  whole_P = np.array([flops(p, layout.length) for p in range(len(first_view_P))], float)
+  gathered_P = np.zeros(len(first_view_P))
+  for p in range(len(first_view_P)):
+    views = np.flatnonzero((pass_V == p) & reads_V)
+    if len(views):
+      gathered_P[p] = len(views) * flops(p, gathered_reads(layout, views)[0].shape[1])
+  return whole_P, gathered_P
+
+
 def gathered_passes(cfg: model_lib.ModelConfig, layout: Layout, pass_V, first_view_P) -> np.ndarray:
   """gathered_P: whether scoring pass p reads each of its views' own positions gathered out of the
   canvas (`gathered_reads`, one short sequence per view) rather than the whole canvas: where that
-  costs at most half the model FLOPs.  Attention over the whole canvas costs each position the whole
-  canvas's keys (the mask hides keys, it does not skip them), so a pass of many views that each read a
-  few positions — 64 workers, each its assignment and its report — grew with the team; gathered, each
-  view costs what its own reads cost."""
-  model_V = view_models(cfg, layout)
-  cost = lambda model, views, length: len(views) * length * model_lib.flops_per_token(model, length)
-  gathered_P = np.zeros(len(first_view_P), bool)
-  for p, first in enumerate(first_view_P):
-    views = np.flatnonzero((pass_V == p) & needed_reads_VxT(layout).any(1))
-    if len(views):
-      width = gathered_reads(layout, views)[0].shape[1]
-      gathered_P[p] = 2 * cost(model_V[first], views, width) <= cost(model_V[first], [first], layout.length)
-  return gathered_P
+  costs at most half the model FLOPs (`pass_flops`).  Attention over the whole canvas costs each
+  position the whole canvas's keys (the mask hides keys, it does not skip them), so a pass of many
+  views that each read a few positions — 64 workers, each its assignment and its report — grew with
+  the team; gathered, each view costs what its own reads cost."""
+  return _gathers(*pass_flops(cfg, layout, pass_V, first_view_P))
+
+
+def _gathers(whole_P, gathered_P) -> np.ndarray:
+  return (gathered_P > 0) & (2 * gathered_P <= whole_P)
 
 
 def scoring_flops(cfg: model_lib.ModelConfig, layout: Layout) -> float:
   """Forward model FLOPs of one episode's teacher-forced scoring (`written_log_probs`, every written
   position): each pass holding a target, over the whole canvas or its views gathered."""
   pass_V, _, first_view_P = scoring_passes(layout, layout.view_set_V)
-  gathered_P = gathered_passes(cfg, layout, pass_V, first_view_P)
-  model_V = view_models(cfg, layout)
-  flops = 0.0
-  for p in np.unique(pass_V[layout.author_view_T[author_readouts(layout, pass_V)[0]]]):
-    model = model_V[first_view_P[p]]
-    if gathered_P[p]:
-      index_VxL = gathered_reads(layout, np.flatnonzero((pass_V == p) & needed_reads_VxT(layout).any(1)))[0]
-      flops += index_VxL.size * model_lib.flops_per_token(model, index_VxL.shape[1])
-    else:
-      flops += layout.length * model_lib.flops_per_token(model, layout.length)
-  return flops
+  whole_P, gathered_P = pass_flops(cfg, layout, pass_V, first_view_P)
+  chosen_P = np.where(_gathers(whole_P, gathered_P), gathered_P, whole_P)
+  return float(chosen_P[np.unique(pass_V[layout.author_view_T[author_readouts(layout, pass_V)[0]]])].sum())
 
 
 def _gathered_logits(cfg: model_lib.ModelConfig, layout: Layout, params_R, tokens_BxT, view_X, position_X):

@@ -321,6 +321,7 @@ def measure(config, calls: int, profile: bool = False, job: str = "relay") -> di
   # A rollout timed longer than the whole step (a noisy machine, a tiny step) leaves no time to rate.
   rest_s = seconds - rollout_s if seconds > rollout_s else math.nan
   params_per_agent = model_lib.count_params(jax.tree.map(lambda p: p[0, 0], state.params))
+  step, rollout = step_flops(exp), rollout_flops(exp)  # analytic, per step of one seed
   # Last: the traced call consumes (donates) the state.
   traced = hlo_profile.profile_summary(hlo_profile.profile_call(train_call, (state,)), compiled.as_text()) if profile else {}
   return {"job": job, "devices": exp.mesh.size, "roles": len(exp.layout.roles), "seeds": config.num_seeds,
@@ -328,12 +329,12 @@ def measure(config, calls: int, profile: bool = False, job: str = "relay") -> di
           "sharing": config.roles.sharing, "d_model": config.model.d_model,
           "microbatch_size": config.rl.microbatch_size,
           "credit": config.credit.name, "completions_per_s": completions / seconds,
-          "tokens_per_s": tokens / seconds, "flops_per_s": steps * step_flops(exp) / seconds,
+          "tokens_per_s": tokens / seconds, "flops_per_s": steps * step / seconds,
           "rollout_tokens_per_s": rollout_tokens / rollout_s,
-          "rollout_flops_per_s": steps * rollout_flops(exp) / rollout_s,
+          "rollout_flops_per_s": steps * rollout / rollout_s,
           "update_tokens_per_s": tokens / rest_s,
-          "update_flops_per_s": steps * (step_flops(exp) - rollout_flops(exp)) / rest_s,
-          "compile_s": compile_s, "step_flops": step_flops(exp), "role_grad_flops": role_grad_flops(exp),
+          "update_flops_per_s": steps * (step - rollout) / rest_s,
+          "compile_s": compile_s, "step_flops": step, "role_grad_flops": role_grad_flops(exp),
           "params_per_agent": params_per_agent, "call_s": seconds / calls, **traced}
 
 
