@@ -42,11 +42,11 @@ from marl_jax import train
 make_train_call, calls = train.make_train_call, []
 def signalled(exp):
   call = make_train_call(exp)
-  def first_call_signalled(state_S):
+  def first_call_signalled(state_S, *args):
     if not calls:  # from another thread, so the signal lands while the main thread is in the call
       threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGTERM)).start()
     calls.append(1)
-    return call(state_S)
+    return call(state_S, *args)
   first_call_signalled.lower = call.lower  # the run checks its memory before training
   return first_call_signalled
 train.make_train_call = signalled
