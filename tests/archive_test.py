@@ -65,6 +65,7 @@ def test_transcripts_round_trip(tmp_path):
     archive_lib.archive(exp, params_S, str(tmp_path), "run1")
 
 
+@pytest.mark.slow
 def test_transcripts_without_credit_read_from_a_stored_eval_set(tmp_path):
   exp = tiny_experiment("matrix_game")
   archive_lib.archive(exp, random_params(exp), str(tmp_path / "out"), "greedy", greedy=True,

@@ -26,6 +26,7 @@ def signalling_run(tmp_path_factory):
   return workdir
 
 
+@pytest.mark.slow  # the module's tests share a saved run (5 s): all three in the slow tier
 def test_identical_teams_play_as_well_across_as_within(signalling_run):
   exp, params_N, names = crossplay.teams([signalling_run])
   assert names == [f"{signalling_run}:seed0", f"{signalling_run}:seed1"]
@@ -37,6 +38,7 @@ def test_identical_teams_play_as_well_across_as_within(signalling_run):
   assert summary["self_play"] == summary["cross_play"]
 
 
+@pytest.mark.slow
 def test_each_pairing_takes_the_role_from_the_rows_team_and_the_rest_from_the_columns(signalling_run):
   # The code's measures read the sender's messages only: with the sender from the row's team they are
   # the row's own all along the row; with the receiver from the row's team, the column's.

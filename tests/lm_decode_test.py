@@ -63,8 +63,8 @@ def _assert_greedy_is_the_whole_canvas_mode(model, params_R, layout=LAYOUT):
   assert np.all(logp_BxT[~sampled_BxT] == 0.0)
 
 
-@pytest.mark.parametrize("family", ["qwen3", pytest.param("llama", marks=pytest.mark.slow),
-                                    pytest.param("llama_chatml", marks=pytest.mark.slow)])
+@pytest.mark.slow  # 9 s a family; the fast tier decodes in blocks below
+@pytest.mark.parametrize("family", ["qwen3", "llama", "llama_chatml"])
 def test_greedy_decoding_is_the_whole_canvas_forward_pass(family):
   agent = _agent(family)
   _assert_greedy_is_the_whole_canvas_mode(agent, jax.tree.map(jnp.asarray, agent.pretrained_stack(2)))

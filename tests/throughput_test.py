@@ -109,36 +109,37 @@ def test_the_cli_refuses_a_width_for_checkpoint_agents():
       "default (128)")
 
 
+# One refusal of each kind in the fast tier (a subprocess each: 3 s), the others in the slow tier.
 @pytest.mark.parametrize("flags, line", [
     # Each flag when parsed (absl's validators and bounds: the flag, its value and what is allowed) ...
     (["--grid=2"], ("FATAL Flags parsing error: flag --grid=2: allowed: ROLES/SEEDS, comma-separated "
                     "integers >= 1 each, e.g. '1,2,4/1,4'")),
-    (["--credits=team,nope"], ("FATAL Flags parsing error: flag --credits=team,nope: allowed: one or more of "
-                               f"{', '.join(sorted(credit.REGISTRY))}, comma-separated")),
-    (["--workflows", "--grid=2/1", "--calls=1"], ("FATAL Flags parsing error: flag --workflows=True: it "
-                                                  "times no rows, so it would ignore --calls, --grid; "
-                                                  "allowed: --workflows alone")),
+    pytest.param(["--credits=team,nope"], ("FATAL Flags parsing error: flag --credits=team,nope: allowed: one or more of "
+                                           f"{', '.join(sorted(credit.REGISTRY))}, comma-separated"), marks=pytest.mark.slow),
+    pytest.param(["--workflows", "--grid=2/1", "--calls=1"], ("FATAL Flags parsing error: flag --workflows=True: it "
+                                                              "times no rows, so it would ignore --calls, --grid; "
+                                                              "allowed: --workflows alone"), marks=pytest.mark.slow),
     # ... then every row's config built before the first is timed, its error naming the flag ...
     (["--grid=1/1", "--d_model=6"], ("FATAL ConfigError: the row roles=1, seeds=1, sharing=isolated, "
                                      "credit=team: config.model.d_model=6 does not divide by "
                                      "config.model.n_heads=4; allowed: multiples of it (from --d_model=6)")),
-    (["--random_weights"], ("FATAL Flags parsing error: flags random_weights=True, checkpoint=: "
-                            "--random_weights initialises a checkpoint's shapes at random; allowed: with "
-                            "--checkpoint=DIR")),  # it timed the built-in agents, ignoring the flag
+    pytest.param(["--random_weights"], ("FATAL Flags parsing error: flags random_weights=True, checkpoint=: "
+                                        "--random_weights initialises a checkpoint's shapes at random; allowed: with "
+                                        "--checkpoint=DIR"), marks=pytest.mark.slow),  # it timed the built-in agents, ignoring the flag
     # ... and the JSON file's directory checked (the old script wrote it after the first row, minutes in).
     (["--json={tmp}/missing/rows.json"], ("FATAL Flags error: --json={tmp}/missing/rows.json: No such file "
                                           "or directory; allowed: a file that can be written, in a "
                                           "directory that exists")),
-    (["--json={tmp}"], ("FATAL Flags error: --json={tmp}: Is a directory; allowed: a file that can be "
-                        "written, in a directory that exists")),
-    (["--workers=2,65"], ("FATAL Flags parsing error: flag --workers=2,65: allowed: comma-separated "
-                          "integers in 2..64, e.g. '2,4,8,16,32,64'")),
-    (["--workers=2", "--grid=2/1"], ("FATAL Flags parsing error: flags workers=2, grid=2/1, sharing=isolated, "
-                                     "checkpoint=, random_weights=False: --workers times the wide job's rows, "
-                                     "which --grid do not set; allowed: --workers without them")),
-    (["--workers=2", "--d_model=6"], ("FATAL ConfigError: the row workers=2, credit=team: config.model.d_model=6 "
-                                      "does not divide by config.model.n_heads=4; allowed: multiples of it "
-                                      "(from --d_model=6)")),
+    pytest.param(["--json={tmp}"], ("FATAL Flags error: --json={tmp}: Is a directory; allowed: a file that can be "
+                                    "written, in a directory that exists"), marks=pytest.mark.slow),
+    pytest.param(["--workers=2,65"], ("FATAL Flags parsing error: flag --workers=2,65: allowed: comma-separated "
+                                      "integers in 2..64, e.g. '2,4,8,16,32,64'"), marks=pytest.mark.slow),
+    pytest.param(["--workers=2", "--grid=2/1"], ("FATAL Flags parsing error: flags workers=2, grid=2/1, sharing=isolated, "
+                                                 "checkpoint=, random_weights=False: --workers times the wide job's rows, "
+                                                 "which --grid do not set; allowed: --workers without them"), marks=pytest.mark.slow),
+    pytest.param(["--workers=2", "--d_model=6"], ("FATAL ConfigError: the row workers=2, credit=team: config.model.d_model=6 "
+                                                  "does not divide by config.model.n_heads=4; allowed: multiples of it "
+                                                  "(from --d_model=6)"), marks=pytest.mark.slow),
 ], ids=["grid", "credits", "workflows", "d_model", "random_weights", "json", "json_directory", "workers",
         "workers_with_grid", "workers_d_model"])
 def test_the_cli_refuses_a_bad_flag_in_one_line_before_timing(flags, line, tmp_path):
