@@ -279,7 +279,8 @@ def author_readouts(layout: Layout, pass_V, targets_N=None
 def gathered_reads(layout: Layout, views) -> tuple[np.ndarray, np.ndarray]:
   """The positions each of `views` must read (`needed_reads_VxT`), in canvas order: index_VxL, padded
   to the longest with its last, and real_VxL (False on the padding)."""
-  reads = [np.flatnonzero(needed_reads_VxT(layout)[v]) for v in views]
+  needed_VxT = needed_reads_VxT(layout)
+  reads = [np.flatnonzero(needed_VxT[v]) for v in views]
   width = max(1, max(len(r) for r in reads))
   index_VxL = np.stack([np.pad(r, (0, width - len(r)), mode="edge") if len(r) else np.zeros(width, int)
                         for r in reads])
