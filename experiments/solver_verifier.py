@@ -12,14 +12,17 @@ team=uniform|mixed (mixed: the verifier is a model twice as wide and deep as the
 `config.models.verifier`, each of its keys settable as `--config.models.verifier.KEY`; needs
 sharing=isolated), judge_loss=none|brier|log (the verifier also taught by the proper score of the
 probability it puts on ACCEPT against the checker's verdict on the solver's answer, every episode).
+verifier_signal=verdict|final: what per-role credit pays the verifier, its verdict being right or the
+final answer it lets stand or writes (marl_jax/protocols/solver_verifier.py).
 """
 from marl_jax import configs, credit
 
 
 def get_config(arg=None):
-  args = configs.parse_arg(arg, sharing="isolated", credit="difference", size="cpu", team="uniform", judge_loss="none")
+  args = configs.parse_arg(arg, sharing="isolated", credit="difference", size="cpu", team="uniform", judge_loss="none",
+                           verifier_signal="verdict")
   c = configs.base_config()
-  c.protocol.update(name="solver_verifier", rounds=1, verifier_demo_error_rate=0.3)
+  c.protocol.update(name="solver_verifier", rounds=1, verifier_demo_error_rate=0.3, verifier_signal=args.verifier_signal)
   c.roles.sharing = configs.check_choice("sharing", args.sharing, ("shared", "isolated"))
   c.credit = configs.credit_config(configs.check_choice("credit", args.credit, credit.REGISTRY))
   c.reward = configs.reward_config("team", judge_loss=args.judge_loss)

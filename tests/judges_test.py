@@ -264,7 +264,7 @@ def test_the_judges_width_and_learning_rate_are_their_parameter_sets_own():
                                  "verdict=expected,judge_loss=log,judge_pg=false",
                                  "peer_review.py:size=tiny,pay=audited_balanced,verdict=expected,judge_loss=brier,"
                                  "judge_pg=false,replay=64",
-                                 "solver_verifier.py:size=tiny,judge_loss=brier"])
+                                 "solver_verifier.py:size=tiny,judge_loss=brier,credit=per_role,verifier_signal=final"])
 def test_judges_read_by_probability_and_taught_by_a_proper_score_train_through_the_cli(tmp_path, arg):
   rows = _cli_rows(tmp_path, arg)
   trained, evaluated = [r for r in rows if "verifier/judge_loss" in r or "judge0/judge_loss" in r], \

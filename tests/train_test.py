@@ -41,9 +41,9 @@ ACCEPT = [text.ACCEPT, text.PAD, text.PAD]
 REJECT = lambda d: [text.REJECT] + D(d)
 
 
-def _sv_transcript(rounds, answers, messages):
+def _sv_transcript(rounds, answers, messages, **knobs):
   """Problems with these `answers` ('<bos>0+d=' prompts) and a canvas holding `messages` per turn."""
-  protocol = protocols.make("solver_verifier", SV_TASK, rounds=rounds)
+  protocol = protocols.make("solver_verifier", SV_TASK, rounds=rounds, **knobs)
   layout = protocol.layout(SV_TASK, (0, 1))
   prompt_BxP = jnp.array([text.encode(f"<bos>0+{a}=") for a in answers])
   problems = {"prompt": prompt_BxP, "answer": jnp.array([D(a) for a in answers])}
@@ -76,6 +76,20 @@ def test_solver_verifier_rewards_by_hand():
   assert set(out.metrics) == set(expected)
   for name, value in expected.items():
     np.testing.assert_allclose(float(out.metrics[name]), value, atol=1e-6, err_msg=name)
+
+
+def test_solver_verifier_pays_the_verifier_the_final_answer_when_asked():
+  # The episodes above.  With verifier_signal=final the verifier's signal is the final answer's score:
+  # a rejected wrong answer revised wrong (episode 4) pays 0, not 1 as its right verdict did, and the
+  # solver's signal and the team outcome are unchanged.
+  messages = [[D(3), ACCEPT], [D(5), ACCEPT], [D(3), REJECT(4)], [D(5), REJECT(3)], [D(5), REJECT(6)],
+              [D(7), REJECT(3)]]
+  protocol, layout, problems, tokens_BxT = _sv_transcript(1, [3] * 6, messages, verifier_signal="final")
+  out = protocol.rewards(SV_TASK, layout, problems, tokens_BxT)
+  np.testing.assert_array_equal(out.role_RxB, [[1, 0, 1, 0, 0, 0], [1, 0, 0, 1, 0, 1]])
+  np.testing.assert_array_equal(out.team_B, [1, 0, 0, 1, 0, 1])
+  with pytest.raises(ValueError, match=r"config.protocol.verifier_signal='revision' is unknown; allowed: \['verdict', 'final'\]"):
+    protocols.make("solver_verifier", SV_TASK, verifier_signal="revision")
 
 
 def test_solver_verifier_final_answer_over_two_rounds():

@@ -6,6 +6,11 @@ accepted solver answer, else the last verifier revision.  An `<absent>` verdict 
 
 The verifier judges: its first verdict on the solver's first answer is its judgment (confidence
 vocabulary (0, 1): REJECT or ACCEPT), which rewards from peers (`config.reward.source=peer`) read.
+
+The verifier's own signal (what per-role credit pays it, `verifier_signal`): `verdict`, the share of
+its verdicts that were right; or `final`, the task's score of the final answer, which its message
+decides given the solver's answer (the answer it lets stand, or its revision).  Under `verdict` its
+revision is paid by the verdict before it, never by its own correctness.
 """
 import dataclasses
 
@@ -17,6 +22,7 @@ from marl_jax import checks, judging, text
 from marl_jax.protocols import engine
 
 SOLVER, VERIFIER = 0, 1
+VERIFIER_SIGNALS = ("verdict", "final")
 
 
 @engine.register("solver_verifier")
@@ -25,6 +31,7 @@ class SolverVerifier(engine.Protocol):
   rounds: int = 1
   # Fraction of warm-start verdicts that are flipped: keeps the base verifier weak but not random.
   verifier_demo_error_rate: float = 0.2
+  verifier_signal: str = "verdict"  # one of VERIFIER_SIGNALS: see the module's docstring
   judge_roles = (VERIFIER,)
 
   @classmethod
@@ -34,6 +41,9 @@ class SolverVerifier(engine.Protocol):
     turns = []
     for _ in range(rounds):
       turns += [engine.Turn("solver", A), engine.Turn("verifier", 1 + A, ends_episode_on=(text.ACCEPT,))]
+    signal = kwargs.get("verifier_signal", "verdict")
+    if signal not in VERIFIER_SIGNALS:
+      raise ValueError(f"config.protocol.verifier_signal={signal!r} is unknown; allowed: {list(VERIFIER_SIGNALS)}")
     return cls(roles=("solver", "verifier"), turns=tuple(turns), rounds=rounds, **kwargs)
 
   def verdict_readout(self, layout):
@@ -78,7 +88,8 @@ class SolverVerifier(engine.Protocol):
     }
     judgments = engine.Judgments(level_JxKxB=accept_KxB[:1, None].astype(jnp.int32), truth_KxB=first_right_B[None],
                                  levels=(0.0, 1.0), answer_roles=(SOLVER,))
-    return engine.Scored(team_B=team_B, role_RxB=jnp.stack([first_right_B, verdict_ok_B]),
+    verifier_B = verdict_ok_B if self.verifier_signal == "verdict" else team_B
+    return engine.Scored(team_B=team_B, role_RxB=jnp.stack([first_right_B, verifier_B]),
                          metrics=metrics, judgments=judgments)
 
   def demonstrate(self, task, layout, problems, key_B):
