@@ -113,7 +113,7 @@ def _programs(exp, keys_S, archived: Archived | None = None) -> tuple[Callable, 
 
   def demonstrated_rows(key):
     k_problem, k_demo = jax.random.split(key)
-    problems = jax.vmap(exp.task.sample)(jax.random.split(k_problem, cfg.batch_size))
+    problems = exp.task.sample_batch(jax.random.split(k_problem, cfg.batch_size))
     return exp.protocol.demonstrate(exp.task, exp.layout, problems, jax.random.split(k_demo, cfg.batch_size))
 
   def demonstrations(key, archived):

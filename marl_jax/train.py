@@ -192,7 +192,7 @@ def local_step(exp: Experiment, state: TrainState, problem_key_B, sample_key_B, 
   the same on every device and seed) adds diagnostics that cost extra backward passes."""
   R = len(exp.layout.roles)
   devices = jax.lax.axis_size(parallel.DATA)
-  problems = jax.vmap(exp.task.sample)(problem_key_B)
+  problems = exp.task.sample_batch(problem_key_B)
   planted = plants(exp, state, problem_key_B.shape[0])
   episodes = rollout.sample(exp, state.params, problems, sample_key_B,
                             rows_per_pass=exp.config.rl.rollout_batch_size, plants=planted)

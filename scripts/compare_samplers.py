@@ -54,7 +54,7 @@ def main(other_path: str):
   for name, module, arg in WORKFLOWS:
     exp = experiment.build(configs.sibling(here, module).get_config(arg))
     params_R = model_lib.init_stack(exp.model, jax.random.PRNGKey(0), exp.num_sets)
-    problems = jax.vmap(exp.task.sample)(jax.random.split(jax.random.PRNGKey(1), EPISODES))
+    problems = exp.task.sample_batch(jax.random.split(jax.random.PRNGKey(1), EPISODES))
     canvas_BxT = engine.assemble(exp.layout, problems["prompt"], [None] * len(exp.layout.turn_slices))
     keys_B = jax.random.split(jax.random.PRNGKey(2), EPISODES)
     generate = {m: jax.jit(lambda p, c, k, m=m: m.generate(exp.model, exp.layout, p, c,

@@ -28,7 +28,7 @@ def test_every_module_of_the_task_and_workflow_packages_registers_one():
 
 
 def _problems(task, seed=0):
-  return jax.vmap(task.sample)(jax.random.split(jax.random.key(seed), B))
+  return task.sample_batch(jax.random.split(jax.random.key(seed), B))
 
 
 @pytest.mark.parametrize("name", SYMBOL_TASKS)

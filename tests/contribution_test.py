@@ -45,7 +45,7 @@ def test_a_game_given_as_data_scores_like_the_task_game():
   task = Contribution(num_roles=3, game="additive")
   protocol = protocols.make("contribution", task)
   layout = protocol.layout(task, (0, 0, 0))
-  problems = jax.vmap(task.sample)(jax.random.split(jax.random.PRNGKey(0), 8))
+  problems = task.sample_batch(jax.random.split(jax.random.PRNGKey(0), 8))
   wrong = jnp.arange(8)[:, None] % 2 == jnp.arange(3)[None]  # a different success mask per row
   answers = jnp.where(wrong, problems["mistake"][:, :3], problems["answer"][:, :3])
   tokens = engine.assemble(layout, problems["prompt"], [

@@ -19,6 +19,7 @@ import pytest
 from marl_jax import (checkpoint, configs, experiment, parallel, protocols, rollout, sampling, state, tasks, text,
                       train)
 from marl_jax.protocols import engine
+from train_test import compiled_init_state
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TASK = tasks.make("multi_chain", num_chains=2, num_ops=1)  # '<bos>3+4,2*3=' -> 3; a part is '3+4<eos>'
@@ -230,7 +231,7 @@ def test_the_training_step_weights_the_terms_at_its_own_step(monkeypatch):
     config.protocol.update(parallel_weight=weight, finish_weight=0., anneal="linear", anneal_steps=2)
     exp = experiment.build(config)
     assert exp.role_set_R == (0, 1, 1)
-    start = state.init_state(exp, jax.random.PRNGKey(0))
+    start = compiled_init_state(exp, jax.random.PRNGKey(0))
     keys_3xB = jax.random.split(jax.random.PRNGKey(1), 3 * config.rl.batch_size).reshape(
         3, config.rl.batch_size, -1)
     step = jax.jit(parallel.shard_map(lambda s: train.local_step(exp, s, *keys_3xB, False)[0].params,

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from marl_jax import experiment, losses, parallel, rewards, rollout, sampling, state, text, train, update
+from marl_jax import experiment, losses, parallel, rewards, rollout, sampling, text, train, update
 from marl_jax.protocols import engine
 from marl_jax.rewards import replay as replay_lib
 from rewards_test import _config
+from train_test import compiled_init_state
 
 LEVELS = (0.0, 1 / 3, 2 / 3, 1.0)
 
@@ -57,8 +58,8 @@ def test_the_levels_are_the_judges_policy_at_its_verdict_position_renormalised()
   # the teacher-forced log-probs of the canvas with either digit written there (an independent path,
   # `token_log_probs`), and they sum to 1 over the levels.
   exp = _peer_review()
-  params_R = state.init_state(exp, jax.random.PRNGKey(0)).params
-  problems = jax.vmap(exp.task.sample)(jax.random.split(jax.random.PRNGKey(1), 4))
+  params_R = compiled_init_state(exp, jax.random.PRNGKey(0)).params
+  problems = exp.task.sample_batch(jax.random.split(jax.random.PRNGKey(1), 4))
   tokens_BxT = jax.jit(lambda p, k: rollout.sample(exp, params_R, p, k).tokens_BxT)(
       problems, jax.random.split(jax.random.PRNGKey(2), 4))
   readout = exp.protocol.verdict_readout(exp.layout)
@@ -122,7 +123,7 @@ def test_the_judge_loss_trains_the_judges_alone_and_at_weight_0_changes_nothing(
   # (its own, sharing=judges) is bit-identical, so the loss reaches the judges alone.
   build = lambda **reward: _peer_review("size=tiny,pay=audited_balanced,audit_rate=0.5", **reward)
   plain = build()
-  start = state.init_state(plain, jax.random.PRNGKey(0))
+  start = compiled_init_state(plain, jax.random.PRNGKey(0))
   B = plain.config.rl.batch_size
   keys_3xB = jax.random.split(jax.random.PRNGKey(1), 3 * B).reshape(3, B, -1)
   as_np = lambda tree: jax.tree.map(np.asarray, tree)
@@ -180,7 +181,7 @@ def test_replayed_labels_teach_the_judges_alone():
   as_np = lambda tree: jax.tree.map(np.asarray, tree)
   solver_set, judge_set = plain.role_set_R[0], plain.role_set_R[1]
   take = lambda params, s: as_np(jax.tree.map(lambda x: x[s], params))
-  plain_state, replay_state = state.init_state(plain, jax.random.PRNGKey(0)), state.init_state(replaying, jax.random.PRNGKey(0))
+  plain_state, replay_state = compiled_init_state(plain, jax.random.PRNGKey(0)), compiled_init_state(replaying, jax.random.PRNGKey(0))
   for step in range(2):
     plain_state, _ = _one_step(plain, plain_state, keys_3xB)
     replay_state, metrics = _one_step(replaying, replay_state, keys_3xB)
@@ -197,10 +198,10 @@ def test_replayed_labels_teach_the_judges_alone():
 def test_planted_answers_are_the_reference_or_a_corruption_by_construction():
   exp = _peer_review("size=tiny,pay=audited_balanced,audit_rate=0", plant_rate=0.5)
   B = 8
-  problems = jax.vmap(exp.task.sample)(jax.random.split(jax.random.PRNGKey(1), B))
+  problems = exp.task.sample_batch(jax.random.split(jax.random.PRNGKey(1), B))
   plants = rewards.Plants(planted_B=jnp.arange(B) < 6, truth_BxK=(jnp.arange(B) % 2 == 0)[:, None].astype(jnp.float32))
   key_B = jax.random.split(jax.random.PRNGKey(2), B)
-  params_R = state.init_state(exp, jax.random.PRNGKey(0)).params
+  params_R = compiled_init_state(exp, jax.random.PRNGKey(0)).params
   episodes = jax.jit(lambda p, k, planted: rollout.sample(exp, params_R, p, k, plants=planted))(problems, key_B, plants)
   answer_BxA = engine.message(exp.layout, episodes.tokens_BxT, 0)
   start, stop = exp.layout.turn_slices[0]

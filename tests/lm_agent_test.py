@@ -2,6 +2,7 @@
 the agent's logits against the decoder's own (with and without LoRA adapters), a checkpoint as every
 seed's and set's starting point, bad checkpoints refused before compiling, and a tiny solver-verifier
 run through the real CLI on each family (Llama with LoRA), exported back to the Hugging Face format."""
+import functools
 import json
 import os
 import pathlib
@@ -84,14 +85,16 @@ def test_agent_logits_are_the_decoders_at_the_symbols(family):
   tokens_BxL = jnp.array([text.encode("<bos>3+4*2=<role0>8<eos>"), text.encode("<bos>9-1*3=<role0>4<eos>")])
   B, L = tokens_BxL.shape
   ok_BxT = jnp.ones((B, agent.max_len), bool).at[:, L:].set(False)
-  full_BxLxW, _ = lm_model.apply(agent.lm, params, jnp.asarray(agent.canvas_ids_V)[tokens_BxL], 0,
-                                 ok_BxT[:, :L])
+  # Each call compiled as one program: run op by op, the model's hundreds of ops compile one at a time.
+  full_BxLxW, _ = jax.jit(functools.partial(lm_model.apply, agent.lm), static_argnums=2)(
+      params, jnp.asarray(agent.canvas_ids_V)[tokens_BxL], 0, ok_BxT[:, :L])
   expected_BxLxV = full_BxLxW[..., np.array(agent.canvas_ids_V)]
-  got_BxLxV, _ = model_lib.apply(agent, params, tokens_BxL, 0, ok_BxT[:, :L])
+  apply = jax.jit(functools.partial(model_lib.apply, agent), static_argnums=2)
+  got_BxLxV, _ = apply(params, tokens_BxL, 0, ok_BxT[:, :L])
   np.testing.assert_allclose(got_BxLxV, expected_BxLxV, atol=1e-5, rtol=1e-5)
   cache = model_lib.empty_cache(agent, B, agent.max_len)
-  _, cache = model_lib.apply(agent, params, tokens_BxL[:, :-1], 0, ok_BxT.at[:, L - 1:].set(False), cache)
-  last_Bx1xV, _ = model_lib.apply(agent, params, tokens_BxL[:, -1:], L - 1, ok_BxT, cache)
+  _, cache = apply(params, tokens_BxL[:, :-1], 0, ok_BxT.at[:, L - 1:].set(False), cache)
+  last_Bx1xV, _ = apply(params, tokens_BxL[:, -1:], L - 1, ok_BxT, cache)
   np.testing.assert_allclose(last_Bx1xV[:, 0], expected_BxLxV[:, -1], atol=1e-5, rtol=1e-5)
   # The agent unembeds only the 96 symbols: the vocabulary's other rows' D multiply-adds are not spent.
   assert (lm_model.flops_per_token(agent.lm, 10) - agent.flops_per_token(10)

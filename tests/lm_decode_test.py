@@ -46,7 +46,7 @@ def _agent(family, lora=None):
 
 
 def _canvas(layout, seed=0):
-  prompts = jax.vmap(TASK.sample)(jax.random.split(jax.random.PRNGKey(seed), B))["prompt"]
+  prompts = TASK.sample_batch(jax.random.split(jax.random.PRNGKey(seed), B))["prompt"]
   return engine.assemble(layout, prompts, [None] * len(layout.turn_slices))
 
 

@@ -44,7 +44,7 @@ def test_remat_keeps_the_gradient(family):
   else:
     plain, remat = _lm(False), _lm(True)
     params_R = plain.pretrained_stack(2)
-  prompts = jax.vmap(TASK.sample)(jax.random.split(jax.random.PRNGKey(1), B))["prompt"]
+  prompts = TASK.sample_batch(jax.random.split(jax.random.PRNGKey(1), B))["prompt"]
   canvas_BxT = engine.assemble(LAYOUT, prompts, [None] * len(LAYOUT.turn_slices))
   random_BxT = jax.random.randint(jax.random.PRNGKey(2), canvas_BxT.shape, 0, text.VOCAB_SIZE)
   tokens_BxT = jnp.where(LAYOUT.author_T >= 0, random_BxT, canvas_BxT)

@@ -4,21 +4,20 @@ the checker's verdicts cannot change the update."""
 import dataclasses
 import functools
 import pathlib
+import re
 
 import chex
-from workflows_test import _cli_rows
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-import re
-
 from jax.sharding import PartitionSpec as P
 
 from marl_jax import cli, codes, configs, credit, experiment, judging, loop, parallel, protocols, rewards, state, tasks, text, train
 from marl_jax.protocols import engine
 from marl_jax.rewards import audited, audited_balanced, audited_team, peer_prediction, reputation
+from train_test import compiled_init_state
+from workflows_test import _cli_rows
 
 EXPERIMENTS = pathlib.Path(__file__).resolve().parents[1] / "experiments"
 LEVELS = (0.0, 1 / 3, 2 / 3, 1.0)
@@ -331,7 +330,7 @@ def test_without_audits_the_checker_does_not_reach_the_update(config):
   # bit-identical, and no ground-truth label reached the loss (a planted answer's label is the task's
   # construction).
   exp = experiment.build(config())
-  start = state.init_state(exp, jax.random.PRNGKey(0))
+  start = compiled_init_state(exp, jax.random.PRNGKey(0))
   keys_3xB = jax.random.split(jax.random.PRNGKey(1), 3 * exp.config.rl.batch_size).reshape(
       3, exp.config.rl.batch_size, -1)
 
@@ -433,14 +432,16 @@ def test_channel_information_by_hand():
   message_AxL = jnp.array([[a], [a], [a], [b], [b], [b], [a]])
   wrong_A = jnp.array([1, 1, 1, 1, 1, 1, 0], bool)
   accept_JxA = jnp.array([[1, 1, 1, 0, 0, 0, 0], [1, 0, 0, 1, 0, 0, 1], [1, 1, 0, 1, 1, 0, 0]], bool)
-  plug_in = lambda m_AxL, a_A: float(codes.mutual_information(m_AxL, a_A[:, None], among_B=wrong_A))
+  # Each measure compiled as one program (op by op, each of its ops would compile on its own).
+  mutual_information, channel_information = jax.jit(codes.mutual_information), jax.jit(judging.channel_information)
+  plug_in = lambda m_AxL, a_A: float(mutual_information(m_AxL, a_A[:, None], among_B=wrong_A))
   np.testing.assert_allclose([plug_in(message_AxL, a_A) for a_A in accept_JxA], [1.0, 0.0, 0.0], atol=1e-6)
   skewed_AxL = jnp.array([[a], [b], [b], [a], [b], [b], [b]])
   h = -(1 / 3) * np.log2(1 / 3) - (2 / 3) * np.log2(2 / 3)
   np.testing.assert_allclose(plug_in(skewed_AxL, skewed_AxL[:, 0] == a), h, rtol=1e-5)
   # Chance: each wrong answer's verdict paired with another wrong answer's message (one cycle through
   # them), the right one with its own.
-  perm_NxA = np.asarray(judging.chance_pairings(wrong_A))
+  perm_NxA = np.asarray(jax.jit(judging.chance_pairings)(wrong_A))
   assert (perm_NxA[:, 6] == 6).all() and (perm_NxA[:, :6] != np.arange(6)).all()
   assert all(sorted(p[:6]) == list(range(6)) for p in perm_NxA)
   # Beyond chance, on 200 wrong answers: a message distinct on every row "determines" any verdict by
@@ -450,9 +451,9 @@ def test_channel_information_by_hand():
   two_AxL, wrong = (jnp.arange(A) // 100)[:, None], jnp.zeros(A)
   verdicts_JxA = jnp.stack([jax.random.bernoulli(jax.random.key(3), 0.4, (A,)), two_AxL[:, 0] == 1,
                             jnp.arange(A) % 2 == 0, jnp.zeros(A, bool)])
-  np.testing.assert_allclose(judging.channel_information(jnp.arange(A)[:, None], verdicts_JxA[:1], wrong), [0.0],
+  np.testing.assert_allclose(channel_information(jnp.arange(A)[:, None], verdicts_JxA[:1], wrong), [0.0],
                              atol=1e-5)
-  information_J = judging.channel_information(two_AxL, verdicts_JxA[1:], wrong)
+  information_J = channel_information(two_AxL, verdicts_JxA[1:], wrong)
   assert information_J[0] > 0.98 and abs(information_J[1]) < 0.02 and abs(information_J[2]) < 1e-6
 
 
@@ -460,7 +461,7 @@ def test_the_channel_ablation_replaces_the_channel_by_noise_and_redraws_the_verd
   task = tasks.make("subset_sum")
   protocol = protocols.make("peer_review", task, judges=2, channel=3)
   layout = protocol.layout(task, (0, 1, 1))
-  problems = jax.vmap(task.sample)(jax.random.split(jax.random.key(0), 8))
+  problems = task.sample_batch(jax.random.split(jax.random.key(0), 8))
   key_B = jax.random.split(jax.random.key(1), 8)
   tokens_BxT = protocol.demonstrate(task, layout, problems, key_B)
   canvas_BxT, redraw_T = protocol.ablation(layout, tokens_BxT, jax.random.split(jax.random.key(2), 8))
@@ -489,7 +490,7 @@ def test_cross_judging_never_pairs_a_judge_with_a_set_it_judges(experiment_name,
   config.num_seeds = 2  # cross=rotate moves judges between seeds
   config.reward = configs.reward_config("team", source="peer", cross="other_set")
   exp = experiment.build(config)
-  problems = jax.vmap(exp.task.sample)(jax.random.split(jax.random.key(0), 4))
+  problems = exp.task.sample_batch(jax.random.split(jax.random.key(0), 4))
   tokens_BxT = exp.protocol.demonstrate(exp.task, exp.layout, problems, jax.random.split(jax.random.key(1), 4))
   answer_roles = exp.protocol.rewards(exp.task, exp.layout, problems, tokens_BxT).judgments.answer_roles
   judges = exp.protocol.judge_roles

@@ -43,7 +43,7 @@ def _layout(name, role_set_R, **kwargs):
 
 
 def _prompts(seed=0):
-  return jax.vmap(TASK.sample)(jax.random.split(jax.random.PRNGKey(seed), B))["prompt"]
+  return TASK.sample_batch(jax.random.split(jax.random.PRNGKey(seed), B))["prompt"]
 
 
 def _generate(layout, params_R, canvas_BxT=None, force_BxT=None, seed=0, temperature=TEMP,
@@ -115,8 +115,9 @@ def whole_canvas_policy(model, layout, params_R, tokens_BxT, temperature):
   positions a role wrote, without its read-out."""
   pass_V, visible_PxTxT, first_view_P = sampling.scoring_passes(layout, layout.view_set_V)
   key_ok_PxBxTxT = (tokens_BxT != text.PAD)[None, :, None, :] & jnp.asarray(visible_PxTxT)[:, None]
-  logits_PxBxTxV = model_lib.apply_sets(model, params_R, [layout.view_set_V[v] for v in first_view_P],
-                                        tokens_BxT, 0, key_ok_PxBxTxT)
+  apply = lambda params_R, tokens_BxT, key_ok_PxBxTxT: model_lib.apply_sets(
+      model, params_R, [layout.view_set_V[v] for v in first_view_P], tokens_BxT, 0, key_ok_PxBxTxT)
+  logits_PxBxTxV = jax.jit(apply)(params_R, tokens_BxT, key_ok_PxBxTxT)  # one program, not an op at a time
   T = tokens_BxT.shape[1]
   logits_TxBxV = logits_PxBxTxV[pass_V[layout.author_view_T[1:]], :, np.arange(T - 1)]
   logp_TxBxV = sampling.policy_log_probs(logits_TxBxV, temperature,

@@ -78,7 +78,7 @@ def test_signalling_scores_attributes_or_the_exact_object():
   assert score(task, "a0b<eos>") == pytest.approx(1 / 3)
   exact = tasks.make("signalling", num_attributes=3, num_values=5, reward="exact")
   assert score(exact, "304<eos>") == 1.0 and score(exact, "314<eos>") == 0.0
-  batch = jax.vmap(task.sample)(jax.random.split(jax.random.key(0), 256))
+  batch = task.sample_batch(jax.random.split(jax.random.key(0), 256))
   np.testing.assert_array_equal(batch["prompt"][:, 1:], text.DIGIT0 + batch["object"])
   assert set(np.unique(batch["object"]).tolist()) == set(range(5))
   with pytest.raises(ValueError, match=r"config.task.reward='partial' is unknown; allowed: \['attributes', 'exact'\]"):
@@ -129,7 +129,7 @@ def test_the_senders_alphabet_is_the_only_thing_it_can_write():
   cfg = model_lib.ModelConfig(d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=layout.length)
   params_R = jax.jit(model_lib.init_stack, static_argnums=(0, 2))(cfg, jax.random.key(0, impl="unsafe_rbg"), 2)
   params_R["unembed"]["bias"] = params_R["unembed"]["bias"].at[:, text.DIGIT0 + 1].add(50.0)
-  problems = jax.vmap(task.sample)(jax.random.split(jax.random.key(1), 16))
+  problems = task.sample_batch(jax.random.split(jax.random.key(1), 16))
   canvas_BxT = engine.assemble(layout, problems["prompt"], [None, None])
   tokens_BxT, logp_BxT, sampled_BxT = jax.jit(lambda p, c, k: sampling.generate(
       cfg, layout, p, c, jnp.zeros(c.shape, bool), k, 1.0))(params_R, canvas_BxT, jax.random.split(jax.random.key(2), 16))

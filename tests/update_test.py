@@ -7,16 +7,16 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from marl_jax import experiment, losses, parallel, rollout, sampling, state, update
-from train_test import tiny_config
+from marl_jax import experiment, losses, parallel, rollout, sampling, update
+from train_test import compiled_init_state, tiny_config
 
 
 def _solver_verifier_batch(exp, B: int):
   """params_R and an update Batch of B sampled solver-verifier episodes with made-up advantages and
   another random model as the KL reference."""
-  params_R = state.init_state(exp, jax.random.PRNGKey(0)).params
-  ref_params_R = state.init_state(exp, jax.random.PRNGKey(1)).params  # another "base model"
-  problems = jax.vmap(exp.task.sample)(jax.random.split(jax.random.PRNGKey(2), B))
+  params_R = compiled_init_state(exp, jax.random.PRNGKey(0)).params
+  ref_params_R = compiled_init_state(exp, jax.random.PRNGKey(1)).params  # another "base model"
+  problems = exp.task.sample_batch(jax.random.split(jax.random.PRNGKey(2), B))
   episodes = jax.jit(lambda p, k: rollout.sample(exp, p, problems, k))(
       params_R, jax.random.split(jax.random.PRNGKey(3), B))
   role_mask_BxRxT = episodes.sampled_BxT[:, None] & (
@@ -168,7 +168,7 @@ def test_apply_runs_epochs_of_minibatch_steps_and_reports_the_last():
                           "optim.learning_rate": 1e-2})
   exp = experiment.build(config)
   params_R, batch = _solver_verifier_batch(exp, 8)
-  opt_state = state.init_state(exp, jax.random.PRNGKey(0)).opt_state
+  opt_state = compiled_init_state(exp, jax.random.PRNGKey(0)).opt_state
   np.testing.assert_array_equal(update.minibatch_rows(exp, 8), [[0, 2, 4, 6], [1, 3, 5, 7]])
 
   def by_hand(params, opt_state, batch):

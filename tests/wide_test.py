@@ -29,7 +29,7 @@ def _problem(prompt: str, answer: str):
 
 def test_sample_lists_each_chains_value_in_order():
   task = tasks.make("wide", num_chains=3, num_ops=1)
-  batch = jax.vmap(task.sample)(jax.random.split(jax.random.PRNGKey(0), 20))
+  batch = task.sample_batch(jax.random.split(jax.random.PRNGKey(0), 20))
   assert task.answer_len == 4 and task.parts == ("chain0", "chain1", "chain2")
   for b in range(20):
     chains = text.decode(batch["prompt"][b])[5:-1].split(",")
@@ -167,7 +167,7 @@ def test_workers_scored_gathered_get_the_whole_canvas_log_probs(agent, monkeypat
   cfg, params_R = agent(layout, 2) if agent is _builtin_agent else agent(layout, 2, monkeypatch)
   pass_V, _, first_view_P = sampling.scoring_passes(layout, layout.view_set_V)
   assert sampling.gathered_passes(cfg, layout, pass_V, first_view_P).tolist() == [False, True]
-  problems = jax.vmap(task.sample)(jax.random.split(jax.random.PRNGKey(0), 4))
+  problems = task.sample_batch(jax.random.split(jax.random.PRNGKey(0), 4))
   canvas_BxT = engine.assemble(layout, problems["prompt"], [None] * len(layout.turn_slices))
   tokens_BxT, logp_BxT, sampled_BxT = jax.jit(lambda c: sampling.generate(
       cfg, layout, params_R, c, jnp.zeros(c.shape, bool), jax.random.split(jax.random.PRNGKey(1), 4), 1.0))(canvas_BxT)

@@ -107,7 +107,7 @@ def test_problems_decode_to_the_file(family):
         str(float(PLAIN_ANSWERS[i]) + 1))
   np.testing.assert_array_equal(problems["index"], [4, 5, 6, 7])  # after the four training rows
   # Training draws every training row and never an evaluation question.
-  drawn = jax.device_get(jax.vmap(exp.task.sample)(jax.random.split(jax.random.PRNGKey(0), 64))["index"])
+  drawn = jax.device_get(exp.task.sample_batch(jax.random.split(jax.random.PRNGKey(0), 64))["index"])
   assert set(drawn.tolist()) == set(range(data.num_train)) == {0, 1, 2, 3}
   for protocol, roles in (("single", ["assistant"]), ("solver_verifier", ["solver", "verifier"])):
     exp = experiment.build(_config(f"size=tiny,protocol={protocol}", **{"model.checkpoint": checkpoint,
@@ -169,7 +169,7 @@ def test_demonstrations_scored_by_the_protocol_in_the_step_functions(protocol):
   """Each workflow on word problems: every right demonstration scores 1 and every wrong one 0,
   through the protocol's jitted rewards (the host callback under vmap)."""
   exp = experiment.build(_config(f"size=tiny,protocol={protocol}", **{"task.demo_error_rate": 0.5}))
-  problems = jax.vmap(exp.task.sample)(jax.random.split(jax.random.PRNGKey(1), 32))
+  problems = exp.task.sample_batch(jax.random.split(jax.random.PRNGKey(1), 32))
   tokens_BxT = jax.jit(lambda p, k: exp.protocol.demonstrate(exp.task, exp.layout, p, k))(
       problems, jax.random.split(jax.random.PRNGKey(2), 32))
   scored = jax.jit(lambda p, t: exp.protocol.rewards(exp.task, exp.layout, p, t))(problems, tokens_BxT)
@@ -184,7 +184,7 @@ def test_sampled_tokens_are_the_policys():
   special token of the tail, and some of it lies beyond the engine's symbols."""
   exp = experiment.build(_config(**{"sft.steps": 0}))
   state = loop.initial_state(exp)
-  problems = jax.vmap(exp.task.sample)(jax.random.split(jax.random.PRNGKey(3), 64))
+  problems = exp.task.sample_batch(jax.random.split(jax.random.PRNGKey(3), 64))
   params_R = jax.tree.map(lambda p: p[0], state.params)
   episodes = jax.jit(lambda p, k: rollout.sample(exp, p, problems, k, False))(
       params_R, jax.random.split(jax.random.PRNGKey(4), 64))

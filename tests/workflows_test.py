@@ -199,7 +199,7 @@ def test_vote_aggregator_demonstrations_write_the_majority():
   protocol = protocols.make("vote", task, voters=3, aggregator=True)
   layout = protocol.layout(task, (0, 0, 0, 1))
   keys = jax.random.split(jax.random.PRNGKey(0), 64)
-  canvas_BxT = protocol.demonstrate(task, layout, jax.vmap(task.sample)(keys), keys)
+  canvas_BxT = protocol.demonstrate(task, layout, task.sample_batch(keys), keys)
   answers_KxBxA = np.asarray(protocol.answers(layout, canvas_BxT))
   aggregate_BxA = np.asarray(engine.message(layout, canvas_BxT, 3))
   copies_B = (answers_KxBxA == aggregate_BxA[None]).all(-1).sum(0)
@@ -239,7 +239,7 @@ def test_peer_review_demonstrations_state_levels_on_the_wanted_side(error_rate):
   task = tasks.make("arithmetic", demo_error_rate=0.5)
   protocol = protocols.make("peer_review", task, judges=3, judge_demo_error_rate=error_rate)
   layout = protocol.layout(task, (0, 1, 1, 1))
-  problems = jax.vmap(task.sample)(jax.random.split(jax.random.key(0), 256))
+  problems = task.sample_batch(jax.random.split(jax.random.key(0), 256))
   tokens_BxT = protocol.demonstrate(task, layout, problems, jax.random.split(jax.random.key(1), 256))
   scored = protocol.rewards(task, layout, problems, tokens_BxT)
   np.testing.assert_array_equal(scored.role_RxB[1:], 1.0 - error_rate)
@@ -307,7 +307,7 @@ def test_best_of_n_demonstrations_pick_right_candidates():
   protocol = protocols.make("best_of_n", task, candidates=3, judge_demo_error_rate=0.0)
   layout = protocol.layout(task, (0, 0, 0, 1))
   keys = jax.random.split(jax.random.PRNGKey(0), 64)
-  problems = jax.vmap(task.sample)(keys)
+  problems = task.sample_batch(keys)
   out = protocol.rewards(task, layout, problems, protocol.demonstrate(task, layout, problems, keys))
   assert 0 < out.metrics["oracle"] < 1
   np.testing.assert_allclose(out.metrics["judge_precision"], 1.0)
@@ -467,7 +467,7 @@ def test_debate_verifier_demonstrations_are_the_checkers_verdicts(error_rate):
   protocol = protocols.make("debate", TASK, agents=3, rounds=1, scorer="verifier",
                             verifier_demo_error_rate=error_rate)
   layout = protocol.layout(TASK, (0, 0, 0, 1))
-  problems = jax.vmap(TASK.sample)(jax.random.split(jax.random.PRNGKey(0), 64))
+  problems = TASK.sample_batch(jax.random.split(jax.random.PRNGKey(0), 64))
   canvas_BxT = protocol.demonstrate(TASK, layout, problems, jax.random.split(jax.random.PRNGKey(1), 64))
   right_JxKxB = jax.vmap(jax.vmap(jax.vmap(TASK.score), (None, 0)), (None, 0))(
       problems, protocol.answers(layout, canvas_BxT))

@@ -1,11 +1,12 @@
 """What every task provides.  Tasks are frozen dataclasses (static, hashable: closed over by jit).
 
-A problem is a dict of arrays for ONE instance; callers vmap `sample`, `score` and `demonstrate`.
-Every problem holds at least `prompt` (int32[prompt_len], starting with BOS, PAD-padded) and
+A problem is a dict of arrays for ONE instance; callers vmap `sample` (or call `sample_batch`), `score`
+and `demonstrate`.  Every problem holds at least `prompt` (int32[prompt_len], starting with BOS, PAD-padded) and
 `answer` (int32[answer_len], the target message: tokens, EOS, PAD...), which scores 1.
 `tests/contract_test.py` checks this contract on every registered task.
 """
 import dataclasses
+import functools
 from typing import ClassVar
 
 import jax
@@ -49,6 +50,10 @@ class Task:
   def sample(self, key) -> dict:
     raise NotImplementedError
 
+  def sample_batch(self, key_B) -> dict:
+    """A problem per key (B keys: a dict of B-row arrays), one program per task (equal tasks share it)."""
+    return _sample_batch(self, key_B)
+
   def check(self, eval_size: int) -> None:
     """Reads whatever the task needs from disk now, so a bad file fails before anything compiles, and
     checks that its evaluation set can hold `eval_size` problems."""
@@ -60,7 +65,7 @@ class Task:
 
   def eval_set(self, seed: int, n: int) -> dict:
     """The fixed evaluation set: `n` problems drawn with the seed (a file's task: its own questions)."""
-    return jax.jit(jax.vmap(self.sample))(jax.random.split(jax.random.PRNGKey(seed), n))
+    return self.sample_batch(jax.random.split(jax.random.PRNGKey(seed), n))
 
   def score(self, problem: dict, message_A) -> jax.Array:
     """Reward in [0, 1] for a final-answer message; default: exact match of the answer tokens."""
@@ -120,6 +125,11 @@ class Task:
 
   def render(self, problem: dict) -> str:
     return f"{text.decode(problem['prompt'])} {text.decode(problem['answer'])}"
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _sample_batch(task: Task, key_B) -> dict:
+  return jax.vmap(task.sample)(key_B)
 
 
 def canonical(message_A):

@@ -75,7 +75,7 @@ def training_problems(exp: experiment.Experiment, size: int) -> dict:
   """`size` problems drawn from the task as training draws its batches (`task.sample`), with keys
   from `config.seed` rather than `config.eval.seed`: the problems a generation learns from."""
   keys = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(exp.config.seed), _TRAIN_PROBLEMS), size)
-  return jax.jit(jax.vmap(exp.task.sample))(keys)
+  return exp.task.sample_batch(keys)
 
 
 def archive(exp: experiment.Experiment, params_S, out_dir: str, name: str, greedy: bool = False,

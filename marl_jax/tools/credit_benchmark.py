@@ -182,7 +182,7 @@ def make_fidelity(exp, checkpoints: tuple[int, ...]):
 
   def local(params_R, credit_G, game_GxM, *keys_AxB):
     def play(problem_key_B, sample_key_B, rerun_key_B):
-      problems = jax.vmap(exp.task.sample)(problem_key_B)
+      problems = exp.task.sample_batch(problem_key_B)
       episodes = rollout.sample(exp, params_R, problems, sample_key_B)
       tokens_CxKxBxT = None if reruns is None else rollout.rerun_tokens(
           exp, params_R, episodes.tokens_BxT, rerun_key_B, reruns)

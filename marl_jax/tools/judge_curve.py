@@ -42,7 +42,7 @@ def labelled(exp, st, key, rows: int) -> update.Batch:
   solver's advantages are 0 and whose every judged answer carries the checker's label, weight 1."""
   G = exp.config.rl.group_size
   problem_key, sample_key = jax.random.split(key)
-  problems = jax.vmap(exp.task.sample)(jax.random.split(problem_key, rows // G).repeat(G, 0))
+  problems = exp.task.sample_batch(jax.random.split(problem_key, rows // G).repeat(G, 0))
   episodes = rollout.sample(exp, st.params, problems, jax.random.split(sample_key, rows))
   scored, _ = train.score(exp, problems, episodes)
   truth_KxB = scored.judgments.truth_KxB.astype(jnp.float32)

@@ -271,7 +271,7 @@ def make_rollout_call(exp: experiment.Experiment):
 
   def local(params_S, problem_key_SxB, sample_key_SxB):  # this device's rows of every seed
     def one(params_R, problem_key_B, sample_key_B):
-      problems = jax.vmap(exp.task.sample)(problem_key_B)
+      problems = exp.task.sample_batch(problem_key_B)
       return rollout.sample(exp, params_R, problems, sample_key_B).sampled_BxT.sum()
     return parallel.sum_over_devices(jax.vmap(one)(params_S, problem_key_SxB, sample_key_SxB).sum())
 
