@@ -322,7 +322,8 @@ def init_module_stack(module: nn.Module, max_len: int, key, n_sets: int):
   tokens = jnp.zeros((1, 1), jnp.int32)
   ok = jnp.ones((1, max_len), bool)
   init = lambda k: module.init(k, tokens, 0, ok)["params"]
-  return jax.vmap(init)(jax.random.split(key, n_sets))
+  # One program: called outside a jit (tests, tools), the initialisers would otherwise compile op by op.
+  return jax.jit(jax.vmap(init))(jax.random.split(key, n_sets))
 
 
 # The agent-model interface that sampling, training and measurement call: `ModelConfig` (the built-in
