@@ -29,7 +29,8 @@ only); credit=ESTIMATOR (every name in marl_jax.credit.REGISTRY, settings as
 `--config.credit.KEY=VALUE`); trainable_workers=0|1 (delegate only; 0: the workers' parameter sets
 stay frozen at the warm start; default 0 on multi_chain, 1 on wide); worker_sets=shared|per_slot|G
 (delegate only; how worker slots map to parameter sets: one set for every slot, one per slot, or G
-groups of consecutive slots; the orchestrator is always set 0).  The schedule and weights are
+groups of consecutive slots; the orchestrator is always set 0); ops=N (the operations in each chain; 0:
+the task's, 1 on wide and multi_chain at sizes tiny and cpu).  The schedule and weights are
 `--config.protocol.anneal_steps`, `parallel_weight`, `finish_weight`.
 """
 import ml_collections
@@ -57,7 +58,7 @@ def worker_sharing(worker_sets: str, workers: int) -> tuple[int, ...]:
 
 def get_config(arg=None):
   args = configs.parse_arg(arg, size="cpu", workflow="delegate", aux="annealed", credit="team",
-                           trainable_workers="", task="multi_chain", workers=0, worker_sets="shared")
+                           trainable_workers="", task="multi_chain", workers=0, worker_sets="shared", ops=0)
   configs.check_choice("workflow", args.workflow, WORKFLOWS)
   configs.check_choice("aux", args.aux, AUX)
   configs.check_choice("task", args.task, TASKS)
@@ -96,6 +97,10 @@ def get_config(arg=None):
       raise ValueError(f"config argument workers={args.workers} for task={args.task}; allowed: 0 (the "
                        f"default) or {low}..{delegate.MAX_WORKERS}")
     c.task.num_chains = args.workers
+  if args.ops < 0:
+    raise ValueError(f"config argument ops={args.ops}; allowed: 0 (the task's) or a number of operations >= 1")
+  if args.ops:  # before the canvas is fitted: a longer chain is a longer prompt
+    c.task.num_ops = args.ops
   role_set = worker_sharing(args.worker_sets, c.task.num_chains)
   c.roles.sharing = ",".join(map(str, role_set))
   c.roles.trainable = ",".join(["1"] + [trainable_workers] * max(role_set))

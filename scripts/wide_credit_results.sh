@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Credit against team size (issue 65): the orchestrator and W workers of experiments/delegate.py on the
-# wide task (W one-operation chains, answered as the list of their values, scored per part), every
+# wide task (W two-operation chains, or OPS, answered as the list of their values, scored per part: with
+# one operation the warm-started workers are right on 99.7 % of their parts, nothing left to train), every
 # worker trained (one shared parameter set) or every worker frozen at its warm start (PARL's setting),
 # under each credit estimator: team reward, per-role (a worker's own report), difference (counterfactual
 # re-runs), Shapley (Monte Carlo) and the role baseline; at W = 2, 8 and 32 (WORKERS), 10 vmapped seeds
@@ -11,7 +12,7 @@
 # each seed set's table (`python -m marl_jax.tools.report`: final accuracy, each worker's own accuracy,
 # PARL's critical steps and the workers used) and each trained cell against its frozen twin and
 # against team credit (Welch).
-# Usage: [SIZE=tiny] [WORKERS="2 8 32"] [CREDITS="team ..."] [SEEDS="0 1000"] scripts/wide_credit_results.sh [OUT]
+# Usage: [SIZE=tiny] [WORKERS="2 8 32"] [CREDITS="team ..."] [SEEDS="0 1000"] [OPS=2] scripts/wide_credit_results.sh [OUT]
 #   SIZE=tiny: the tests' variant (seconds a cell).
 set -euo pipefail
 out=${1:-workdirs/wide_credit}
@@ -20,7 +21,7 @@ steps=4  # the tiny size's total_steps
 [[ $size == tiny ]] || steps=100
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$out/compilation_cache}
 config() {  # config W CREDIT TRAINED: the cell's --config flag
-  echo "--config=experiments/delegate.py:size=$size,task=wide,workers=$1,credit=$2,trainable_workers=$3"
+  echo "--config=experiments/delegate.py:size=$size,task=wide,workers=$1,credit=$2,trainable_workers=$3,ops=${OPS:-2}"
 }
 done_at() { [[ -d $1/checkpoints/$2 ]]; }  # done_at WORKDIR STEP: its checkpoint of STEP is saved
 credits=${CREDITS:-team per_role difference shapley role_baseline}

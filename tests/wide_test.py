@@ -85,6 +85,21 @@ def test_delegate_refuses_more_than_64_workers():
     protocols.make("delegate", task, workers=65)
 
 
+def test_longer_chains_lengthen_the_canvas_the_model_fits():
+  # ops=2: every part a two-operation chain (5 prompt tokens a part, not 3), the model's positions
+  # raised to the longer canvas; a negative count is refused naming the argument.
+  delegate = configs.sibling(str(REPO / "experiments" / "x.py"), "delegate")
+  one, two = (delegate.get_config(f"size=tiny,task=wide,workers=2,ops={ops}") for ops in (1, 2))
+  assert (one.task.num_ops, two.task.num_ops) == (1, 2)
+  for config in (one, two):
+    task = tasks.from_config(config)
+    protocol = protocols.make("delegate", task, **{k: v for k, v in config.protocol.items() if k != "name"})
+    assert config.model.max_len >= protocol.layout(task, (0,) * len(protocol.roles)).length
+  assert two.model.max_len > one.model.max_len
+  with pytest.raises(ValueError, match=r"config argument ops=-1; allowed: 0 \(the task's\) or a number of operations >= 1"):
+    delegate.get_config("task=wide,ops=-1")
+
+
 @pytest.mark.parametrize("W", [2, 16, 64])
 def test_each_workers_view_reads_only_its_own_slot(W):
   task = tasks.make("wide", num_chains=W, num_ops=1)
@@ -258,6 +273,7 @@ def test_the_credit_study_runs_trained_and_frozen_workers_from_one_warm_start_an
     config = json.loads((W2 / cell / "config.json").read_text())
     assert config["init_from"] == f"{W2}/base" and config["credit"]["name"] == "per_role"
     assert config["task"]["name"] == "wide" and config["roles"]["trainable"] == trainable
+    assert config["task"]["num_ops"] == 2  # one-operation parts leave the warm-started workers nothing to learn
   assert "## seeds 0.., W = 2" in done.stdout and f"B = {W2}/per_role_trained" in done.stdout
   rows = (W2 / "per_role_trained" / "metrics.jsonl").read_text()
   assert study().returncode == 0 and (W2 / "per_role_trained" / "metrics.jsonl").read_text() == rows
