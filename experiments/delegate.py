@@ -66,7 +66,7 @@ def get_config(arg=None):
   delegate_only = dict(aux="annealed", trainable_workers="", worker_sets="shared")
   if args.workflow == "single" and any(args[k] != v for k, v in delegate_only.items()):
     raise ValueError("config arguments aux, trainable_workers and worker_sets apply to workflow=delegate "
-                     f"only; got workflow=single with " + ", ".join(f"{k}={args[k]!r}" for k in delegate_only))
+                     "only; got workflow=single with " + ", ".join(f"{k}={args[k]!r}" for k in delegate_only))
   trainable_workers = args.trainable_workers or ("1" if args.task == "wide" else "0")
   c = configs.base_config()
   # Two one-operation chains.  Warm-started (1 seed, greedy, 512 problems): one agent answering alone
