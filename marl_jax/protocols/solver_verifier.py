@@ -41,7 +41,7 @@ class SolverVerifier(engine.Protocol):
     turns = []
     for _ in range(rounds):
       turns += [engine.Turn("solver", A), engine.Turn("verifier", 1 + A, ends_episode_on=(text.ACCEPT,))]
-    signal = kwargs.get("verifier_signal", "verdict")
+    signal = kwargs.get("verifier_signal", cls.verifier_signal)
     if signal not in VERIFIER_SIGNALS:
       raise ValueError(f"config.protocol.verifier_signal={signal!r} is unknown; allowed: {list(VERIFIER_SIGNALS)}")
     return cls(roles=("solver", "verifier"), turns=tuple(turns), rounds=rounds, **kwargs)

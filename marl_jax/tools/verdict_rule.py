@@ -81,7 +81,7 @@ def run(workdir: str, episodes: int) -> str:
   names = {0.0: "t = 0 (the solver alone)", 0.5: "t = 0.5 (the greedy verdict)", 1.01: "t > 1 (the revision alone)"}
   for n, t in enumerate(THRESHOLDS):
     lines.append(report.row(names.get(t, f"t = {t:g}"), shown(accuracy_SxN[:, n])).rstrip("\n"))
-  auroc_S = np.array([judging.auroc(jnp.asarray(p_B)[None], jnp.asarray(a_B))[0] for p_B, a_B in zip(p_SxB, a_SxB)])
+  auroc_S = np.asarray(jax.vmap(lambda p_B, a_B: judging.auroc(p_B[None], a_B)[0])(p_SxB, a_SxB))
   lines += [report.row("its own greedy verdict (as evaluated)", shown(team_SxB.mean(1))).rstrip("\n"),
             report.row("best t per seed (fitted on these problems)", shown(accuracy_SxN.max(1))).rstrip("\n"),
             report.row("oracle: max(answer, revision)", shown(np.maximum(a_SxB, r_SxB).mean(1))).rstrip("\n"),
