@@ -447,3 +447,21 @@ def test_the_judges_auroc_at_chosen_steps(tmp_path, capsys):
   assert "| training batch (sampled) | 5 | 50.0 ± 0.0 |  | 70.0 ± 0.0 |  |" in out
   assert "| evaluation (greedy) | 5 | 50.0 ± 0.0 |  | 70.0 ± 0.0 |  |" in out
   assert "| 0 |" not in out  # nothing logged at step 0
+
+
+def test_steps_to_a_target_are_each_seeds_first_evaluation_that_reaches_it(runs, capsys):
+  # a evaluates [30, 30, 30], [45, 30, 50], [40, 42, 44] at steps 0, 50, 100; b [.., 60, 45, 55], [50, 53, 56].
+  np.testing.assert_array_equal(report.summarize(runs[0], target=0.44)["steps_to_target"], [50, np.nan, 50])
+  np.testing.assert_array_equal(report.summarize(runs[1], target=0.5)["steps_to_target"], [50, 100, 50])
+  assert report.summarize(runs[0], target=0.3)["steps_to_target"].tolist() == [0, 0, 0]
+  assert "steps_to_target" not in report.summarize(runs[0])
+  report.main(["--target=50", *runs[:2]])
+  out = capsys.readouterr().out
+  # a reaches 50 % on seed 2 alone (at step 50); b: [50, 100, 50], mean 66.67, s = 28.87, half = 4.3027 *
+  # 28.87 / sqrt(3) = 71.71.
+  assert "| 50.00 ± n/a (1 of 3 seeds) |" in out and "| 66.67 ± 71.71 |" in out
+  report.main(["--target=50", "--compare", *runs[:2]])
+  assert "| steps_to_target, A (1 of 3 seeds) | 50.00 | 66.67 | +16.67 ± n/a |" in capsys.readouterr().out
+  for argv in (["--target=0", runs[0]], ["--target=101", runs[0]], ["--target=50", "--seeds", runs[0]]):
+    with pytest.raises(SystemExit):
+      report.main(argv)

@@ -8,6 +8,7 @@
   python -m marl_jax.tools.report --plot DIR FILE         a run rewarded by its judges, plotted (PNG)
   python -m marl_jax.tools.report --rates FILE DIR [DIR ...]  runs rewarded by their judges against audit rate (PNG)
   python -m marl_jax.tools.report --judges-at 0,5,100 DIR [DIR ...]  the judges' AUROC of each statement at those steps
+  python -m marl_jax.tools.report --target=30 DIR [DIR ...]   with a column: the steps each seed took to 30 %
 
 The team's accuracy (base, final, peak, drop) stands beside each member's own (`ROLE/member_accuracy`,
 where the workflow's members answer) and the average member's (`member_accuracy`), so --compare puts a
@@ -49,9 +50,12 @@ PEER = ("true_accuracy", "reported_accuracy", "distortion", "labels_per_episode"
 # And the time to collusion: the first training step whose judges' mean false accept (`JUDGE/false_accept`)
 # exceeds 1/2, per seed (undefined for a seed whose judges never get there).
 COLLUSION = "time_to_collusion"
+# With --target: per seed, the first evaluated step whose accuracy reaches the target (undefined for a
+# seed that never does): how fast a run learns, at the resolution of its evaluations (`eval_every`).
+TO_TARGET = "steps_to_target"
 PER_EPISODE = ("workers_used", "critical_steps", "labels_per_episode")
-COUNTS = PER_EPISODE + ("effective_judges", COLLUSION)  # printed as they are, not in %
-COLUMNS = DIAGNOSTICS + PEER + (COLLUSION,)  # beside the accuracies, where a run logs them
+COUNTS = PER_EPISODE + ("effective_judges", COLLUSION, TO_TARGET)  # printed as they are, not in %
+COLUMNS = DIAGNOSTICS + PEER + (COLLUSION, TO_TARGET)  # beside the accuracies, where a run logs them
 # Each judge's own at the last evaluation (`JUDGE/NAME`), after them.
 JUDGE_RATES = ("balanced_accuracy", "auroc", "auroc_expected")
 # Each member's own accuracy (`ROLE/member_accuracy`, `protocols.engine.member_accuracy`: a candidate's,
@@ -75,9 +79,10 @@ def member_names(row: dict) -> list[str]:
           if k.startswith("eval_") and not k.startswith("eval_ablated_") and k.endswith(f"/{MEMBER}")]
 
 
-def summarize(workdir: str) -> dict:
-  """Per-seed arrays (fractions) of a run's evals: base (step 0), final, peak (after step 0), drop;
-  with the run's first seed (`config.seed`).  ValueError for a run with no evaluation yet."""
+def summarize(workdir: str, target: float | None = None) -> dict:
+  """Per-seed arrays (fractions) of a run's evals: base (step 0), final, peak (after step 0), drop, and
+  with `target` (a fraction) the steps to it (`TO_TARGET`); with the run's first seed (`config.seed`).
+  ValueError for a run with no evaluation yet."""
   logged = metrics.read(workdir)
   rows = [r for r in logged if "eval_accuracy" in r]
   if not rows:
@@ -89,6 +94,10 @@ def summarize(workdir: str) -> dict:
   out = {"workdir": workdir, "seeds": acc_NxS.shape[1], "first_seed": first_seed, "steps": rows[-1]["step"],
          "base": acc_NxS[0], "final": acc_NxS[-1], "peak": after_base.max(0)}
   out["drop"] = out["peak"] - out["final"]
+  if target is not None:
+    reached_NxS = acc_NxS >= target
+    steps_N = np.array([r["step"] for r in rows], np.float64)
+    out[TO_TARGET] = np.where(reached_NxS.any(0), steps_N[reached_NxS.argmax(0)], np.nan)
   members = member_names(rows[-1])
   for name in members:
     out[name] = runs.seed_values(rows[-1], f"eval_{name}")
@@ -210,7 +219,7 @@ def table(summaries: list[dict]) -> str:
   stds = [row(s["workdir"], s["seeds"], s["steps"], *cells(s, std_cell)) for s in summaries]
   return (f"Mean over seeds ± half-width of its {intervals.LEVEL:.0%} confidence interval (Student t, n − 1 dof), "
           f"in % (drop = peak − final per seed, in points; {', '.join(PER_EPISODE)} per episode; effective_judges "
-          f"in judges; {COLLUSION} in steps):\n" + head +
+          f"in judges; {COLLUSION} and {TO_TARGET} in steps):\n" + head +
           "".join(means) + "\nStandard deviation over seeds (ddof = 1), in % (counts as they are):\n" + head +
           "".join(stds))
 
@@ -510,6 +519,9 @@ def main(argv: list[str] | None = None):
   parser.add_argument("--judges-at", metavar="STEPS",
                       help="with workdirs: the judges' AUROC of their sampled, greedy and expected statements at "
                            "these steps (comma-separated), on the training batch and at evaluation")
+  parser.add_argument("--target", type=float, metavar="PCT",
+                      help="with workdirs or --compare: a column of the steps each seed took to reach this "
+                           "evaluated accuracy (%%), at the resolution of its evaluations")
   args = parser.parse_args(argv)
   if not (args.workdirs or args.compare or args.split or args.seeds or args.plot):
     parser.error("give workdirs, --compare A B, --split SINGLE MULTI, --seeds DIR or --plot DIR FILE")
@@ -517,6 +529,11 @@ def main(argv: list[str] | None = None):
     parser.error("--rates FILE and --judges-at STEPS go with workdirs")
   if args.paired and not args.compare:
     parser.error("--paired goes with --compare A B")
+  if args.target is not None and not (args.workdirs or args.compare):
+    parser.error("--target PCT goes with workdirs or --compare A B")
+  if args.target is not None and not 0 < args.target <= 100:
+    parser.error(f"--target={args.target}: allowed, a percentage in (0, 100]")
+  target = None if args.target is None else args.target / 100
   outputs = []
   with cli.refusing_bad_input(parser):
     if args.judges_at:
@@ -525,12 +542,12 @@ def main(argv: list[str] | None = None):
       summaries, waiting = [], []
       for w in args.workdirs:  # a run still warming up does not keep the others from the table
         try:
-          summaries.append(summarize(w))
+          summaries.append(summarize(w, target))
         except ValueError as e:
           waiting.append(f"left out: {e}\n")
       outputs.append((table(summaries) if summaries else "") + "".join(waiting))
     if args.compare:
-      outputs.append(compare(*map(summarize, args.compare), paired=args.paired))
+      outputs.append(compare(*(summarize(w, target) for w in args.compare), paired=args.paired))
     if args.split:
       check_split(*args.split)
       outputs.append(split(*map(summarize, args.split)))
