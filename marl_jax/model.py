@@ -71,6 +71,11 @@ class SetStack:
     """norm_S: the global norm of each parameter set's part of a params-shaped tree (a gradient)."""
     return jax.vmap(optax.tree_utils.tree_norm, in_axes=(self.set_axes(tree_R),))(tree_R)
 
+  def whole_pass_flops(self, length: int) -> int:
+    """Forward FLOPs of one whole-canvas pass of `length` positions (no cache): every position attends
+    over the whole canvas, as `flops_per_token` counts."""
+    return length * self.flops_per_token(length)
+
   def rollout_params(self, params):
     """`params` (any sets of this model) as a rollout reads them token after token: every floating leaf
     wider than the compute dtype cast to it once, so that the message loop reads bfloat16 weights
@@ -140,6 +145,11 @@ class ModelConfig(SetStack):
     attention = self.n_layers * 2 * context_len * D  # q.k and att.v
     return 2 * (dense + attention)
 
+  def whole_pass_flops(self, length: int) -> int:
+    """As `SetStack.whole_pass_flops`, with the queries of each `causal_chunks` block attending over
+    the keys up to the block's end alone (`attend`)."""
+    return sum((end - begin) * self.flops_per_token(end) for begin, end in causal_chunks(length))
+
 
 def read_out(x_BxLxF, readout_M):
   """x_BxMxF at the positions `readout_M` (static or traced; within the L read), or x_BxLxF as it is
@@ -190,9 +200,28 @@ def write_cache(cache, start, k_BxLxNxK, v_BxLxNxK):
   return cache["k"], cache["v"], cache
 
 
-def attend(q_BxLxHxK, k_BxTxHxK, v_BxTxHxK, mask_BxLxT, dtype):
+# A whole-canvas pass (no cache, the canvas from position 0) splits its queries into blocks of this
+# many positions, each attending over the keys up to its block's end alone: a causal mask hides the
+# later keys but computing them costs as much as reading them, and at the wide job's W = 64 (an
+# 835-position canvas) attention over every key was as costly as the dense layers.  One block up to
+# this length: shorter canvases (every job but the widest) compute exactly as before.
+CAUSAL_CHUNK = 128
+
+
+def causal_chunks(length: int) -> list[tuple[int, int]]:
+  """The (begin, end) query blocks of a whole-canvas pass of `length` positions (`CAUSAL_CHUNK`)."""
+  return [(begin, min(begin + CAUSAL_CHUNK, length)) for begin in range(0, length, CAUSAL_CHUNK)]
+
+
+def attend(q_BxLxHxK, k_BxTxHxK, v_BxTxHxK, mask_BxLxT, dtype, causal: bool = False):
   """Softmax attention (in float32), one key/value head per query head (`lm.model.attend` groups
-  query heads for grouped-query checkpoints)."""
+  query heads for grouped-query checkpoints).  `causal`: query i and key i are canvas position i and
+  the mask hides every key after its query (a whole-canvas pass), so each block of `causal_chunks`
+  reads the keys up to its end alone; the weights of the keys it skips are exactly 0 either way."""
+  L = q_BxLxHxK.shape[1]
+  if causal and L > CAUSAL_CHUNK:
+    return jnp.concatenate([attend(q_BxLxHxK[:, begin:end], k_BxTxHxK[:, :end], v_BxTxHxK[:, :end],
+                                   mask_BxLxT[:, begin:end, :end], dtype) for begin, end in causal_chunks(L)], 1)
   K = q_BxLxHxK.shape[3]
   att_BxHxLxT = jnp.einsum("blhk,bthk->bhlt", q_BxLxHxK, k_BxTxHxK) / jnp.sqrt(K).astype(dtype)
   att_BxHxLxT = jnp.where(mask_BxLxT[:, None], att_BxHxLxT.astype(jnp.float32), -1e9)
@@ -253,6 +282,7 @@ class LayerNorm(nn.Module):
 
 class Block(nn.Module):
   cfg: ModelConfig
+  whole_canvas: bool = False  # a whole-canvas pass: `attend`'s `causal`
 
   @nn.compact
   def __call__(self, x_BxLxD, start, mask_BxLxT, cache):
@@ -263,7 +293,7 @@ class Block(nn.Module):
     q_BxLxHxK = dense((cfg.n_heads, h), "query")(y)
     k_BxTxHxK, v_BxTxHxK, cache = write_cache(cache, start, dense((cfg.n_heads, h), "key")(y),
                                               dense((cfg.n_heads, h), "value")(y))
-    o_BxLxHxK = attend(q_BxLxHxK, k_BxTxHxK, v_BxTxHxK, mask_BxLxT, cfg.dtype)
+    o_BxLxHxK = attend(q_BxLxHxK, k_BxTxHxK, v_BxTxHxK, mask_BxLxT, cfg.dtype, causal=self.whole_canvas)
     x_BxLxD = x_BxLxD + nn.DenseGeneral(cfg.d_model, axis=(-2, -1), dtype=cfg.dtype, name="out")(o_BxLxHxK)
     y = LayerNorm(dtype=cfg.dtype)(x_BxLxD)
     y = nn.gelu(nn.Dense(cfg.d_ff, dtype=cfg.dtype)(y))
@@ -279,6 +309,9 @@ class Transformer(nn.Module):
   @nn.compact
   def __call__(self, tokens_BxL, start, key_ok_BxT, cache=None, features=False, positions_L=None):
     cfg = self.cfg
+    # The canvas from position 0 without a cache: query i and key i are position i (not a view's tokens
+    # gathered out of the canvas, `positions_L`), so `attend` may skip the keys after a query's block.
+    whole_canvas = cache is None and positions_L is None and isinstance(start, int) and start == 0
     positions_L = canvas_positions(start, tokens_BxL.shape[1], positions_L)
     mask_BxLxT = visible_mask(positions_L, key_ok_BxT)
     x = nn.Embed(cfg.vocab_size, cfg.d_model, name="embed")(tokens_BxL)
@@ -287,7 +320,7 @@ class Transformer(nn.Module):
     new_cache = []
     block = remat_layer(Block, cfg.remat and cache is None)
     for i in range(cfg.n_layers):
-      x, c = block(cfg, name=f"block{i}")(x, start, mask_BxLxT, None if cache is None else cache[i])
+      x, c = block(cfg, whole_canvas, name=f"block{i}")(x, start, mask_BxLxT, None if cache is None else cache[i])
       new_cache.append(c)
     x = LayerNorm(dtype=cfg.dtype)(x)
     if not features:
@@ -397,6 +430,11 @@ def trainable(model, tx):
 
 def flops_per_token(model, context_len: int) -> int:
   return model.flops_per_token(context_len)
+
+
+def whole_pass_flops(model, length: int) -> int:
+  """Forward FLOPs of one pass over a whole canvas of `length` positions, without a cache."""
+  return model.whole_pass_flops(length)
 
 
 def count_params(params) -> int:

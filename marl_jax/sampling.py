@@ -294,7 +294,8 @@ def pass_flops(cfg: model_lib.ModelConfig, layout: Layout, pass_V, first_view_P)
   model_V = view_models(cfg, layout)
   reads_V = needed_reads_VxT(layout).any(1)
   flops = lambda p, length: length * model_lib.flops_per_token(model_V[first_view_P[p]], length)
-  whole_P = np.array([flops(p, layout.length) for p in range(len(first_view_P))], float)
+  whole_P = np.array([model_lib.whole_pass_flops(model_V[first_view_P[p]], layout.length)
+                      for p in range(len(first_view_P))], float)
   gathered_P = np.zeros(len(first_view_P))
   for p in range(len(first_view_P)):
     views = np.flatnonzero((pass_V == p) & reads_V)
@@ -307,9 +308,9 @@ def gathered_passes(cfg: model_lib.ModelConfig, layout: Layout, pass_V, first_vi
   """gathered_P: whether scoring pass p reads each of its views' own positions gathered out of the
   canvas (`gathered_reads`, one short sequence per view) rather than the whole canvas: where that
   costs at most half the model FLOPs (`pass_flops`).  Attention over the whole canvas costs each
-  position the whole canvas's keys (the mask hides keys, it does not skip them), so a pass of many
-  views that each read a few positions — 64 workers, each its assignment and its report — grew with
-  the team; gathered, each view costs what its own reads cost."""
+  position the keys up to its block's end (`model.causal_chunks`; the LM agent's, the whole canvas's),
+  hidden or not, so a pass of many views that each read a few positions — 64 workers, each its
+  assignment and its report — grew with the team; gathered, each view costs what its own reads cost."""
   return _gathers(*pass_flops(cfg, layout, pass_V, first_view_P))
 
 

@@ -130,6 +130,37 @@ def test_flops_per_token_by_hand():
   assert cfg.flops_per_token(10) == 2 * (2 * (1024 + 1024 + 320) + 1536)
 
 
+def test_a_whole_canvas_pass_in_causal_blocks_equals_one_over_every_key(monkeypatch):
+  """Queries in blocks of 3 (`model.CAUSAL_CHUNK`), each reading the keys up to its block's end: the
+  logits and their gradient are those of one pass over every key, with holes in the key mask and
+  per-query masks alike; the cached decode (never in blocks) still matches it."""
+  params = _first(_params())
+  tokens_BxT = _tokens()
+  key_ok_BxT = jnp.ones((B, T), bool).at[0, 2].set(False).at[1, 6].set(False)
+  key_ok_BxTxT = jnp.broadcast_to(key_ok_BxT[:, None], (B, T, T)).at[:, 7, 4].set(False)
+  logits = lambda p, ok: model_lib.apply(CFG, p, tokens_BxT, 0, ok)[0]
+  loss = lambda p, ok: jnp.sum(logits(p, ok)[:, :, 5] ** 2)
+
+  def run():  # traced anew: the block length is read when tracing
+    return [jax.jit(f)(params, ok) for f in (logits, jax.grad(loss)) for ok in (key_ok_BxT, key_ok_BxTxT)]
+
+  one_pass = run()
+  monkeypatch.setattr(model_lib, "CAUSAL_CHUNK", 3)
+  assert model_lib.causal_chunks(T) == [(0, 3), (3, 6), (6, 9), (9, 10)]
+  in_blocks = run()
+  chex.assert_trees_all_close(in_blocks, one_pass, atol=1e-5, rtol=1e-5)
+  cache = model_lib.empty_cache(CFG, B, T)
+  step = jax.jit(model_lib.apply, static_argnums=0)
+  pieces = []
+  for t in range(T):
+    logits_Bx1xV, cache = step(CFG, params, tokens_BxT[:, t:t + 1], t, key_ok_BxT, cache)
+    pieces.append(logits_Bx1xV)
+  chex.assert_trees_all_close(jnp.concatenate(pieces, 1), in_blocks[0], atol=1e-5, rtol=1e-5)
+  # Its FLOPs: each block's queries at the keys up to its end, 3 at 3, 6 and 9 keys, 1 at 10.
+  assert CFG.whole_pass_flops(T) == sum(n * CFG.flops_per_token(k) for n, k in ((3, 3), (3, 6), (3, 9), (1, 10)))
+  assert model_lib.SetStack.whole_pass_flops(CFG, T) == T * CFG.flops_per_token(T)  # a model without blocks
+
+
 def test_count_params():
   params_R = _params()
   one = model_lib.count_params(_first(params_R))
