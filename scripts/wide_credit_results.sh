@@ -10,10 +10,11 @@
 # smallest W first and each on both seed sets before the next, so a partial run holds paired sets;
 # resumable (a finished cell is not re-run, an interrupted one resumes from its last checkpoint).  Then
 # each seed set's table (`python -m marl_jax.tools.report`: final accuracy, each worker's own accuracy,
-# PARL's critical steps and the workers used) and each trained cell against its frozen twin and
-# against team credit (Welch).
-# Usage: [SIZE=tiny] [WORKERS="2 8 32"] [CREDITS="team ..."] [SEEDS="0 1000"] [OPS=2] scripts/wide_credit_results.sh [OUT]
-#   SIZE=tiny: the tests' variant (seconds a cell).
+# PARL's critical steps and the workers used, with TARGET the steps to it) and each trained cell against
+# its frozen twin and against team credit (Welch).
+# Usage: [SIZE=tiny] [WORKERS="2 8 32"] [CREDITS="team ..."] [SEEDS="0 1000"] [OPS=2] [TARGET=PCT] scripts/wide_credit_results.sh [OUT]
+#   SIZE=tiny: the tests' variant (seconds a cell); TARGET: an evaluated accuracy (%) whose steps to reach
+#   it each table gives (`report --target`, at the resolution of the evaluations, every 20 steps).
 set -euo pipefail
 out=${1:-workdirs/wide_credit}
 size=${SIZE:-cpu}
@@ -40,11 +41,11 @@ for W in ${WORKERS:-2 8 32}; do
       done
     done
     echo "## seeds $seed.., W = $W"
-    python -m marl_jax.tools.report "$dir"/*_trained "$dir"/*_frozen
+    python -m marl_jax.tools.report ${TARGET:+--target=$TARGET} "$dir"/*_trained "$dir"/*_frozen
     for name in $credits; do
-      python -m marl_jax.tools.report --compare "$dir/${name}_frozen" "$dir/${name}_trained"
+      python -m marl_jax.tools.report ${TARGET:+--target=$TARGET} --compare "$dir/${name}_frozen" "$dir/${name}_trained"
       [[ $name == team || " $credits " != *" team "* ]] ||
-        python -m marl_jax.tools.report --compare "$dir/team_trained" "$dir/${name}_trained"
+        python -m marl_jax.tools.report ${TARGET:+--target=$TARGET} --compare "$dir/team_trained" "$dir/${name}_trained"
     done
   done
 done

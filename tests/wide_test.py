@@ -262,7 +262,8 @@ def test_tiny_wide_run_trains_every_worker_set_through_the_cli(tmp_path, W, work
 
 @pytest.mark.slow  # a warm start and two cells at the tiny size
 def test_the_credit_study_runs_trained_and_frozen_workers_from_one_warm_start_and_resumes(tmp_path):
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "SIZE": "tiny", "WORKERS": "2", "CREDITS": "per_role", "SEEDS": "0"}
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "SIZE": "tiny", "WORKERS": "2", "CREDITS": "per_role", "SEEDS": "0",
+         "TARGET": "5"}
   study = lambda: subprocess.run(["bash", "scripts/wide_credit_results.sh", str(tmp_path)], cwd=REPO, env=env,
                                  capture_output=True, text=True, timeout=1200)
   done = study()
@@ -275,5 +276,6 @@ def test_the_credit_study_runs_trained_and_frozen_workers_from_one_warm_start_an
     assert config["task"]["name"] == "wide" and config["roles"]["trainable"] == trainable
     assert config["task"]["num_ops"] == 2  # one-operation parts leave the warm-started workers nothing to learn
   assert "## seeds 0.., W = 2" in done.stdout and f"B = {W2}/per_role_trained" in done.stdout
+  assert "| steps_to_target" in done.stdout  # TARGET: the steps each seed took to 5 %
   rows = (W2 / "per_role_trained" / "metrics.jsonl").read_text()
   assert study().returncode == 0 and (W2 / "per_role_trained" / "metrics.jsonl").read_text() == rows
