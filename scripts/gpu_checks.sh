@@ -13,6 +13,8 @@
 #               At most 4 minutes.
 #   throughput  the throughput rows of the relay job, of wider agents and of Qwen3-0.6B-shaped agents,
 #               one at a time.  At most 7.5 minutes.
+#   workers     the wide job's rows at W = 2, 16 and 64 in one run (docs/throughput.md, many workers):
+#               the cost per worker-episode at W = 64 against W = 2, whose goal is 1.5x.  At most 5 minutes.
 # Prints a table per part; logs, JSON rows and workdirs go under OUT (default /tmp/gpu_checks, which
 # must not hold an earlier run's workdirs).  On a device machine, carry .whl (scripts/gpu_wheels.sh):
 # where the packages its image lacks do not import, they are installed from it first.
@@ -24,8 +26,8 @@ OUT=${1:-/tmp/gpu_checks}
 shift $(($# > 0 ? 1 : 0))
 PARTS=("${@:-lm smoke throughput}")
 for part in ${PARTS[@]}; do  # a bad part is refused before anything runs
-  case $part in lm|lm_sv|lm_blocks|smoke|throughput) ;; *)
-    echo "unknown part $part; allowed: lm lm_sv lm_blocks smoke throughput"; exit 2 ;; esac
+  case $part in lm|lm_sv|lm_blocks|smoke|throughput|workers) ;; *)
+    echo "unknown part $part; allowed: lm lm_sv lm_blocks smoke throughput workers"; exit 2 ;; esac
 done
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -123,6 +125,9 @@ part_throughput() {
   row wide 90 --grid=2/1 --credits=team --d_model=512 --batch_size=2048 --steps_per_call=5
   row qwen3_0.6b 200 --checkpoint="$QWEN" --random_weights --grid=2/1 --credits=team --batch_size=256 \
       --steps_per_call=2 --calls=2
+}
+part_workers() {
+  row workers 300 --workers=2,16,64 --calls=2
 }
 
 for part in ${PARTS[@]}; do
