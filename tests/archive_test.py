@@ -11,6 +11,7 @@ import pytest
 
 from marl_jax import checkpoint, datasets, experiment, loop, state, tasks, text, transcripts
 from marl_jax.tools import archive as archive_lib
+from workflows_test import compiled_rewards
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -50,7 +51,7 @@ def test_transcripts_round_trip(tmp_path):
                                 np.tile(problems["prompt"], (S, 1)))
   # Rewards are the protocol's rewards of the archived tokens.
   problems_SN = jax.tree.map(lambda x: np.tile(x, (S,) + (1,) * (x.ndim - 1)), problems)
-  rewards = exp.protocol.rewards(exp.task, exp.layout, problems_SN, arrays["tokens"])
+  rewards = compiled_rewards(exp.protocol, exp.task, exp.layout, problems_SN, arrays["tokens"])
   np.testing.assert_allclose(arrays["team_reward"], rewards.team_B)
   np.testing.assert_allclose(arrays["role_reward"], np.asarray(rewards.role_RxB).T)
   meta = archive.metadata
@@ -85,7 +86,7 @@ def test_archived_rewards_and_credit_are_the_protocols(tmp_path):
   archive_lib.archive(exp, loop.initial_state(exp).params, str(tmp_path), "sampled")
   arrays = transcripts.load_transcripts(str(tmp_path), "sampled").arrays
   problems = {k[len("problem_"):]: v for k, v in arrays.items() if k.startswith("problem_")}
-  rewards = exp.protocol.rewards(exp.task, exp.layout, problems, arrays["tokens"])
+  rewards = compiled_rewards(exp.protocol, exp.task, exp.layout, problems, arrays["tokens"])
   np.testing.assert_allclose(arrays["team_reward"], rewards.team_B)
   np.testing.assert_allclose(arrays["role_reward"], np.asarray(rewards.role_RxB).T)
   assert np.abs(arrays["role_reward"]).sum() > 0

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from marl_jax import credit, protocols, rollout, tasks, text
+from workflows_test import compiled_demonstrate, compiled_rewards
 
 B = 64
 SYMBOL_TASKS = sorted(name for name, cls in tasks.REGISTRY.items() if not cls.free_text)
@@ -68,7 +69,7 @@ def _workflow(name, rate: float):
 
 
 def _scored(task, protocol, layout, problems, tokens_BxT):
-  return jax.jit(lambda p, t: protocol.rewards(task, layout, p, t))(problems, tokens_BxT)
+  return jax.jit(lambda p, t: compiled_rewards(protocol, task, layout, p, t))(problems, tokens_BxT)
 
 
 @pytest.mark.parametrize("name", sorted(protocols.REGISTRY))
@@ -77,7 +78,7 @@ def test_every_workflow_keeps_the_protocol_contract(name):
   R, N, T = len(protocol.roles), len(protocol.turns), layout.length
   assert 1 <= R <= len(text.ROLE_MARKERS)
   problems = _problems(task)
-  tokens_BxT = protocol.demonstrate(task, layout, problems, jax.random.split(jax.random.key(1), B))
+  tokens_BxT = compiled_demonstrate(protocol, task, layout, problems, jax.random.split(jax.random.key(1), B))
   # A demonstration is a transcript on the canvas the sampler writes: the prompt, the layout's headers.
   assert tokens_BxT.shape == (B, T) and tokens_BxT.dtype == jnp.int32
   np.testing.assert_array_equal(tokens_BxT[:, :layout.prompt_len], problems["prompt"])
@@ -128,7 +129,7 @@ def test_every_workflow_keeps_the_protocol_contract(name):
 def test_every_workflows_noise_free_demonstrations_are_right(name):
   task, protocol, layout = _workflow(name, 0.0)
   problems = _problems(task)
-  tokens_BxT = protocol.demonstrate(task, layout, problems, jax.random.split(jax.random.key(1), B))
+  tokens_BxT = compiled_demonstrate(protocol, task, layout, problems, jax.random.split(jax.random.key(1), B))
   np.testing.assert_array_equal(_scored(task, protocol, layout, problems, tokens_BxT).team_B, 1.0)
 
 
@@ -138,7 +139,7 @@ def test_every_workflow_scores_a_transcript_with_an_absent_role(name):
   # outcomes stay outcomes (finite, in [0, 1]) for every role made absent.
   task, protocol, layout = _workflow(name, 0.5)
   problems = _problems(task)
-  tokens_BxT = protocol.demonstrate(task, layout, problems, jax.random.split(jax.random.key(1), B))
+  tokens_BxT = compiled_demonstrate(protocol, task, layout, problems, jax.random.split(jax.random.key(1), B))
   # The step's own absent canvases (`rollout.rerun_masks`), one coalition per role.
   R = len(protocol.roles)
   _, absent_RxT, absent_msg_RxT = rollout.rerun_masks(

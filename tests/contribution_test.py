@@ -11,6 +11,7 @@ from marl_jax.protocols import engine
 from marl_jax.tasks.contribution import Contribution
 from marl_jax.tasks.hidden_sum import HiddenSum
 from marl_jax.tasks.matrix_game import MatrixGame
+from workflows_test import compiled_rewards
 
 
 # Jitted once per game (a task is hashable): much faster than op-by-op on a CPU.
@@ -52,9 +53,9 @@ def test_a_game_given_as_data_scores_like_the_task_game():
       jnp.stack([answers[:, r], jnp.full(8, text.EOS)], 1) for r in range(3)])
   for name in ("synergy", "saboteur", "weighted"):
     own = Contribution(num_roles=3, game=name)
-    expected_B = protocol.rewards(own, layout, problems, tokens).team_B
+    expected_B = compiled_rewards(protocol, own, layout, problems, tokens).team_B
     as_data = {**problems, "game_M": jnp.broadcast_to(own.game_values(), (8, 8))}
-    np.testing.assert_allclose(protocol.rewards(task, layout, as_data, tokens).team_B, expected_B)
+    np.testing.assert_allclose(compiled_rewards(protocol, task, layout, as_data, tokens).team_B, expected_B)
     np.testing.assert_allclose(own.game_values(), [own.game_value(np.array(m) == 1) for m in
                                                    [[b >> r & 1 for r in range(3)] for b in range(8)]])
   assert float(Contribution(num_roles=3, game="synergy").game_values()[7]) == 1.0  # mask 0b111
@@ -203,7 +204,7 @@ def test_protocol_rewards_by_hand():
   canvas_BxT = jnp.stack([
       engine.assemble(layout, prompt_BxP[:1], [jnp.asarray(text.encode(m))[None] for m in ms])[0]
       for ms in messages])
-  rewards = jax.jit(lambda task, canvas_BxT: protocol.rewards(task, layout, batch, canvas_BxT),
+  rewards = jax.jit(lambda task, canvas_BxT: compiled_rewards(protocol, task, layout, batch, canvas_BxT),
                     static_argnums=0)
   scored = rewards(task, canvas_BxT)
   np.testing.assert_allclose(scored.team_B, [1, 1 / 3, 2 / 3], rtol=1e-6)

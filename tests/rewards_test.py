@@ -17,7 +17,7 @@ from marl_jax import cli, codes, configs, credit, experiment, judging, loop, par
 from marl_jax.protocols import engine
 from marl_jax.rewards import audited, audited_balanced, audited_team, peer_prediction, reputation
 from train_test import compiled_init_state
-from workflows_test import _cli_rows
+from workflows_test import _cli_rows, compiled_demonstrate, compiled_rewards
 
 EXPERIMENTS = pathlib.Path(__file__).resolve().parents[1] / "experiments"
 LEVELS = (0.0, 1 / 3, 2 / 3, 1.0)
@@ -463,7 +463,7 @@ def test_the_channel_ablation_replaces_the_channel_by_noise_and_redraws_the_verd
   layout = protocol.layout(task, (0, 1, 1))
   problems = task.sample_batch(jax.random.split(jax.random.key(0), 8))
   key_B = jax.random.split(jax.random.key(1), 8)
-  tokens_BxT = protocol.demonstrate(task, layout, problems, key_B)
+  tokens_BxT = compiled_demonstrate(protocol, task, layout, problems, key_B)
   canvas_BxT, redraw_T = protocol.ablation(layout, tokens_BxT, jax.random.split(jax.random.key(2), 8))
   (a, b), (c, d), (e, f) = layout.turn_slices[1:]  # the channel, then each judge's verdict
   np.testing.assert_array_equal(np.flatnonzero(redraw_T), [*range(c, d), *range(e, f)])
@@ -491,8 +491,9 @@ def test_cross_judging_never_pairs_a_judge_with_a_set_it_judges(experiment_name,
   config.reward = configs.reward_config("team", source="peer", cross="other_set")
   exp = experiment.build(config)
   problems = exp.task.sample_batch(jax.random.split(jax.random.key(0), 4))
-  tokens_BxT = exp.protocol.demonstrate(exp.task, exp.layout, problems, jax.random.split(jax.random.key(1), 4))
-  answer_roles = exp.protocol.rewards(exp.task, exp.layout, problems, tokens_BxT).judgments.answer_roles
+  keys = jax.random.split(jax.random.key(1), 4)
+  tokens_BxT = compiled_demonstrate(exp.protocol, exp.task, exp.layout, problems, keys)
+  answer_roles = compiled_rewards(exp.protocol, exp.task, exp.layout, problems, tokens_BxT).judgments.answer_roles
   judges = exp.protocol.judge_roles
   built = 0
   for role_set_R in _role_maps(len(exp.layout.roles)):

@@ -25,6 +25,7 @@ from marl_jax.tasks.multi_chain import MultiChain
 from marl_jax.tasks.stack_program import StackProgram
 from marl_jax.tasks.subset_sum import SubsetSum
 from marl_jax.tasks.arithmetic import Arithmetic
+from workflows_test import compiled_demonstrate, compiled_rewards
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NEW_TASKS = ("subset_sum", "hidden_sum", "multi_chain", "stack_program", "matrix_game", "contribution",
@@ -236,13 +237,13 @@ def test_demonstrations_are_right_without_noise(task_name, protocol_name):
   if protocol_name == "solver_verifier":
     protocol = protocols.make(protocol_name, task, verifier_demo_error_rate=0.0)
   batch = problems(task, 64)
-  demos_BxT = protocol.demonstrate(task, layout, batch, jax.random.split(jax.random.PRNGKey(1), 64))
+  demos_BxT = compiled_demonstrate(protocol, task, layout, batch, jax.random.split(jax.random.PRNGKey(1), 64))
   chex.assert_shape(demos_BxT, (64, layout.length))
-  np.testing.assert_array_equal(protocol.rewards(task, layout, batch, demos_BxT).team_B, 1.0)
+  np.testing.assert_array_equal(compiled_rewards(protocol, task, layout, batch, demos_BxT).team_B, 1.0)
   # With only mistakes, systematic mistakes are (almost always) wrong.
   noisy = tasks.make(task_name, demo_error_rate=1.0)
-  demos_BxT = protocol.demonstrate(noisy, layout, batch, jax.random.split(jax.random.PRNGKey(1), 64))
-  assert protocol.rewards(noisy, layout, batch, demos_BxT).team_B.mean() < 0.9
+  demos_BxT = compiled_demonstrate(protocol, noisy, layout, batch, jax.random.split(jax.random.PRNGKey(1), 64))
+  assert compiled_rewards(protocol, noisy, layout, batch, demos_BxT).team_B.mean() < 0.9
 
 
 SUBSET_RATES = ("false_accept", "false_reject", "judge_precision", "fix_rate", "break_rate", "worker_accuracy",
@@ -262,7 +263,7 @@ def test_rollout_with_a_tiny_model(task_name, protocol_name):
     tokens_BxT, logp_BxT, _ = sampling.generate(CFG, layout, params_R, canvas_BxT,
                                                 jnp.zeros(canvas_BxT.shape, bool),
                                                 jax.random.split(jax.random.PRNGKey(2), B), 1.0)
-    return tokens_BxT, logp_BxT, protocol.rewards(task, layout, batch, tokens_BxT)
+    return tokens_BxT, logp_BxT, compiled_rewards(protocol, task, layout, batch, tokens_BxT)
 
   tokens_BxT, logp_BxT, rewards = rollout_and_score(params_R, canvas_BxT)
   chex.assert_shape([tokens_BxT, logp_BxT], (B, layout.length))
@@ -295,7 +296,7 @@ def test_exchange_rewards_both_roles_with_the_team_outcome():
               ("<absent><eos><pad>", "22<eos>")]  # a right guess without a message still counts
   canvas_BxT = jnp.stack([engine.assemble(layout, prompt_BxP[:1], [tokens(m)[None] for m in ms])[0]
                           for ms in messages])
-  rewards = protocol.rewards(task, layout, batch, canvas_BxT)
+  rewards = compiled_rewards(protocol, task, layout, batch, canvas_BxT)
   np.testing.assert_array_equal(rewards.team_B, [1, 0, 1])
   np.testing.assert_array_equal(rewards.role_RxB, [[1, 0, 1], [1, 0, 1]])
   assert float(rewards.metrics["accuracy"]) == pytest.approx(2 / 3)
@@ -341,7 +342,7 @@ def test_no_role_of_the_exchange_can_answer_alone():
 
   np.testing.assert_array_equal(receiver_answer(batch["prompt"]), receiver_answer(other_a))
   # ...while the copying sender of the demonstrations makes a right receiver possible.
-  demos_BxT = protocol.demonstrate(HiddenSum(max_number=9, modulus=10, demo_error_rate=0.0), layout, batch,
+  demos_BxT = compiled_demonstrate(protocol, HiddenSum(max_number=9, modulus=10, demo_error_rate=0.0), layout, batch,
                                    jax.random.split(jax.random.PRNGKey(0), 16))
   assert [text.decode(m) for m in engine.message(layout, demos_BxT, 0)[:2]] == [
       f"{text.decode(p[1:2])}<eos>" for p in batch["prompt"][:2]]
@@ -382,7 +383,7 @@ def test_orchestrator_rewards_by_hand():
               ("7<eos>", "+<eos>", "3<eos>")]  # 1     1 0      1 (a report unreadable: the answer)
   canvas_BxT = jnp.stack([engine.assemble(layout, batch["prompt"][i:i + 1],
                                           [tokens(m)[None] for m in ms])[0] for i, ms in enumerate(messages)])
-  rewards = protocol.rewards(task, layout, batch, canvas_BxT)
+  rewards = compiled_rewards(protocol, task, layout, batch, canvas_BxT)
   np.testing.assert_array_equal(rewards.team_B, [1, 0, 1, 1])
   np.testing.assert_array_equal(rewards.role_RxB, [[1, 1, 0, 1], [1, 1, 1, 1], [1, 0, 0, 0]])
   assert float(rewards.metrics["worker_accuracy"]) == 5 / 8
@@ -399,7 +400,7 @@ def test_matrix_game_protocol_plays_simultaneously():
               [tokens("2<eos>"), tokens("2<eos>")]]
   canvas_BxT = jnp.stack([engine.assemble(layout, batch["prompt"][:1], [m[None] for m in ms])[0]
                           for ms in messages])
-  rewards = protocol.rewards(task, layout, batch, canvas_BxT)
+  rewards = compiled_rewards(protocol, task, layout, batch, canvas_BxT)
   np.testing.assert_allclose(rewards.team_B, [100 / 110, 1.0, 1.0], rtol=1e-6)
   np.testing.assert_array_equal(rewards.role_RxB, np.stack([rewards.team_B] * 2))
   assert float(rewards.metrics["optimal"]) == pytest.approx(2 / 3)

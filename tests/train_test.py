@@ -15,6 +15,7 @@ from marl_jax import checkpoint, configs, credit, experiment, loop, metrics, pro
 from marl_jax import evaluate, sampling, text, train, update
 from marl_jax.protocols import engine
 from marl_jax.tasks.arithmetic import Arithmetic
+from workflows_test import compiled_demonstrate, compiled_rewards
 
 EXPERIMENTS = pathlib.Path(__file__).resolve().parents[1] / "experiments"
 
@@ -67,7 +68,7 @@ def test_solver_verifier_rewards_by_hand():
               [D(5), REJECT(6)],  # wrong, rejected, revised wrong        0     0      1
               [D(7), REJECT(3)]]  # wrong, rejected, revised right        1     0      1
   protocol, layout, problems, tokens_BxT = _sv_transcript(1, [3] * 6, messages)
-  out = protocol.rewards(SV_TASK, layout, problems, tokens_BxT)
+  out = compiled_rewards(protocol, SV_TASK, layout, problems, tokens_BxT)
   np.testing.assert_array_equal(out.team_B, [1, 0, 0, 1, 0, 1])
   np.testing.assert_array_equal(out.role_RxB, [[1, 0, 1, 0, 0, 0], [1, 0, 0, 1, 1, 1]])
   expected = {
@@ -91,7 +92,7 @@ def test_solver_verifier_pays_the_verifier_the_final_answer_when_asked():
   messages = [[D(3), ACCEPT], [D(5), ACCEPT], [D(3), REJECT(4)], [D(5), REJECT(3)], [D(5), REJECT(6)],
               [D(7), REJECT(3)]]
   protocol, layout, problems, tokens_BxT = _sv_transcript(1, [3] * 6, messages, verifier_signal="final")
-  out = protocol.rewards(SV_TASK, layout, problems, tokens_BxT)
+  out = compiled_rewards(protocol, SV_TASK, layout, problems, tokens_BxT)
   np.testing.assert_array_equal(out.role_RxB, [[1, 0, 1, 0, 0, 0], [1, 0, 0, 1, 0, 1]])
   np.testing.assert_array_equal(out.team_B, [1, 0, 0, 1, 0, 1])
   with pytest.raises(ValueError, match=r"config.protocol.verifier_signal='revision' is unknown; allowed: \['verdict', 'final'\]"):
@@ -108,7 +109,7 @@ def test_solver_verifier_final_answer_over_two_rounds():
   protocol, layout, problems, tokens_BxT = _sv_transcript(2, [3] * 4, messages)
   final_BxA = protocol.final_answer(layout, tokens_BxT)
   np.testing.assert_array_equal(final_BxA, [D(3), D(6), D(3), D(3)])
-  out = protocol.rewards(SV_TASK, layout, problems, tokens_BxT)
+  out = compiled_rewards(protocol, SV_TASK, layout, problems, tokens_BxT)
   np.testing.assert_array_equal(out.team_B, [1, 0, 1, 1])
   # Verdicts played: episode 0: reject a wrong answer (ok), accept a right one (ok) -> 1;
   # 1: ok, then reject the wrong 4 (ok) -> 1;  2: one verdict, ok -> 1;  3: ok, reject wrong 6 (ok) -> 1.
@@ -132,7 +133,7 @@ def test_solver_verifier_verdict_signal_counts_only_the_rounds_played():
   blank = [[text.PAD] * 2, [text.PAD] * 3]
   messages = [[D(5), ACCEPT, *blank], [D(3), REJECT(4), D(3), ACCEPT]]
   protocol, layout, problems, tokens_BxT = _sv_transcript(2, [3] * 2, messages)
-  out = protocol.rewards(SV_TASK, layout, problems, tokens_BxT)
+  out = compiled_rewards(protocol, SV_TASK, layout, problems, tokens_BxT)
   np.testing.assert_allclose(out.role_RxB[1], [0, 1 / 2])
   np.testing.assert_allclose(out.metrics["verdict_accuracy"], 1 / 4)
 
@@ -147,7 +148,7 @@ def test_solver_verifier_demonstrations_flip_verdicts_at_their_error_rate(error_
   layout = protocol.layout(task, (0, 1))
   keys = jax.random.split(jax.random.PRNGKey(0), 16)
   problems = task.sample_batch(keys)
-  tokens_BxT = protocol.demonstrate(task, layout, problems, keys)
+  tokens_BxT = compiled_demonstrate(protocol, task, layout, problems, keys)
   message = lambda turn: np.asarray(engine.message(layout, tokens_BxT, turn))
   np.testing.assert_array_equal(message(1)[:, 0], text.ACCEPT if accepted else text.REJECT)
   if accepted:
@@ -157,7 +158,7 @@ def test_solver_verifier_demonstrations_flip_verdicts_at_their_error_rate(error_
     np.testing.assert_array_equal(message(1)[:, 1:], problems["answer"])  # the revision: right
     np.testing.assert_array_equal(message(2), problems["answer"])
     np.testing.assert_array_equal(message(3)[:, 0], text.ACCEPT)
-  np.testing.assert_array_equal(protocol.rewards(task, layout, problems, tokens_BxT).team_B, 1)
+  np.testing.assert_array_equal(compiled_rewards(protocol, task, layout, problems, tokens_BxT).team_B, 1)
 
 
 @pytest.mark.slow
@@ -177,7 +178,7 @@ def test_absent_verifier_counterfactual_lets_the_answer_stand():
   params_R = compiled_init_state(exp, jax.random.PRNGKey(0)).params
   keys_B = jax.random.split(jax.random.PRNGKey(1), 4)
   cf_team_RxKxB = rollout.rerun(exp, params_R, problems, tokens_BxT, keys_B, exp.credit.reruns(2)).team_CxKxB
-  team_B = exp.protocol.rewards(exp.task, exp.layout, problems, tokens_BxT).team_B
+  team_B = compiled_rewards(exp.protocol, exp.task, exp.layout, problems, tokens_BxT).team_B
   np.testing.assert_array_equal(cf_team_RxKxB[1, 0], [1, 0, 1, 0])
   np.testing.assert_array_equal(credit.difference_credit(team_B, cf_team_RxKxB)[1], [0, 0, -1, 1])
 

@@ -24,6 +24,17 @@ D = lambda d: [text.DIGIT0 + d, text.EOS]
 ABSENT = [text.ABSENT, text.EOS]
 
 
+def compiled_rewards(protocol, task, layout, problems, canvas_BxT) -> engine.Scored:
+  """`protocol.rewards` as one compiled program: called as it is, each of its ops compiles on its own
+  (a debate transcript's rewards: 9 s so, 2 s compiled, on the shared 2-core CPU)."""
+  return jax.jit(lambda p, c: protocol.rewards(task, layout, p, c))(problems, canvas_BxT)
+
+
+def compiled_demonstrate(protocol, task, layout, problems, keys):
+  """`protocol.demonstrate` as one compiled program (`compiled_rewards`)."""
+  return jax.jit(lambda p, k: protocol.demonstrate(task, layout, p, k))(problems, keys)
+
+
 def _transcript(name, targets, messages, **knobs):
   """Problems whose answers are `targets` ('<bos>0+d=') and a canvas holding `messages[b][turn]`."""
   protocol = protocols.make(name, TASK, **knobs)
@@ -36,7 +47,7 @@ def _transcript(name, targets, messages, **knobs):
 
 def test_a_single_agent_is_its_own_only_member():
   protocol, layout, problems, canvas_BxT = _transcript("single", [3, 3, 3, 3], [[D(3)], [D(5)], [D(3)], [ABSENT]])
-  m = protocol.rewards(TASK, layout, problems, canvas_BxT).metrics
+  m = compiled_rewards(protocol, TASK, layout, problems, canvas_BxT).metrics
   np.testing.assert_allclose([m["accuracy"], m["agent/member_accuracy"]], [0.5, 0.5])
 
 
@@ -54,7 +65,7 @@ def test_orchestrator_workers_member_accuracy_by_hand():
               "part_values": jnp.array([[7, 6]] * 3)}
   messages = [jnp.array([text.encode(row[i] + "<eos>") + [text.PAD] * (stop - start - 2) for row in rows])
               for i, (start, stop) in enumerate(layout.turn_slices)]
-  m = protocol.rewards(task, layout, problems, engine.assemble(layout, prompt_BxP, messages)).metrics
+  m = compiled_rewards(protocol, task, layout, problems, engine.assemble(layout, prompt_BxP, messages)).metrics
   np.testing.assert_allclose(m["accuracy"], 2 / 3)
   np.testing.assert_allclose([m["worker0/member_accuracy"], m["worker1/member_accuracy"]], [2 / 3, 1 / 3])
   np.testing.assert_allclose(m["worker_accuracy"], 1 / 2)  # their mean
@@ -72,7 +83,7 @@ def test_relay_rewards_by_hand():
               [D(7), D(7), [text.DIGIT0 + 7] + [text.PAD] * 3]]  # no EOS: wrong
   protocol, layout, problems, canvas_BxT = _transcript("relay", [7] * 5, messages, agents=3, message_len=2,
                                                        answer_len=4)
-  scored = protocol.rewards(TASK, layout, problems, canvas_BxT)
+  scored = compiled_rewards(protocol, TASK, layout, problems, canvas_BxT)
   np.testing.assert_array_equal(scored.team_B, [1, 0, 1, 0, 0])
   np.testing.assert_array_equal(scored.role_RxB, [[1, 0, 1, 0, 0]] * 3)
   assert scored.metrics["accuracy"] == 0.4
@@ -161,7 +172,7 @@ def test_vote_rewards_by_hand():
               [D(3), D(5), D(7)],  # all differ: voter0    3        1     1 0 0
               [ABSENT, D(5), D(3)]]  # absent left out: tie 5-3, voter1   0     0 0 1
   protocol, layout, problems, canvas_BxT = _transcript("vote", [3] * 4, messages)
-  out = protocol.rewards(TASK, layout, problems, canvas_BxT)
+  out = compiled_rewards(protocol, TASK, layout, problems, canvas_BxT)
   np.testing.assert_array_equal(out.team_B, [1, 0, 1, 0])
   np.testing.assert_array_equal(out.role_RxB, [[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 1]])
   np.testing.assert_allclose(out.metrics["accuracy"], 0.5)
@@ -183,7 +194,7 @@ def test_vote_with_an_aggregator():
               [D(3), D(3), D(5), ABSENT],  # absent aggregator: the majority   team 1
               [D(7), D(7), D(3), D(3)]]  # majority wrong, aggregator right    team 1
   protocol, layout, problems, canvas_BxT = _transcript("vote", [3] * 4, messages, aggregator=True)
-  out = protocol.rewards(TASK, layout, problems, canvas_BxT)
+  out = compiled_rewards(protocol, TASK, layout, problems, canvas_BxT)
   np.testing.assert_array_equal(out.team_B, [1, 0, 1, 1])
   np.testing.assert_array_equal(out.role_RxB[3], out.team_B)  # the aggregator's signal: team outcome
   # The voters' majority, not the team's final answer: right in rows 1 and 2 only (accuracy is 3/4).
@@ -199,7 +210,7 @@ def test_vote_aggregator_demonstrations_write_the_majority():
   protocol = protocols.make("vote", task, voters=3, aggregator=True)
   layout = protocol.layout(task, (0, 0, 0, 1))
   keys = jax.random.split(jax.random.PRNGKey(0), 64)
-  canvas_BxT = protocol.demonstrate(task, layout, task.sample_batch(keys), keys)
+  canvas_BxT = compiled_demonstrate(protocol, task, layout, task.sample_batch(keys), keys)
   answers_KxBxA = np.asarray(protocol.answers(layout, canvas_BxT))
   aggregate_BxA = np.asarray(engine.message(layout, canvas_BxT, 3))
   copies_B = (answers_KxBxA == aggregate_BxA[None]).all(-1).sum(0)
@@ -219,7 +230,7 @@ def test_peer_review_rewards_and_judgments_by_hand():
   protocol, layout, problems, tokens_BxT = _transcript("peer_review", [3] * 4, messages, judges=2)
   assert protocol.roles == ("solver", "judge0", "judge1") and protocol.judge_roles == (1, 2)
   assert not layout.visible_SxR[layout.segment_names.index("judge00"), 2]  # judges do not read each other
-  scored = protocol.rewards(TASK, layout, problems, tokens_BxT)
+  scored = compiled_rewards(protocol, TASK, layout, problems, tokens_BxT)
   np.testing.assert_array_equal(scored.team_B, [1, 0, 1, 0])
   np.testing.assert_array_equal(scored.judgments.level_JxKxB[:, 0], [[3, 1, 0, 0], [2, 3, 0, 0]])
   np.testing.assert_array_equal(scored.judgments.truth_KxB, [[1, 0, 1, 0]])
@@ -240,8 +251,8 @@ def test_peer_review_demonstrations_state_levels_on_the_wanted_side(error_rate):
   protocol = protocols.make("peer_review", task, judges=3, judge_demo_error_rate=error_rate)
   layout = protocol.layout(task, (0, 1, 1, 1))
   problems = task.sample_batch(jax.random.split(jax.random.key(0), 256))
-  tokens_BxT = protocol.demonstrate(task, layout, problems, jax.random.split(jax.random.key(1), 256))
-  scored = protocol.rewards(task, layout, problems, tokens_BxT)
+  tokens_BxT = compiled_demonstrate(protocol, task, layout, problems, jax.random.split(jax.random.key(1), 256))
+  scored = compiled_rewards(protocol, task, layout, problems, tokens_BxT)
   np.testing.assert_array_equal(scored.role_RxB[1:], 1.0 - error_rate)
   assert set(np.unique(scored.judgments.level_JxKxB)) == {0, 1, 2, 3}
 
@@ -275,7 +286,7 @@ def test_best_of_n_pick_and_rewards_by_hand():
   np.testing.assert_array_equal(readable_B, [1, 1, 0, 0, 0, 1, 0])
   np.testing.assert_array_equal(protocol.final_answer(layout, canvas_BxT)[:, 0] - text.DIGIT0,
                                 [3, 7, 3, 3, 5, 7, 5])
-  out = protocol.rewards(TASK, layout, problems, canvas_BxT)
+  out = compiled_rewards(protocol, TASK, layout, problems, canvas_BxT)
   np.testing.assert_array_equal(out.team_B, [1, 0, 1, 1, 0, 0, 0])
   np.testing.assert_array_equal(out.role_RxB[3], [1, 0, 0, 0, 0, 1, 0])
   np.testing.assert_array_equal(out.role_RxB[:3].sum(0), [1, 1, 1, 1, 1, 0, 0])
@@ -308,14 +319,14 @@ def test_best_of_n_demonstrations_pick_right_candidates():
   layout = protocol.layout(task, (0, 0, 0, 1))
   keys = jax.random.split(jax.random.PRNGKey(0), 64)
   problems = task.sample_batch(keys)
-  out = protocol.rewards(task, layout, problems, protocol.demonstrate(task, layout, problems, keys))
+  out = compiled_rewards(protocol, task, layout, problems, compiled_demonstrate(protocol, task, layout, problems, keys))
   assert 0 < out.metrics["oracle"] < 1
   np.testing.assert_allclose(out.metrics["judge_precision"], 1.0)
   # A judge that always errs picks a wrong candidate wherever there is one: the team is right only
   # where every candidate is.
   protocol = protocols.make("best_of_n", task, candidates=3, judge_demo_error_rate=1.0)
-  canvas_BxT = protocol.demonstrate(task, layout, problems, keys)
-  out = protocol.rewards(task, layout, problems, canvas_BxT)
+  canvas_BxT = compiled_demonstrate(protocol, task, layout, problems, keys)
+  out = compiled_rewards(protocol, task, layout, problems, canvas_BxT)
   all_right_B = out.role_RxB[:3].min(0)
   assert 0 < all_right_B.mean() < out.metrics["oracle"]
   np.testing.assert_array_equal(out.team_B, all_right_B)
@@ -389,7 +400,7 @@ def test_debate_rewards_by_hand():
               [D(3), D(3), D(3), D(3), D(3), D(7)]]
   protocol, layout, problems, canvas_BxT = _transcript("debate", [3, 3], messages, rounds=1, alpha=0.5,
                                                        beta=0.25)
-  out = protocol.rewards(TASK, layout, problems, canvas_BxT)
+  out = compiled_rewards(protocol, TASK, layout, problems, canvas_BxT)
   np.testing.assert_array_equal(out.team_B, [1, 1])
   np.testing.assert_array_equal(out.role_RxB, [[1, 1], [1, 1], [0, 0]])  # last-round answers
   # Row 0: round-0 turns: agent0 +beta (agent1 went right), agent1 0, agent2 +beta; round 1: agent1
@@ -408,7 +419,7 @@ def test_debate_rewards_by_hand():
   # Agreement is over answers as the majority counts them (the task's vote_key: here every message is
   # one answer); same_message_rate stays over messages, token for token.
   one_answer = dataclasses.replace(protocol, vote_key=lambda message_A: jnp.zeros(1, message_A.dtype))
-  m = one_answer.rewards(TASK, layout, problems, canvas_BxT).metrics
+  m = compiled_rewards(one_answer, TASK, layout, problems, canvas_BxT).metrics
   np.testing.assert_allclose([m["agreement"], m["same_message_rate"]], [1.0, (1 / 3 + 1) / 2], rtol=1e-6)
 
 
@@ -431,7 +442,7 @@ def test_debate_with_a_verifier_by_hand():
   assert layout.roles == ("agent0", "agent1", "verifier") and layout.turn_roles == (0, 1, 0, 1, 2)
   assert _visible(layout, 4) == list(layout.segment_names)  # the verifier reads the whole debate
   assert layout.turn_slices[4][1] - layout.turn_slices[4][0] == 5  # four verdicts and EOS
-  out = protocol.rewards(TASK, layout, problems, canvas_BxT)
+  out = compiled_rewards(protocol, TASK, layout, problems, canvas_BxT)
   # Row 0: agent0's round-0 turn: beta (c[1,1] - c[0,1]) = 0; agent1's: beta (c[1,0] - c[0,0]) = -beta;
   # agent0's revision: alpha (c[1,0] - c[0,0]) = -alpha; agent1's: 0; the verifier's turn: 0.  Row 1:
   # an absent verifier judges every answer wrong, so nothing changes and no turn earns a bonus.
@@ -457,7 +468,7 @@ def test_debate_with_a_verifier_by_hand():
   checker = protocols.make("debate", TASK, agents=2, rounds=1, alpha=0.5, beta=0.25)
   checker_layout = checker.layout(TASK, (0, 1))
   canvas = engine.assemble(checker_layout, problems["prompt"], [jnp.array([D(d)] * 2) for d in (3, 5, 3, 3)])
-  np.testing.assert_allclose(checker.rewards(TASK, checker_layout, problems, canvas).turn_NxB.T,
+  np.testing.assert_allclose(compiled_rewards(checker, TASK, checker_layout, problems, canvas).turn_NxB.T,
                              [[0.25, 0, 0, 0.5]] * 2)
 
 
@@ -468,12 +479,12 @@ def test_debate_verifier_demonstrations_are_the_checkers_verdicts(error_rate):
                             verifier_demo_error_rate=error_rate)
   layout = protocol.layout(TASK, (0, 0, 0, 1))
   problems = TASK.sample_batch(jax.random.split(jax.random.PRNGKey(0), 64))
-  canvas_BxT = protocol.demonstrate(TASK, layout, problems, jax.random.split(jax.random.PRNGKey(1), 64))
+  canvas_BxT = compiled_demonstrate(protocol, TASK, layout, problems, jax.random.split(jax.random.PRNGKey(1), 64))
   right_JxKxB = jax.vmap(jax.vmap(jax.vmap(TASK.score), (None, 0)), (None, 0))(
       problems, protocol.answers(layout, canvas_BxT))
   np.testing.assert_array_equal(protocol.verdicts(layout, canvas_BxT), (right_JxKxB > 0) != error_rate)
   assert 0 < float((right_JxKxB > 0).mean()) < 1  # both verdicts occur
-  out = protocol.rewards(TASK, layout, problems, canvas_BxT)
+  out = compiled_rewards(protocol, TASK, layout, problems, canvas_BxT)
   np.testing.assert_allclose(out.metrics["verdict_accuracy"], 1.0 - error_rate)
 
 
