@@ -68,10 +68,6 @@ def _workflow(name, rate: float):
   return task, protocol, protocol.layout(task, tuple(range(len(protocol.roles))))
 
 
-def _scored(task, protocol, layout, problems, tokens_BxT):
-  return jax.jit(lambda p, t: compiled_rewards(protocol, task, layout, p, t))(problems, tokens_BxT)
-
-
 @pytest.mark.parametrize("name", sorted(protocols.REGISTRY))
 def test_every_workflow_keeps_the_protocol_contract(name):
   task, protocol, layout = _workflow(name, 0.5)
@@ -84,7 +80,7 @@ def test_every_workflow_keeps_the_protocol_contract(name):
   np.testing.assert_array_equal(tokens_BxT[:, :layout.prompt_len], problems["prompt"])
   header_T = layout.env_T & (layout.turn_T >= 0)
   np.testing.assert_array_equal(tokens_BxT[:, header_T], np.broadcast_to(layout.marker_T[header_T], (B, header_T.sum())))
-  scored = _scored(task, protocol, layout, problems, tokens_BxT)
+  scored = compiled_rewards(protocol, task, layout, problems, tokens_BxT)
   assert scored.team_B.shape == (B,) and scored.role_RxB.shape == (R, B)
   for outcome in (scored.team_B, scored.role_RxB):
     assert bool(jnp.all((outcome >= 0) & (outcome <= 1)))
@@ -130,7 +126,7 @@ def test_every_workflows_noise_free_demonstrations_are_right(name):
   task, protocol, layout = _workflow(name, 0.0)
   problems = _problems(task)
   tokens_BxT = compiled_demonstrate(protocol, task, layout, problems, jax.random.split(jax.random.key(1), B))
-  np.testing.assert_array_equal(_scored(task, protocol, layout, problems, tokens_BxT).team_B, 1.0)
+  np.testing.assert_array_equal(compiled_rewards(protocol, task, layout, problems, tokens_BxT).team_B, 1.0)
 
 
 @pytest.mark.parametrize("name", sorted(protocols.REGISTRY))
@@ -146,7 +142,7 @@ def test_every_workflow_scores_a_transcript_with_an_absent_role(name):
       layout, credit.Reruns(tuple(map(tuple, np.eye(R, dtype=bool))), "absent"))
   for role in range(R):
     absent_BxT = jnp.where(absent_RxT[role], absent_msg_RxT[role], tokens_BxT)
-    scored = _scored(task, protocol, layout, problems, absent_BxT)
+    scored = compiled_rewards(protocol, task, layout, problems, absent_BxT)
     for outcome in (scored.team_B, scored.role_RxB):
       assert bool(jnp.all((outcome >= 0) & (outcome <= 1))), (protocol.roles[role], outcome)
 

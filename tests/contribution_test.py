@@ -204,7 +204,7 @@ def test_protocol_rewards_by_hand():
   canvas_BxT = jnp.stack([
       engine.assemble(layout, prompt_BxP[:1], [jnp.asarray(text.encode(m))[None] for m in ms])[0]
       for ms in messages])
-  rewards = jax.jit(lambda task, canvas_BxT: compiled_rewards(protocol, task, layout, batch, canvas_BxT),
+  rewards = jax.jit(lambda task, canvas_BxT: protocol.rewards(task, layout, batch, canvas_BxT),
                     static_argnums=0)
   scored = rewards(task, canvas_BxT)
   np.testing.assert_allclose(scored.team_B, [1, 1 / 3, 2 / 3], rtol=1e-6)

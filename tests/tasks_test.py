@@ -263,7 +263,7 @@ def test_rollout_with_a_tiny_model(task_name, protocol_name):
     tokens_BxT, logp_BxT, _ = sampling.generate(CFG, layout, params_R, canvas_BxT,
                                                 jnp.zeros(canvas_BxT.shape, bool),
                                                 jax.random.split(jax.random.PRNGKey(2), B), 1.0)
-    return tokens_BxT, logp_BxT, compiled_rewards(protocol, task, layout, batch, tokens_BxT)
+    return tokens_BxT, logp_BxT, protocol.rewards(task, layout, batch, tokens_BxT)
 
   tokens_BxT, logp_BxT, rewards = rollout_and_score(params_R, canvas_BxT)
   chex.assert_shape([tokens_BxT, logp_BxT], (B, layout.length))

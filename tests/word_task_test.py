@@ -27,6 +27,7 @@ from marl_jax.lm import model as lm_model
 from marl_jax.lm import tokenizer as lm_tokenizer
 from marl_jax.protocols import vote
 from marl_jax.tools import archive
+from workflows_test import compiled_demonstrate, compiled_rewards
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -170,9 +171,9 @@ def test_demonstrations_scored_by_the_protocol_in_the_step_functions(protocol):
   through the protocol's jitted rewards (the host callback under vmap)."""
   exp = experiment.build(_config(f"size=tiny,protocol={protocol}", **{"task.demo_error_rate": 0.5}))
   problems = exp.task.sample_batch(jax.random.split(jax.random.PRNGKey(1), 32))
-  tokens_BxT = jax.jit(lambda p, k: exp.protocol.demonstrate(exp.task, exp.layout, p, k))(
-      problems, jax.random.split(jax.random.PRNGKey(2), 32))
-  scored = jax.jit(lambda p, t: exp.protocol.rewards(exp.task, exp.layout, p, t))(problems, tokens_BxT)
+  tokens_BxT = compiled_demonstrate(exp.protocol, exp.task, exp.layout, problems,
+                                    jax.random.split(jax.random.PRNGKey(2), 32))
+  scored = compiled_rewards(exp.protocol, exp.task, exp.layout, problems, tokens_BxT)
   answer_BxA = exp.protocol.final_answer(exp.layout, tokens_BxT)
   right_B = np.asarray(jnp.all(answer_BxA == problems["answer"], -1))
   assert 0 < right_B.sum() < 32
