@@ -26,6 +26,7 @@ config() {  # config W CREDIT TRAINED: the cell's --config flag
 }
 done_at() { [[ -d $1/checkpoints/$2 ]]; }  # done_at WORKDIR STEP: its checkpoint of STEP is saved
 credits=${CREDITS:-team per_role difference shapley role_baseline}
+report=(python -m marl_jax.tools.report ${TARGET:+--target=$TARGET})
 for W in ${WORKERS:-2 8 32}; do
   for seed in ${SEEDS:-0 1000}; do
     dir=$out/seed$seed/W$W
@@ -41,11 +42,11 @@ for W in ${WORKERS:-2 8 32}; do
       done
     done
     echo "## seeds $seed.., W = $W"
-    python -m marl_jax.tools.report ${TARGET:+--target=$TARGET} "$dir"/*_trained "$dir"/*_frozen
+    "${report[@]}" "$dir"/*_trained "$dir"/*_frozen
     for name in $credits; do
-      python -m marl_jax.tools.report ${TARGET:+--target=$TARGET} --compare "$dir/${name}_frozen" "$dir/${name}_trained"
+      "${report[@]}" --compare "$dir/${name}_frozen" "$dir/${name}_trained"
       [[ $name == team || " $credits " != *" team "* ]] ||
-        python -m marl_jax.tools.report ${TARGET:+--target=$TARGET} --compare "$dir/team_trained" "$dir/${name}_trained"
+        "${report[@]}" --compare "$dir/team_trained" "$dir/${name}_trained"
     done
   done
 done
